@@ -31,6 +31,22 @@ def main(argv: list[str] | None = None) -> int:
     loop.add_arguments(p)
     p.set_defaults(run=loop.run)
 
+    from specheads.heads.formats import cli as formats_cli
+
+    p = sub.add_parser(
+        "export", help="write native heads in a serving-engine layout", description=formats_cli.__doc__
+    )
+    formats_cli.add_arguments(p)
+    p.set_defaults(run=formats_cli.run)
+
+    p = sub.add_parser(
+        "import-heads",
+        help="read an official engine checkpoint into a native one",
+        description=formats_cli.__doc__,
+    )
+    formats_cli.add_import_arguments(p)
+    p.set_defaults(run=formats_cli.run_import)
+
     p = sub.add_parser(
         "eval", help="speculative decoding against the target's own generate()", description=evaluate.__doc__
     )

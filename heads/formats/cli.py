@@ -1,0 +1,114 @@
+"""`specheads export` / `specheads import-heads`: native heads to serving-engine checkpoints and back.
+
+    specheads export --heads runs/tiny-eagle3 --format eagle3 --out exports/tiny-eagle3
+    specheads import-heads --format eagle3 --checkpoint ./EAGLE3-LLaMA3.1-Instruct-8B \\
+        --target meta-llama/Llama-3.1-8B-Instruct --out heads/eagle3-official
+
+Formats: medusa (TGI, TensorRT-LLM), vllm-medusa, eagle (SGLang, vLLM), eagle3 (SGLang, vLLM),
+speculators (vLLM). An export that cannot express the heads fails before writing anything; an import
+checks every tensor against the target and writes a native checkpoint `specheads eval --heads` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specheads.heads.formats import FORMATS, FormatError, export_heads, import_heads
+from specheads.heads.target import FrozenTarget, TargetMismatchError, resolve_dtype
+
+_ERRORS = (FormatError, TargetMismatchError, FileExistsError, FileNotFoundError)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of `specheads export`."""
+    p.add_argument("--heads", required=True, type=Path, help="native head checkpoint directory")
+    p.add_argument("--format", required=True, choices=sorted(FORMATS), help="engine layout to write")
+    p.add_argument("--out", required=True, type=Path, help="new directory for the engine checkpoint")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="the heads' target (HF directory or hub id): needed for Medusa heads that share its lm_head; "
+        "when given, the heads' target record is checked against it",
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="cast the weights (default: keep)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="speculators only: proposal depth vLLM uses (default: the training-time-test steps)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """`specheads export`."""
+    if args.num_speculative_tokens is not None and args.format != "speculators":
+        print("error: --num-speculative-tokens applies to --format speculators only", file=sys.stderr)
+        return 2
+    try:
+        target = FrozenTarget.from_pretrained(args.target) if args.target else None
+        export = export_heads(
+            args.heads,
+            args.format,
+            args.out,
+            target=target,
+            dtype=resolve_dtype(args.dtype),
+            speculative_tokens=args.num_speculative_tokens,
+        )
+    except _ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for note in export.notes:
+        print(f"note: {note}")
+    print(f"wrote {args.format} checkpoint {args.out} ({len(export.tensors)} tensors)")
+    return 0
+
+
+def add_import_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of `specheads import-heads`."""
+    p.add_argument("--format", required=True, choices=sorted(FORMATS), help="layout of the checkpoint")
+    p.add_argument("--checkpoint", required=True, type=Path, help="local directory of the engine checkpoint")
+    p.add_argument("--target", required=True, help="the target the heads draft for (HF directory or hub id)")
+    p.add_argument("--out", required=True, type=Path, help="new directory for the native checkpoint")
+
+
+def run_import(args: argparse.Namespace) -> int:
+    """`specheads import-heads`."""
+    try:
+        if not args.checkpoint.is_dir():
+            raise FileNotFoundError(
+                f"{args.checkpoint} is not a directory (download a hub checkpoint first, e.g. "
+                "`huggingface-cli download ORG/NAME --local-dir DIR`)"
+            )
+        target = FrozenTarget.from_pretrained(args.target, dtype="float32")
+        heads = import_heads(args.checkpoint, args.format, target, args.out)
+    except _ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"imported {args.format} {heads.method} heads from {args.checkpoint} into {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m specheads.heads.formats.cli", description=__doc__.splitlines()[0]
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    export = sub.add_parser("export", help="write native heads in an engine layout")
+    add_arguments(export)
+    export.set_defaults(run=run)
+    imp = sub.add_parser("import-heads", help="read an engine checkpoint into a native one")
+    add_import_arguments(imp)
+    imp.set_defaults(run=run_import)
+    args = p.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
