@@ -5,11 +5,14 @@ One step, with S tokens in the cache and the root (the last emitted token) outsi
     tree   = drafter.propose(context)                      # (B, N) tokens + parents, tokens[:, 0] = root
     inputs = tree_inputs(tree, S)                          # mask (B, 1, N, S + N), positions S + depth
     out    = target(tree, cache)                           # logits (B, N, V); cache now S + N long
-    acc    = verify_greedy(tree, out.logits)               # path root..a*, tokens x.. + bonus
+    acc    = verify(tree, out.logits)                      # path root..a*, tokens x.. + bonus
     compact_cache(cache, S, acc.path)                      # cache now S + len(path) long
     context = tokens + acc.tokens, features at acc.path    # the bonus is the next root
 
-Greedy output equals the target's own `generate(do_sample=False)` token for token (see verify.py).
+Greedy output equals the target's own `generate(do_sample=False)` token for token. Sampled output has
+the law of the target's `generate(do_sample=True, temperature, top_k, top_p)`: every token, the first
+(from prefill) and each step's, is drawn from p or verified by a lossless rule (verify.py), with one
+seeded CPU generator, so a seed reproduces a run.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from specheads.decode.drafters import DraftContext, Drafter
+from specheads.decode.drafters import DraftContext, Drafter, SampledTree
 from specheads.decode.kv_cache import compact_cache, new_cache
+from specheads.decode.sampling import SamplingParams, check_generator, sample, sampling_probs
 from specheads.decode.tree_inputs import (
     TreeInputs,
     attention_window,
@@ -31,7 +35,13 @@ from specheads.decode.tree_inputs import (
     tree_inputs,
 )
 from specheads.decode.trees import DraftTree
-from specheads.decode.verify import Acceptance, verify_greedy
+from specheads.decode.verify import (
+    Acceptance,
+    TypicalAcceptance,
+    verify_greedy,
+    verify_sampling,
+    verify_typical,
+)
 from specheads.heads.target import FrozenTarget, TargetOutput
 
 # Phases timed by the decoder (seconds, summed over a generate call).
@@ -91,7 +101,7 @@ def eos_ids(target: FrozenTarget) -> set[int]:
 
 
 class SpeculativeDecoder:
-    """Tree-attention speculative decoding over a frozen target with lossless greedy verification."""
+    """Tree-attention speculative decoding over a frozen target with lossless verification, greedy or sampled."""
 
     def __init__(self, target: FrozenTarget, drafter: Drafter):
         """
@@ -116,8 +126,15 @@ class SpeculativeDecoder:
         max_new_tokens: int,
         eos_token_id: int | Sequence[int] | None = None,
         profile: bool = False,
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+        acceptance: str | TypicalAcceptance = "exact",
     ) -> DecodeOutput:
-        """Greedy speculative decoding of one prompt.
+        """Speculative decoding of one prompt, greedy or sampled.
 
         Args:
             prompt_ids: (1, T) token ids.
@@ -125,6 +142,13 @@ class SpeculativeDecoder:
             eos_token_id: id(s) that end the output (kept, as `generate` keeps them); None takes the
                 target's generation config, [] never stops early.
             profile: synchronise the accelerator around each timed phase (accurate timings on GPU).
+            do_sample: sample from the target's distribution p instead of taking its argmax.
+            temperature, top_k, top_p: p as `generate(do_sample=True, ...)` builds it (sampling.py); top_k=0
+                keeps every token, whereas `generate` left without top_k applies its config's (50 by
+                default): give both the same top_k.
+            generator: a CPU torch.Generator for every draw; None seeds one from torch's global RNG.
+            acceptance: "exact" (lossless, the rule that matches how the drafter picked children), or
+                "typical" / a `TypicalAcceptance`: Medusa's typical acceptance, which is LOSSY.
 
         Returns:
             DecodeOutput: the new tokens, per-step accept lengths and timings.
@@ -134,6 +158,7 @@ class SpeculativeDecoder:
         if isinstance(eos_token_id, int):
             eos_token_id = [eos_token_id]
         eos = eos_ids(self.target) if eos_token_id is None else {int(e) for e in eos_token_id}
+        settings = sampling_settings(do_sample, temperature, top_k, top_p, generator, acceptance)
         clock = _Clock(sync=profile and self.target.device.type == "cuda")
         start = time.perf_counter()
         prompt_ids = prompt_ids.to(self.target.device)
@@ -143,15 +168,12 @@ class SpeculativeDecoder:
             cache = new_cache()
             with clock("prefill"):
                 out = self.prefill(prompt_ids, cache)
-            root = out.logits[:, -1].argmax(-1, keepdim=True)  # (1, 1): the first new token
-            stopped = _extend(new, root[0].tolist(), eos, max_new_tokens)
-            context = DraftContext(
-                tokens=torch.cat([prompt_ids, root], 1), hidden=self._features(out, None), step=0
-            )
+                context = self.first_context(prompt_ids, out, **settings)
+            stopped = _extend(new, context.tokens[0, -1:].tolist(), eos, max_new_tokens)
             while not stopped:
-                acceptance, context = self.step(context, cache, clock)
+                accepted, context = self.step(context, cache, clock)
                 before = len(new)
-                stopped = _extend(new, acceptance.tokens.tolist(), eos, max_new_tokens)
+                stopped = _extend(new, accepted.tokens.tolist(), eos, max_new_tokens)
                 accept_lengths.append(len(new) - before)
         timings = {phase: clock.totals.get(phase, 0.0) for phase in PHASES}
         timings["total"] = time.perf_counter() - start
@@ -161,6 +183,29 @@ class SpeculativeDecoder:
     def prefill(self, prompt_ids: torch.Tensor, cache) -> TargetOutput:
         """Run the target over the prompt (1, T), filling `cache`; logits (1, T, V)."""
         return self.target(prompt_ids, past_key_values=cache, capture=self._capture_ids())
+
+    def first_context(
+        self,
+        prompt_ids: torch.Tensor,
+        out: TargetOutput,
+        sampling: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+        acceptance: str | TypicalAcceptance = "exact",
+    ) -> DraftContext:
+        """The first new token (argmax, or a draw from p, after the prompt) and the first step's context.
+
+        The sampling arguments are those `sampling_settings` returns (none: greedy).
+        """
+        logits = out.logits[:, -1]  # (1, V) after the prompt
+        if sampling is None:
+            root = logits.argmax(-1, keepdim=True)  # (1, 1)
+        else:
+            root = torch.tensor([[sample(sampling_probs(logits[0], sampling), generator)]])
+        tokens = torch.cat([prompt_ids, root.to(prompt_ids.device)], 1)
+        hidden = self._features(out, None)
+        return DraftContext(
+            tokens, hidden, step=0, sampling=sampling, generator=generator, acceptance=acceptance
+        )
 
     def step(
         self, context: DraftContext, cache, clock: _Clock | None = None
@@ -178,15 +223,28 @@ class SpeculativeDecoder:
         with clock("tree_forward"):
             out = self.tree_forward(tree, inputs, cache)
         with clock("verify"):
-            acceptance = verify_greedy(tree, out.logits)[0]
+            acceptance = self.verify(tree, out.logits, context)
         with clock("compact"):
             compact_cache(cache, past_len, acceptance.path)
-        context = DraftContext(
-            tokens=torch.cat([context.tokens, acceptance.tokens[None]], 1),
-            hidden=self._features(out, acceptance.path),
-            step=context.step + 1,
+        return acceptance, self.next_context(context, acceptance, out)
+
+    def verify(self, tree: DraftTree, logits: torch.Tensor, context: DraftContext) -> Acceptance:
+        """Greedy; or sampling with the exact rule for how the tree's children were picked; or typical."""
+        if context.sampling is None:
+            return verify_greedy(tree, logits)[0]
+        probs = sampling_probs(logits, context.sampling)  # (1, N, V) p at each node
+        if isinstance(context.acceptance, TypicalAcceptance):
+            return verify_typical(tree, probs, context.generator, context.acceptance)[0]
+        if isinstance(tree, SampledTree):
+            return verify_sampling(tree, probs, context.generator, tree.children, tree.draft_probs)[0]
+        return verify_sampling(tree, probs, context.generator, "top-k")[0]
+
+    def next_context(self, context: DraftContext, acceptance: Acceptance, out: TargetOutput) -> DraftContext:
+        """The context after a step: its tokens appended (the bonus is the next root), features at the path."""
+        tokens = torch.cat([context.tokens, acceptance.tokens[None].to(context.tokens.device)], 1)
+        return replace(
+            context, tokens=tokens, hidden=self._features(out, acceptance.path), step=context.step + 1
         )
-        return acceptance, context
 
     def tree_forward(self, tree: DraftTree, inputs: TreeInputs, cache) -> TargetOutput:
         """One target forward over the tree on top of the cache; logits (B, N, V)."""
@@ -215,6 +273,35 @@ class SpeculativeDecoder:
             hidden = out.hidden[self.target.layer_id(layer)]  # (1, T, H)
             features[layer] = hidden if path is None else hidden[:, path]
         return features
+
+
+def sampling_settings(
+    do_sample: bool,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    acceptance: str | TypicalAcceptance = "exact",
+) -> dict:
+    """Check a generate call's sampling arguments; the DraftContext fields they set (none when greedy).
+
+    Raises:
+        ValueError: for bad temperature / top-k / top-p, an unknown acceptance, typical acceptance
+            without sampling, or a generator that is not on the CPU.
+    """
+    if isinstance(acceptance, str):
+        if acceptance not in ("exact", "typical"):
+            raise ValueError(f"acceptance={acceptance!r}: expected 'exact', 'typical' or a TypicalAcceptance")
+        acceptance = TypicalAcceptance() if acceptance == "typical" else acceptance
+    if not do_sample:
+        if acceptance != "exact":
+            raise ValueError("typical acceptance is a sampling rule: pass do_sample=True")
+        return {}
+    return {
+        "sampling": SamplingParams(temperature, top_k, top_p),
+        "generator": check_generator(generator),
+        "acceptance": acceptance,
+    }
 
 
 def _extend(new: list[int], tokens: list[int], eos: set[int], max_new_tokens: int) -> bool:

@@ -3,6 +3,11 @@
 A drafter is anything with `capture_layers` and `propose(context) -> DraftTree` (the `Drafter`
 protocol). The decoder captures those layers of the target on every forward and hands the drafter the
 features of the positions that forward added to the cache, with every token accepted so far.
+
+When the decoder samples (`context.sampling` set), a drafter may return a `SampledTree`: the tree plus
+the draft's distribution q at each node and how each node's children were picked from it (CHILDREN).
+The verifier needs q for children drawn from it (verify.py, rule (b)); a plain `DraftTree` is taken as
+deterministic (top-k) children, which need no q (rule (a)).
 """
 
 from __future__ import annotations
@@ -13,7 +18,15 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from specheads.decode.sampling import SamplingParams, draft_probs, draw_children
 from specheads.decode.trees import DraftTree, StaticTree
+from specheads.decode.verify import TypicalAcceptance, tree_children
+
+# How a drafter picks a node's children from the draft's distribution q at that node:
+#   top-k                the most likely tokens, deterministically (Medusa, EAGLE; the default)
+#   iid                  drawn independently from q (SpecInfer)
+#   without-replacement  drawn one after another from q, each time without the ones drawn (Sequoia)
+CHILDREN = ("top-k", "iid", "without-replacement")
 
 
 @dataclass
@@ -27,11 +40,41 @@ class DraftContext:
         the accepted path after a speculative step. hidden[...][:, -1] reads the root's predecessor,
         where the target's lm_head predicted the root.
     step: 0 right after prefill, then 1, 2, ... (a stateful drafter resets on 0).
+    sampling: the generate call's temperature / top-k / top-p; None for greedy decoding.
+    generator: the CPU generator every draw of the call uses (drafters drawing children use it too).
+    acceptance: the verifier's rule when sampling: "exact" (lossless) or Medusa's typical acceptance
+        (lossy); drafters ignore it.
     """
 
     tokens: torch.Tensor
     hidden: dict[int, torch.Tensor]
     step: int
+    sampling: SamplingParams | None = None
+    generator: torch.Generator | None = None
+    acceptance: str | TypicalAcceptance = "exact"
+
+
+@dataclass
+class SampledTree(DraftTree):
+    """A draft tree proposed for sampling, with what the verifier needs to know of the draft.
+
+    draft_probs: (B, N, V) q at each node: the draft's distribution over the token after it, in the
+        target's vocabulary, from which the node's children were drawn or ranked (rows of leaves unused).
+    children: how each node's children were picked from q (CHILDREN).
+    """
+
+    draft_probs: torch.Tensor | None = None
+    children: str = "top-k"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_children(self.children)
+
+
+def check_children(children: str) -> str:
+    if children not in CHILDREN:
+        raise ValueError(f"children={children!r}: expected one of {CHILDREN}")
+    return children
 
 
 class Drafter(Protocol):
@@ -44,42 +87,77 @@ class Drafter(Protocol):
     def propose(self, context: DraftContext) -> DraftTree: ...
 
 
+def sibling_index(parents: tuple[int, ...] | list[int]) -> list[int]:
+    """Per node, its position among its parent's children (0 for the root): which draw it takes."""
+    index = [0] * len(parents)
+    for kids in tree_children(parents):
+        for i, node in enumerate(kids):
+            index[node] = i
+    return index
+
+
 class MedusaDrafter:
     """Medusa heads over a static tree: node (r_1..r_d) takes head d-1's rank-r_d guess.
 
     Head k reads the target's last feature at the root's predecessor t and predicts token t+2+k, i.e.
-    the token k+1 steps after the root (which is token t+1): depth k+1 of the tree.
+    the token k+1 steps after the root (which is token t+1): depth k+1 of the tree. Its distribution q
+    is the draft's at every node of depth k (children="iid" / "without-replacement": each such node's
+    children are drawn from it, the i-th child taking the i-th draw, when the decoder samples).
     """
 
     capture_layers = (-1,)
 
-    def __init__(self, heads: nn.Module, tree: StaticTree, lm_head: nn.Module | None = None):
+    def __init__(
+        self, heads: nn.Module, tree: StaticTree, lm_head: nn.Module | None = None, *, children: str = "top-k"
+    ):
         """
         Args:
             heads: `MedusaHeads` (K heads).
             tree: the static tree; no path may be deeper than K.
             lm_head: the target's lm_head, required when the heads share it.
+            children: how children are picked when sampling (CHILDREN); greedy decoding always takes top-k.
         """
         StaticTree.from_choices(tree.choices, num_heads=heads.num_heads, topk=heads.config.vocab_size)
         if heads.lm_heads is None and lm_head is None:
             raise ValueError("these Medusa heads share the target's lm_head: pass it as `lm_head`")
         self.heads, self.tree, self.lm_head = heads, tree, lm_head
+        self.children = check_children(children)
         self._parents = torch.tensor(tree.parents, dtype=torch.long)  # (N,)
-        self._head = (
-            torch.tensor(tree.depths[1:], dtype=torch.long) - 1
-        )  # (N-1,) which head fills each candidate
-        self._rank = torch.tensor(tree.ranks[1:], dtype=torch.long)  # (N-1,) which of its guesses
+        # (N-1,) which head fills each candidate, and which of its top-k guesses
+        self._head = torch.tensor(tree.depths[1:], dtype=torch.long) - 1
+        self._rank = torch.tensor(tree.ranks[1:], dtype=torch.long)
+        # (N,) the head whose distribution is q at each node (a leaf at depth K has no children: clamped)
+        self._node_head = torch.tensor(tree.depths, dtype=torch.long).clamp(max=heads.num_heads - 1)
+        self._kids = tree_children(tree.parents)
 
     @torch.no_grad()
     def propose(self, context: DraftContext) -> DraftTree:
         weight = next(self.heads.parameters())
-        feature = context.hidden[-1][:, -1:].to(
-            weight.device, weight.dtype
-        )  # (B, 1, H) at the root's predecessor
+        # (B, 1, H) at the root's predecessor
+        feature = context.hidden[-1][:, -1:].to(weight.device, weight.dtype)
         logits = self.heads(feature, self.lm_head)[:, :, 0]  # (K, B, V)
-        guesses = logits.topk(self.tree.topk, dim=-1).indices  # (K, B, topk)
-        device = guesses.device
-        candidates = guesses[self._head.to(device), :, self._rank.to(device)].T  # (B, N-1)
+        device = logits.device
+        q = None if context.sampling is None else draft_probs(logits, context.sampling)  # (K, B, V)
+        if q is not None and self.children != "top-k":
+            candidates = self._drawn(q, context.generator)  # (B, N-1)
+        else:
+            guesses = logits.topk(self.tree.topk, dim=-1).indices  # (K, B, topk)
+            candidates = guesses[self._head.to(device), :, self._rank.to(device)].T  # (B, N-1)
         root = context.tokens[:, -1:].to(device)  # (B, 1)
         tokens = torch.cat([root, candidates], dim=1)  # (B, N)
-        return DraftTree(tokens=tokens, parents=self._parents.to(device).expand_as(tokens))
+        parents = self._parents.to(device).expand_as(tokens)
+        if q is None:
+            return DraftTree(tokens=tokens, parents=parents)
+        node_q = q[self._node_head.to(device)].transpose(0, 1)  # (B, N, V) q at each node
+        return SampledTree(tokens=tokens, parents=parents, draft_probs=node_q, children=self.children)
+
+    def _drawn(self, q: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """(K, B, V) head distributions -> (B, N-1) candidates, each node's children drawn from its q."""
+        batch = q.shape[1]
+        tokens = torch.zeros(batch, self.tree.num_nodes, dtype=torch.long, device=q.device)
+        for b in range(batch):
+            for node, kids in enumerate(self._kids):
+                if kids:
+                    q_node = q[self._node_head[node], b]
+                    tokens[b, kids] = draw_children(q_node, len(kids), self.children == "iid", generator)
+        return tokens[:, 1:]

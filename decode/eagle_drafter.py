@@ -21,6 +21,12 @@ Static trees take Medusa-style tree choices (`decode/trees.py`), read the EAGLE 
 (r_1, ..., r_d) is the rank-r_d token of the draft's distribution *at its parent node*. Without a static
 tree the drafter grows EAGLE-2 dynamic trees (`decode/dynamic_tree.py`). EAGLE-3 drafts over its own
 vocabulary; its ids are mapped to target ids with d2t before the target sees them.
+
+When the decoder samples, the tree comes with q at each node that has children (the head's distribution
+there at the sampling temperature, mapped to the target's vocabulary). Static trees may then draw each
+node's children from q (children="iid" / "without-replacement"; the i-th child takes the i-th draw);
+dynamic trees always take the top-k, since EAGLE-2's reranking keeps children by value, which is not a
+draw from q.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specheads.decode.drafters import DraftContext
-from specheads.decode.dynamic_tree import Candidates, dynamic_tree
+from specheads.decode.drafters import DraftContext, SampledTree, check_children, sibling_index
+from specheads.decode.dynamic_tree import Candidates, candidates_to_tree, grow_candidates, rerank
+from specheads.decode.sampling import draft_probs, draw_children
 from specheads.decode.trees import DraftTree, StaticTree
 from specheads.heads.target import FrozenTarget
 
@@ -46,6 +53,7 @@ class EagleDrafter:
         top_k: int = 10,
         depth: int = 6,
         total_tokens: int = 60,
+        children: str = "top-k",
     ):
         """
         Args:
@@ -54,6 +62,8 @@ class EagleDrafter:
             tree: a static tree (EAGLE-1); None grows EAGLE-2 dynamic trees.
             top_k, depth, total_tokens: dynamic trees only: children per expanded node and nodes
                 expanded per level, tree levels below the root, and nodes including the root.
+            children: how children are picked when sampling (drafters.CHILDREN); drawn children need a
+                static tree. Greedy decoding always takes the top-k.
         """
         if tree is not None and tree.topk > head.draft_vocab_size:
             raise ValueError(
@@ -63,7 +73,13 @@ class EagleDrafter:
             raise ValueError(
                 f"dynamic trees need top_k, depth and total_tokens >= 1, got {top_k}, {depth}, {total_tokens}"
             )
-        self.head, self.tree = head.eval(), tree
+        if check_children(children) != "top-k" and tree is None:
+            raise ValueError(
+                f"children={children!r} needs a static tree: EAGLE-2's dynamic trees keep children by value, "
+                f"not as draws from the draft"
+            )
+        self.head, self.tree, self.children = head.eval(), tree, children
+        self.vocab_size = target.vocab_size
         self.embed_tokens, self.lm_head = target.embed_tokens, target.lm_head
         self.capture_layers = tuple(head.capture_layers)
         self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
@@ -86,16 +102,31 @@ class EagleDrafter:
         root_logprobs = self._logprobs(root_hidden)[0]  # (V,) drafts depth 1
         try:
             if self.tree is not None:
-                tree = self._static_tree(root, root_hidden, root_logprobs)
+                tree, node_logprobs = self._static_tree(root, root_hidden, root_logprobs, context)
             else:
-                tree = self._dynamic_tree(root, root_hidden, root_logprobs)
+                tree, node_logprobs = self._dynamic_tree(root, root_hidden, root_logprobs)
         finally:
             extra = self.cache.get_seq_length() - self.cached
             if extra > 0:  # drop the tree's entries: only real ones carry over
                 self.cache.crop(-extra)
-        return DraftTree(
-            tokens=tree.tokens.to(context.tokens.device), parents=tree.parents.to(context.tokens.device)
-        )
+        device = context.tokens.device
+        tokens, parents = tree.tokens.to(device), tree.parents.to(device)
+        if context.sampling is None:
+            return DraftTree(tokens=tokens, parents=parents)
+        q = self._tree_draft_probs(tree.num_nodes, node_logprobs, context).to(device)
+        children = self.children if self.tree is not None else "top-k"
+        return SampledTree(tokens=tokens, parents=parents, draft_probs=q, children=children)
+
+    def _tree_draft_probs(
+        self, num_nodes: int, node_logprobs: dict[int, torch.Tensor], context: DraftContext
+    ) -> torch.Tensor:
+        """(1, N, V_target) q at each node the draft expanded (every node with children; zeros elsewhere)."""
+        any_row = node_logprobs[0]
+        target_ids = self.head.to_target_ids(torch.arange(any_row.numel(), device=any_row.device))
+        q = torch.zeros(1, num_nodes, self.vocab_size, device=any_row.device)
+        for node, logprobs in node_logprobs.items():
+            q[0, node, target_ids] = draft_probs(logprobs, context.sampling)
+        return q
 
     # -- keeping the head's cache in step with the target ---------------------------------------------
 
@@ -170,34 +201,59 @@ class EagleDrafter:
         return self._logprobs(out[0])
 
     def _static_tree(
-        self, root: torch.Tensor, root_hidden: torch.Tensor, root_logprobs: torch.Tensor
-    ) -> DraftTree:
-        """Fill a static tree level by level: node (.., r) takes the rank-r token at its parent."""
+        self,
+        root: torch.Tensor,
+        root_hidden: torch.Tensor,
+        root_logprobs: torch.Tensor,
+        context: DraftContext,
+    ) -> tuple[DraftTree, dict[int, torch.Tensor]]:
+        """Fill a static tree level by level: node (.., r) takes the rank-r token at its parent (top-k), or
+        its parent's i-th draw from q when it is the parent's i-th child (drawn children).
+
+        Returns the tree and, per node with children, the draft's log-probabilities there.
+        """
         tree, device = self.tree, root_hidden.device
-        guesses = {0: root_logprobs.topk(tree.topk).indices}  # node -> its top-k draft ids
+        drawn = context.sampling is not None and self.children != "top-k"
+        pick = sibling_index(tree.parents) if drawn else tree.ranks  # which of its parent's guesses
+        num_children = [tree.parents.count(i) for i in range(tree.num_nodes)]
+
+        def guesses_at(node: int, logprobs: torch.Tensor) -> torch.Tensor:  # draft ids for node's children
+            if not drawn:
+                return logprobs.topk(tree.topk).indices
+            q = draft_probs(logprobs, context.sampling)
+            return draw_children(q, num_children[node], self.children == "iid", context.generator)
+
+        node_logprobs = {0: root_logprobs}
+        guesses = {0: guesses_at(0, root_logprobs)}  # node -> draft ids of its children's tokens
         fed_index = {0: -1}
         tokens = [root.to(device)]
         for d in range(1, tree.max_depth + 1):
             level = [i for i in range(1, tree.num_nodes) if tree.depths[i] == d]
             for i in level:
-                tokens.append(self.head.to_target_ids(guesses[tree.parents[i]][tree.ranks[i]]))
-            expand = [i for i in level if i in tree.parents]  # nodes with children
+                tokens.append(self.head.to_target_ids(guesses[tree.parents[i]][pick[i]]))
+            expand = [i for i in level if num_children[i] > 0]
             if expand:
                 parents = torch.tensor([fed_index[tree.parents[i]] for i in expand], device=device)
                 first = self._fed_out.shape[0]
                 logprobs = self._feed(torch.stack([tokens[i] for i in expand]), parents, d, root_hidden)
                 for j, i in enumerate(expand):
                     fed_index[i] = first + j
-                    guesses[i] = logprobs[j].topk(tree.topk).indices
-        return DraftTree(
+                    node_logprobs[i] = logprobs[j]
+                    guesses[i] = guesses_at(i, logprobs[j])
+        draft = DraftTree(
             tokens=torch.stack(tokens)[None], parents=torch.tensor(tree.parents, device=device)[None]
         )
+        return draft, node_logprobs
 
     def _dynamic_tree(
         self, root: torch.Tensor, root_hidden: torch.Tensor, root_logprobs: torch.Tensor
-    ) -> DraftTree:
-        """EAGLE-2: expand the top-k by cumulative log-probability per depth, rerank to total_tokens."""
+    ) -> tuple[DraftTree, dict[int, torch.Tensor]]:
+        """EAGLE-2: expand the top-k by cumulative log-probability per depth, rerank to total_tokens.
+
+        Returns the tree and, per node with children, the draft's log-probabilities there.
+        """
         fed_index: dict[int, int] = {}  # candidate id -> index among the fed nodes
+        fed_logprobs: dict[int, torch.Tensor] = {}  # candidate id -> its (V,) draft log-probabilities
 
         def expand(candidates: Candidates, ids: torch.Tensor) -> torch.Tensor:
             parent_ids = candidates.parents[ids].tolist()
@@ -208,17 +264,18 @@ class EagleDrafter:
                 self.head.to_target_ids(candidates.tokens[ids]), parents, depth, root_hidden
             )
             fed_index.update({int(c): first + j for j, c in enumerate(ids)})
+            fed_logprobs.update({int(c): logprobs[j] for j, c in enumerate(ids)})
             return logprobs
 
-        return dynamic_tree(
-            root,
-            root_logprobs,
-            expand,
-            top_k=self.top_k,
-            depth=self.depth,
-            total_tokens=self.total_tokens,
-            to_target=self.head.to_target_ids,
-        )
+        candidates = grow_candidates(root_logprobs, expand, top_k=self.top_k, depth=self.depth)
+        kept = rerank(candidates, self.total_tokens - 1)
+        tree = candidates_to_tree(root, candidates, kept, self.head.to_target_ids)
+        # node i >= 1 is candidate kept[i-1]; a kept node with kept children was expanded
+        node_logprobs = {0: root_logprobs}
+        for node, c in enumerate(kept.tolist(), start=1):
+            if c in fed_logprobs:
+                node_logprobs[node] = fed_logprobs[c]
+        return tree, node_logprobs
 
 
 def _depth(parents: torch.Tensor, node: int) -> int:

@@ -9,6 +9,12 @@ own `model.generate(do_sample=False, max_new_tokens=N)`, decode it back to back.
 goes first alternates from prompt to prompt, so slow drift (clocks, caches, other processes) favours
 neither. Both are timed end to end (prefill included). Writes `results.json` and `report.md`.
 
+`--temperature T > 0` (with `--top-k`, `--top-p`) samples instead: the decoder with lossless sampling
+verification and a CPU generator seeded `--seed` + the prompt's index, the baseline with
+`generate(do_sample=True, temperature=T, top_k, top_p)` (top_k always passed: generate's own default
+is 50) after `torch.manual_seed(--seed + index)`. Both sample the same distribution, so their outputs
+differ by chance and `identical_to_baseline` is null; results.json records the settings.
+
 Prompts come from:
     *.jsonl      MT-Bench / Spec-Bench questions ({"question_id", "category", "turns": [...]}): the
                  first turn, rendered with the target's chat template when it has one
@@ -46,10 +52,13 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from specheads.decode.batched import BatchedSpeculativeDecoder
+from specheads.decode.batched_eval import evaluate_batched
 from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, eos_ids
 from specheads.decode.drafters import Drafter, MedusaDrafter
 from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.decode.report import DEFINITIONS, per_category, render_report, summarize
+from specheads.decode.report import DEFINITIONS, render_report, summarize
+from specheads.decode.sampling import SamplingParams
 from specheads.decode.trees import DEFAULT_TREES, default_tree
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.target import DTYPES
@@ -291,27 +300,50 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
 
 
 @torch.no_grad()
-def baseline_generate(target: FrozenTarget, prompt_ids: torch.Tensor, max_new_tokens: int) -> list[int]:
-    """The target's own greedy `generate`; the new tokens (it stops at its generation config's EOS)."""
+def baseline_generate(
+    target: FrozenTarget,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
+) -> list[int]:
+    """The target's own `generate`, greedy or sampling p (seeded); the new tokens (it stops at its
+    generation config's EOS)."""
     pad = getattr(target.model.generation_config, "pad_token_id", None)
+    how = {"do_sample": False}
+    if sampling is not None:
+        torch.manual_seed(seed)  # generate draws from torch's global RNG
+        how = sampling.generate_kwargs()
     out = target.model.generate(
         prompt_ids,
         attention_mask=torch.ones_like(prompt_ids),
         max_new_tokens=max_new_tokens,
-        do_sample=False,
         pad_token_id=pad if pad is not None else min(eos_ids(target), default=None),
+        **how,
     )
     return out[0, prompt_ids.shape[1] :].tolist()
 
 
 def decode_prompt(
-    decoder: SpeculativeDecoder, target: FrozenTarget, prompt: Prompt, max_new_tokens: int, method_first: bool
+    decoder: SpeculativeDecoder,
+    target: FrozenTarget,
+    prompt: Prompt,
+    max_new_tokens: int,
+    method_first: bool,
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """Decode one prompt with the decoder and the baseline (in the order given); its record."""
+    """Decode one prompt with the decoder and the baseline (in the order given); its record.
+
+    With `sampling`, both sample (seeded with `seed`) and identical_to_baseline / first_mismatch are None.
+    """
     ids = prompt.input_ids.to(target.device)
+    sampled = {}
+    if sampling is not None:
+        sampled = {"do_sample": True, **sampling.to_dict(), "generator": torch.Generator().manual_seed(seed)}
     runs = {
-        "method": lambda: decoder.generate(ids, max_new_tokens),
-        "baseline": lambda: baseline_generate(target, ids, max_new_tokens),
+        "method": lambda: decoder.generate(ids, max_new_tokens, **sampled),
+        "baseline": lambda: baseline_generate(target, ids, max_new_tokens, sampling, seed),
     }
     order = ("method", "baseline") if method_first else ("baseline", "method")
     timed = {name: _timed(runs[name], target.device) for name in order}
@@ -320,6 +352,7 @@ def decode_prompt(
     mismatch = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
     if mismatch is None and len(tokens) != len(reference):
         mismatch = min(len(tokens), len(reference))
+    identical = None if sampling is not None else mismatch is None  # sampled outputs differ by chance
     return {
         "id": prompt.id,
         "category": prompt.category,
@@ -331,8 +364,8 @@ def decode_prompt(
         "seconds": timed["method"][1],
         "baseline_new_tokens": len(reference),
         "baseline_seconds": timed["baseline"][1],
-        "identical_to_baseline": mismatch is None,
-        "first_mismatch": mismatch,  # index into the new tokens; None when identical
+        "identical_to_baseline": identical,
+        "first_mismatch": None if sampling is not None else mismatch,  # index into the new tokens
     }
 
 
@@ -343,24 +376,45 @@ def evaluate(
     max_new_tokens: int,
     warmup: int = 1,
     progress: bool = True,
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
 ) -> list[dict[str, Any]]:
     """Per-prompt records of the decoder against the baseline, after `warmup` untimed prompts.
 
-    The order alternates: the decoder goes first on even prompts, the baseline on odd ones.
+    The order alternates: the decoder goes first on even prompts, the baseline on odd ones. With
+    `sampling`, prompt i is sampled with seed `seed + i` on both sides.
     """
     for i in range(warmup):  # the first calls pay for allocation and kernel selection
-        decode_prompt(decoder, target, prompts[i % len(prompts)], max_new_tokens, method_first=True)
+        prompt = prompts[i % len(prompts)]
+        decode_prompt(decoder, target, prompt, max_new_tokens, True, sampling, seed + i)
     records = []
     bar = tqdm(prompts, desc="eval", unit="prompt", disable=not progress)
     for i, prompt in enumerate(bar):
-        records.append(decode_prompt(decoder, target, prompt, max_new_tokens, method_first=i % 2 == 0))
-        so_far = summarize(records, tree_depth=0)
+        records.append(decode_prompt(decoder, target, prompt, max_new_tokens, i % 2 == 0, sampling, seed + i))
+        so_far = summarize_records(records, tree_depth=0)
         bar.set_postfix(tau=_fmt(so_far["mean_accept_length"]), speedup=_fmt(so_far["speedup"]))
     return records
 
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+def summarize_records(records: list[dict[str, Any]], tree_depth: int) -> dict[str, Any]:
+    """`report.summarize`, with identical_to_baseline null where the records' are (sampled outputs)."""
+    sampled = any(r["identical_to_baseline"] is None for r in records)
+    figures = summarize(
+        [{**r, "identical_to_baseline": bool(r["identical_to_baseline"])} for r in records], tree_depth
+    )
+    if sampled:
+        figures["identical_to_baseline"] = None
+    return figures
+
+
+def per_category(records: list[dict[str, Any]], tree_depth: int) -> dict[str, dict[str, Any]]:
+    """summarize_records() per category, in order of first appearance; empty when no prompt has one."""
+    categories = dict.fromkeys(r["category"] for r in records if r["category"] is not None)
+    return {c: summarize_records([r for r in records if r["category"] == c], tree_depth) for c in categories}
 
 
 # -- writing ----------------------------------------------------------------------------------------
@@ -372,6 +426,8 @@ def command_line(args: argparse.Namespace, tree_name: str) -> str:
     parts += ["--out", str(args.out), "--max-new-tokens", str(args.max_new_tokens)]
     parts += ["--prompt-tokens", str(args.prompt_tokens), "--warmup", str(args.warmup)]
     parts += ["--dtype", args.dtype, "--device", args.device, "--attn", args.attn, "--tree", tree_name]
+    parts += ["--temperature", str(args.temperature), "--top-k", str(args.top_k), "--top-p", str(args.top_p)]
+    parts += ["--seed", str(args.seed), "--batch-size", str(args.batch_size)]
     for flag, value in (
         ("--threads", args.threads),
         ("--num-prompts", args.num_prompts),
@@ -425,7 +481,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default for Medusa: medusa-15 for <= 2 heads, -31 for 3, -63 for more); for EAGLE heads also "
         f"dynamic[-N] (EAGLE-2, N nodes; the default, N={EAGLE_TOTAL_TOKENS})",
     )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 (default): greedy, checked token for token against generate(do_sample=False); > 0: both "
+        "sample, the decoder losslessly, the baseline with generate(do_sample=True, ...)",
+    )
+    p.add_argument(
+        "--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0, the default: all)"
+    )
+    p.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus mass kept (default 1.0: all)")
+    p.add_argument("--seed", type=int, default=0, help="sampling: prompt i is sampled with seed + i")
     p.add_argument("--warmup", type=int, default=1, help="untimed prompts decoded first")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="decode the prompts B at a time, left-padded, against the target's own batched generate "
+        "(greedy only; each prompt's seconds are its batch's, shared evenly)",
+    )
     p.add_argument("--dtype", default="float32", choices=[*sorted(DTYPES), "auto"])
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
     p.add_argument(
@@ -443,12 +518,30 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.batch_size > 1 and args.temperature > 0:
+        raise ValueError("--batch-size > 1 decodes greedily; it cannot be combined with --temperature > 0")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: no CUDA device is available here")
     if args.out.exists() and not args.out.is_dir():
         raise NotADirectoryError(f"--out {args.out} exists and is not a directory")
+    sampling_params(args)
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams | None:
+    """The settings of `--temperature/--top-k/--top-p`; None for greedy (temperature 0).
+
+    Raises:
+        ValueError: for a negative temperature or a bad top-k / top-p (checked at temperature 0 too).
+    """
+    try:  # temperature 0 is greedy, not a SamplingParams; 1.0 stands in to check top-k / top-p
+        params = SamplingParams(args.temperature or 1.0, args.top_k, args.top_p)
+    except ValueError as e:
+        raise ValueError(f"--temperature / --top-k / --top-p: {e}") from e
+    return params if args.temperature > 0 else None
 
 
 def build_results(
@@ -462,10 +555,12 @@ def build_results(
     """results.json: the headline figures first, then what produced them, then the per-prompt records."""
     import transformers
 
+    sampling = sampling_params(args)
     return {
         "method": head_config["method"],
-        **summarize(records, tree["depth"]),
+        **summarize_records(records, tree["depth"]),
         "per_category": per_category(records, tree["depth"]),
+        "sampling": sampling_record(sampling, args.seed),
         "tree": tree,
         "heads": {
             "path": str(Path(args.heads).resolve()),
@@ -483,6 +578,7 @@ def build_results(
         },
         "max_new_tokens": args.max_new_tokens,
         "warmup": args.warmup,
+        "batch_size": args.batch_size,
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "attn_implementation": args.attn,
@@ -500,6 +596,35 @@ def build_results(
     }
 
 
+def sampling_record(sampling: SamplingParams | None, seed: int) -> dict[str, Any]:
+    """results.json's "sampling": the decoder's settings and the baseline call they are compared with."""
+    if sampling is None:
+        greedy = {"temperature": 0.0, "top_k": None, "top_p": None, "seed": None, "acceptance": "greedy"}
+        return {"do_sample": False, **greedy, "baseline": "generate(do_sample=False)"}
+    call = ", ".join(f"{k}={v}" for k, v in sampling.to_dict().items())
+    exact = {"seed": seed, "acceptance": "exact", "baseline": f"generate(do_sample=True, {call})"}
+    return {"do_sample": True, **sampling.to_dict(), **exact}
+
+
+def report_text(results: dict[str, Any]) -> str:
+    """report.md; sampled runs show "–" for identical (null in results.json) and say what was sampled."""
+    if not results["sampling"]["do_sample"]:
+        return render_report(results)
+    shown = {
+        **results,
+        "identical_to_baseline": "–",
+        "per_category": {c: {**f, "identical_to_baseline": "–"} for c, f in results["per_category"].items()},
+    }
+    s = results["sampling"]
+    note = (
+        f"- sampled: temperature {s['temperature']}, top-k {s['top_k']}, top-p {s['top_p']}, seed {s['seed']} "
+        f"(prompt i: seed + i); lossless verification; the baseline is `{s['baseline']}`, so outputs differ "
+        f"by chance and identical is not measured.\n"
+    )
+    text = render_report(shown)
+    return text.replace("\nReproduce:", note + "\nReproduce:", 1)
+
+
 def run(args: argparse.Namespace) -> int:
     """`specheads eval`: check every input, decode every prompt both ways, write the results."""
     _check_args(args)
@@ -514,20 +639,33 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"target {args.target!r} has no tokenizer; eval needs one to encode prompts")
     heads, head_config = load_heads(args.heads, target, device=target.device, dtype=target.dtype)
     drafter, tree = drafter_for(heads, head_config, target, args.tree)
-    decoder = SpeculativeDecoder(target, drafter)
     prompts, templated = encode_prompts(
         texts, target.tokenizer, not args.no_chat_template, args.prompt_tokens
     )
     check_prompt_lengths(prompts, target.config, args.max_new_tokens, tree["depth"])
     args.out.mkdir(parents=True, exist_ok=True)
 
-    records = evaluate(
-        decoder, target, prompts, args.max_new_tokens, args.warmup, progress=not args.no_progress
-    )
+    sampling = sampling_params(args)
+    if args.batch_size > 1:
+        decoder = BatchedSpeculativeDecoder(target, drafter)
+        records = evaluate_batched(
+            decoder, target, prompts, args.max_new_tokens, args.batch_size, args.warmup, not args.no_progress
+        )
+    else:
+        records = evaluate(
+            SpeculativeDecoder(target, drafter),
+            target,
+            prompts,
+            args.max_new_tokens,
+            args.warmup,
+            progress=not args.no_progress,
+            sampling=sampling,
+            seed=args.seed,
+        )
     results = build_results(args, records, head_config, target, tree, templated)
     write_atomic(args.out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
-    write_atomic(args.out / REPORT_FILE, render_report(results))
-    print(render_report(results), end="")
+    write_atomic(args.out / REPORT_FILE, report_text(results))
+    print(report_text(results), end="")
     print(f"wrote {args.out / RESULTS_FILE} and {args.out / REPORT_FILE}")
     return 0
 

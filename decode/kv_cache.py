@@ -29,7 +29,7 @@ def new_cache():
     return DynamicCache()
 
 
-def _kv_pairs(cache) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def kv_pairs(cache) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(keys, values) per initialised layer, each (B, H_kv, S, D_head)."""
     layers = getattr(cache, "layers", None)
     if layers is None:  # transformers 4.4x
@@ -58,7 +58,7 @@ def compact_cache(cache, past_len: int, path: torch.Tensor) -> None:
     total = cache.get_seq_length()
     kept = past_len + path.numel()
     source = past_len + path.to(torch.long)  # (n,) where the accepted nodes are now
-    for keys, values in _kv_pairs(cache):
+    for keys, values in kv_pairs(cache):
         index = source.to(keys.device)  # layers may sit on different devices (device_map)
         # The gather copies before the write, so overlapping source and destination are safe.
         keys[:, :, past_len:kept] = keys[:, :, index]

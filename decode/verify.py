@@ -1,30 +1,66 @@
-"""Verification: which drafted tokens the target confirms.
+"""Verification: which drafted tokens the target confirms, greedy or sampled.
 
 Terms, used the same way throughout `decode/`:
 
-    root           node 0 of a draft tree: the last accepted token, not yet in the KV cache.
-    accepted       a candidate node is accepted when its token, and that of every candidate between it
-                   and the root, is the token the target itself emits at that node's parent.
-    bonus token    the target's own token after the last accepted node. It costs nothing (the tree
-                   forward computed the logits there), so every step emits at least one token; it
-                   becomes the next tree's root.
+    root           node 0 of a draft tree: the last emitted token, not yet in the KV cache.
+    accepted       a candidate node is accepted when the rule below keeps it and every candidate between it
+                   and the root; the accepted path runs root .. a*, a* the deepest accepted node.
+    p_a            the target's distribution over the token after node a: the argmax (greedy), or the
+                   sampling distribution with temperature / top-k / top-p applied as `generate` applies
+                   them (sampling.py). The tree forward gives it for every node at once.
+    q_a            the draft's distribution at node a, from which a's children were drawn (or ranked).
+    residual       what is left of p_a once children of a were rejected (vLLM calls the token drawn from
+                   it the "recovered" token).
+    bonus token    the token after a*: argmax p_{a*} (greedy), a draw from p_{a*} if a* has no children,
+                   or from the residual if all of them were rejected. The tree forward computed the
+                   logits there, so every step emits at least one token; it becomes the next tree's root.
     accept length  tokens a step emits: accepted candidates + the bonus token. Its mean over steps is
                    τ (1.0 = plain autoregressive decoding).
 
-Greedy (temperature 0). Let x_i be node i's token, p(i) its parent, and y_i = argmax_v logits_i[v] the
-target's greedy token after node i (logits_i from the tree forward, which equal those of a plain
-forward over past + path(root..i)). Node i is accepted iff x_j = y_{p(j)} for every candidate j on the
-path root..i. With a* the deepest accepted node, the step emits x along root..a* (root excluded) and
-then the bonus y_{a*}: exactly the tokens greedy autoregressive decoding would emit next, because each
-of them is the target's argmax given the very prefix it follows.
+Greedy (temperature 0). Let x_i be node i's token, par(i) its parent, and y_i = argmax p_i. Node i is
+accepted iff x_j = y_{par(j)} for every candidate j on the path root..i. The step emits x along
+root..a* and then y_{a*}: exactly what greedy autoregressive decoding emits next, because each token is
+the target's argmax given the very prefix it follows.
+
+Sampling (lossless). The walk starts at the root. At node a with children c_1..c_m (tree order, tokens
+x_1..x_m) it runs m rounds on r_1 = p_a: round i accepts c_i with probability α_i; on rejection it
+updates r_{i+1} (and q_{i+1}). The first accepted child is the next node; if all are rejected the walk
+ends and the bonus is drawn from r_{m+1}. Each rule below makes the token a node emits (its accepted
+child's, or the bonus) distributed exactly as p_a, whatever the draft did; the tokens after an accepted
+child come from p at that child; so by induction over depth a step samples exactly as autoregressive
+decoding from p does (Leviathan et al., 2023; Chen et al., 2023).
+
+(a) deterministic children (top-k: Medusa trees, EAGLE static and EAGLE-2 dynamic trees):
+        α_i = r_i(x_i);    r_{i+1} = r_i with x_i zeroed, renormalised.
+    This is speculative sampling with the point-mass draft δ_{x_i}: min(1, r(x)/δ_x(x)) = r(x) and
+    norm(max(r - δ_x, 0)) = r with x zeroed. EAGLE's `evaluate_posterior` uses it (q = 1).
+(b) children drawn from q_a, with the rule that matches how they were drawn:
+    i.i.d. (SpecInfer, Miao et al., 2024, multi-step speculative sampling):
+        α_i = min(1, r_i(x_i) / q(x_i));    r_{i+1} = norm(max(r_i - q, 0)).
+    without replacement (Sequoia, Chen et al., 2024, SWOR verification): q_1 = q_a and
+        α_i = min(1, r_i(x_i) / q_i(x_i));  r_{i+1} = norm(max(r_i - q_i, 0));  q_{i+1} = q_i with x_i
+        zeroed, renormalised: the law of draw i+1 given the draws before it.
+    Why: given the draws so far, x_i ~ q_i, so round i is speculative sampling of r_i from q_i:
+        P(emit y) = q_i(y) min(1, r_i(y)/q_i(y)) + (1 - Σ_x min(q_i(x), r_i(x))) r_{i+1}(y) = r_i(y),
+    as long as whatever follows a rejection emits r_{i+1}: true of the last round's fallback, and of
+    every round before it by induction. Reusing q after a draw without replacement, or p/q on
+    deterministic children, breaks this.
+(c) Medusa typical acceptance (Cai et al., 2024, §2.3.1), LOSSY: not a sample of p. A candidate is
+    accepted when p_par(x) > min(ε, α·exp(-H(p_par))) (H the entropy; Medusa's posterior_threshold
+    ε = 0.09 and posterior_alpha α = 0.3); the accepted path is the deepest one whose candidates all
+    pass, and the bonus is drawn from p at its end. It trades fidelity for acceptance.
+(d) "biased-top-k", WRONG ON PURPOSE, for tests only: rule (b) i.i.d. applied to deterministic top-k
+    children, as if a fixed token had been drawn from q. The tests show it does not sample p.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from specheads.decode.sampling import sample
 from specheads.decode.trees import DraftTree
 
 
@@ -49,6 +85,17 @@ class Acceptance:
         return int(self.tokens[-1])
 
 
+@dataclass(frozen=True)
+class TypicalAcceptance:
+    """Medusa's typical acceptance (rule (c), LOSSY): accept x when p(x) > min(threshold, alpha·exp(-H(p)))."""
+
+    threshold: float = 0.09  # ε, Medusa's posterior_threshold
+    alpha: float = 0.3  # Medusa's posterior_alpha
+
+
+# -- greedy -------------------------------------------------------------------------------------------
+
+
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> list[Acceptance]:
     """Greedy verification of a draft tree against the target's logits over its nodes.
 
@@ -61,15 +108,176 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> list[Acceptance]:
         argmax at their parent, and the bonus token (the argmax at the path's last node).
     """
     greedy = logits.argmax(-1)  # (B, N) y_i: the target's token after node i
-    expected = greedy.gather(1, tree.parents.clamp(min=0))  # (B, N) y_{p(i)}
-    matches = tree.tokens == expected  # (B, N) x_i == y_{p(i)}
-    matches[:, 0] = True  # the root is accepted already
-    # A node is accepted when no node on its root path fails to match.
-    accepted = ~(tree.ancestors & ~matches[:, None, :]).any(-1)  # (B, N)
-    last = torch.where(accepted, tree.depths, -1).argmax(-1)  # (B,) deepest accepted node (first of ties)
+    matches = tree.tokens == greedy.gather(1, tree.parents.clamp(min=0))  # (B, N) x_i == y_{par(i)}
+    last = _deepest_accepted(tree, matches)
     results = []
     for b in range(tree.tokens.shape[0]):
         path = tree.ancestors[b, last[b]].nonzero().squeeze(-1)  # ascending ids = root .. last
         tokens = torch.cat([tree.tokens[b, path[1:]], greedy[b, last[b]].reshape(1)])
         results.append(Acceptance(path=path, tokens=tokens))
+    return results
+
+
+def _deepest_accepted(tree: DraftTree, passes: torch.Tensor) -> torch.Tensor:
+    """(B,) the deepest node whose root path passes everywhere (first of ties); `passes` (B, N) per node."""
+    passes = passes.clone()
+    passes[:, 0] = True  # the root is accepted already
+    accepted = ~(tree.ancestors & ~passes[:, None, :]).any(-1)  # (B, N) no failing node on the root path
+    return torch.where(accepted, tree.depths, -1).argmax(-1)
+
+
+# -- sampling: one node (the rules of the module docstring) -------------------------------------------
+
+# coin(α) -> True with probability α. The decoder flips it with a seeded generator; the tests enumerate
+# both outcomes with their exact probabilities.
+Coin = Callable[[float], bool]
+# rule(p (V,), child tokens, q (V,) or None, coin) -> (index of the accepted child, or None; the
+# residual r_{m+1} (V,) when none was accepted, else None). p and q are float64.
+NodeRule = Callable[
+    [torch.Tensor, list[int], torch.Tensor | None, Coin], tuple[int | None, torch.Tensor | None]
+]
+
+
+def accept_deterministic(
+    p: torch.Tensor, tokens: list[int], q: torch.Tensor | None, coin: Coin
+) -> tuple[int | None, torch.Tensor | None]:
+    """Rule (a), deterministic children: α_i = r_i(x_i); on rejection zero x_i and renormalise. q is unused."""
+    r = p.clone()
+    for i, x in enumerate(tokens):
+        if coin(float(r[x])):
+            return i, None
+        r[x] = 0.0
+        r = _normalised(r, fallback=p)
+    return None, r
+
+
+def accept_sampled(
+    p: torch.Tensor, tokens: list[int], q: torch.Tensor | None, coin: Coin, *, without_replacement: bool
+) -> tuple[int | None, torch.Tensor | None]:
+    """Rule (b), children drawn from q: α_i = min(1, r_i(x_i)/q_i(x_i)), r_{i+1} = norm(max(r_i - q_i, 0));
+    without replacement, q_{i+1} = q_i with x_i zeroed and renormalised."""
+    if q is None and tokens:
+        raise ValueError("children drawn from the draft need its distribution q at their parent")
+    r = p
+    for i, x in enumerate(tokens):
+        qx = float(q[x])
+        if coin(1.0 if qx <= 0.0 else min(1.0, float(r[x]) / qx)):
+            return i, None
+        r = _normalised((r - q).clamp(min=0.0), fallback=r)
+        if without_replacement:
+            q = q.clone()
+            q[x] = 0.0
+            q = _normalised(q, fallback=q)
+    return None, r
+
+
+def _normalised(r: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """r / Σr; `fallback` when r has no mass left (reached with probability 0, e.g. after r_i = q_i)."""
+    total = float(r.sum())
+    return r / total if total > 0 else fallback
+
+
+def _iid(p, tokens, q, coin):
+    return accept_sampled(p, tokens, q, coin, without_replacement=False)
+
+
+def _without_replacement(p, tokens, q, coin):
+    return accept_sampled(p, tokens, q, coin, without_replacement=True)
+
+
+# The rule for each way a drafter picks children (drafters.CHILDREN), plus the biased one for tests.
+NODE_RULES: dict[str, NodeRule] = {
+    "top-k": accept_deterministic,  # (a)
+    "iid": _iid,  # (b) SpecInfer
+    "without-replacement": _without_replacement,  # (b) Sequoia
+    "biased-top-k": _iid,  # (d) WRONG ON PURPOSE when the children are top-k: tests only
+}
+
+
+# -- sampling: the tree walk --------------------------------------------------------------------------
+
+
+def verify_sampling(
+    tree: DraftTree,
+    probs: torch.Tensor,
+    generator: torch.Generator,
+    rule: str = "top-k",
+    draft_probs: torch.Tensor | None = None,
+) -> list[Acceptance]:
+    """Lossless sampling verification: walk the tree from the root with `rule` at every node.
+
+    Args:
+        tree: the draft tree (B, N).
+        probs: (B, N, V) p at each node (`sampling_probs` of the tree forward's logits).
+        generator: CPU generator for the coins and the bonus draw.
+        rule: how the tree's children were picked: "top-k" (deterministic), "iid" or
+            "without-replacement" (drawn from q); "biased-top-k" is rule (d), for tests only.
+        draft_probs: (B, N, V) q at each node (rows of leaves unused); needed by every rule but "top-k".
+
+    Returns:
+        One Acceptance per batch row.
+    """
+    if rule not in NODE_RULES:
+        raise ValueError(f"unknown verification rule {rule!r}; expected one of {sorted(NODE_RULES)}")
+    if rule != "top-k" and draft_probs is None:
+        raise ValueError(f"rule {rule!r} needs the draft's distributions (draft_probs)")
+    node_rule = NODE_RULES[rule]
+
+    def coin(alpha: float) -> bool:
+        return float(torch.rand((), dtype=torch.float64, generator=generator)) < alpha
+
+    results, device = [], tree.tokens.device
+    for b in range(tree.tokens.shape[0]):
+        tokens, children = tree.tokens[b].tolist(), tree_children(tree.parents[b].tolist())
+        path, node = [0], 0
+        while True:  # rows of p (and q) are read only for the nodes the walk visits
+            p = probs[b, node].to("cpu", torch.float64)
+            kids = children[node]
+            q = None if rule == "top-k" or not kids else draft_probs[b, node].to("cpu", torch.float64)
+            accepted, residual = node_rule(p, [tokens[c] for c in kids], q, coin)
+            if accepted is None:
+                bonus = sample(residual, generator)
+                break
+            node = kids[accepted]
+            path.append(node)
+        emitted = [tokens[i] for i in path[1:]] + [bonus]
+        results.append(
+            Acceptance(path=torch.tensor(path, device=device), tokens=torch.tensor(emitted, device=device))
+        )
+    return results
+
+
+def tree_children(parents: list[int] | tuple[int, ...]) -> list[list[int]]:
+    """Each node's children, in tree order, from parent pointers (root first)."""
+    children: list[list[int]] = [[] for _ in parents]
+    for node, parent in enumerate(parents[1:], start=1):
+        children[parent].append(node)
+    return children
+
+
+# -- typical acceptance (LOSSY) -----------------------------------------------------------------------
+
+
+def verify_typical(
+    tree: DraftTree, probs: torch.Tensor, generator: torch.Generator, typical: TypicalAcceptance
+) -> list[Acceptance]:
+    """Medusa's typical acceptance, rule (c): NOT lossless (module docstring).
+
+    Args:
+        tree: the draft tree (B, N).
+        probs: (B, N, V) p at each node.
+        generator: CPU generator for the bonus draw.
+        typical: ε (threshold) and α.
+    """
+    entropy = -torch.special.xlogy(probs, probs).sum(-1)  # (B, N) H(p_i)
+    cutoff = torch.clamp(typical.alpha * torch.exp(-entropy), max=typical.threshold)  # (B, N)
+    parents = tree.parents.clamp(min=0)  # (B, N)
+    rows = torch.arange(tree.tokens.shape[0], device=probs.device)[:, None]
+    p_token = probs[rows, parents, tree.tokens]  # (B, N) p_{par(i)}(x_i)
+    last = _deepest_accepted(tree, p_token > cutoff.gather(1, parents))
+    results = []
+    for b in range(tree.tokens.shape[0]):
+        path = tree.ancestors[b, last[b]].nonzero().squeeze(-1)
+        bonus = torch.tensor([sample(probs[b, last[b]], generator)], device=tree.tokens.device)
+        results.append(Acceptance(path=path, tokens=torch.cat([tree.tokens[b, path[1:]], bonus])))
     return results

@@ -1,8 +1,12 @@
-"""Greedy verification on hand-made trees and logits: the longest matching path plus the bonus token."""
+"""Verification on hand-made trees: greedy (the longest matching path plus the bonus token), the sampling
+walk's bookkeeping, and Medusa's typical acceptance (the exactness of the sampling rules is proved in
+test_sampling_rules.py and test_sampling_decoder.py)."""
 
+import pytest
 import torch
 
 from specheads.decode import DraftTree, verify_greedy
+from specheads.decode.verify import TypicalAcceptance, verify_sampling, verify_typical
 
 V = 10
 
@@ -66,3 +70,79 @@ def test_argmax_ties_go_to_the_lowest_token_id_like_generate():
     logits[0, 0, [2, 6]] = 1.0  # a tie after the root: argmax takes 2, as torch.argmax in generate does
     [acc] = verify_greedy(TREE, logits)
     assert acc.path.tolist()[:2] == [0, 2]
+
+
+# -- sampling: the tree walk on hand-made distributions ----------------------------------------------
+
+
+def one_hot_probs(tokens):
+    """(1, N, V) p at node i concentrated on tokens[i]."""
+    probs = torch.zeros(1, len(tokens), V, dtype=torch.float64)
+    probs[0, torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+    return probs
+
+
+@pytest.mark.parametrize("rule", ["top-k", "iid", "without-replacement"])
+def test_sampling_walk_follows_certain_acceptances(rule):
+    # p after root -> 2 (b), after b -> 4 (d), after d -> 7: b and d are accepted with certainty, a is
+    # rejected with certainty (p(1) = 0), whatever q is; the bonus after d is 7.
+    probs = one_hot_probs([2, 0, 4, 0, 7])
+    q = torch.full((1, 5, V), 1.0 / V, dtype=torch.float64)
+    for seed in range(5):
+        [acc] = verify_sampling(TREE, probs, torch.Generator().manual_seed(seed), rule, q)
+        assert acc.path.tolist() == [0, 2, 4] and acc.tokens.tolist() == [2, 4, 7]
+
+
+def test_sampling_walk_stops_at_the_first_rejection_and_draws_the_bonus_from_the_residual():
+    # after root: p = (a: 0.5, 9: 0.5); a is the only child. If a is rejected the residual is all on 9.
+    probs = one_hot_probs([0, 3, 0, 0, 0])
+    probs[0, 0] = 0.0
+    probs[0, 0, [1, 9]] = 0.5
+    tree = DraftTree(tokens=torch.tensor([[5, 1, 3]]), parents=torch.tensor([[-1, 0, 1]]))
+    seen = set()
+    for seed in range(40):
+        [acc] = verify_sampling(tree, probs[:, :3], torch.Generator().manual_seed(seed), "top-k")
+        seen.add((tuple(acc.path.tolist()), tuple(acc.tokens.tolist())))
+    # accepted: a, then c (p after a is on 3), then the bonus from p at c (on 0); or rejected: bonus 9
+    assert seen == {((0, 1, 2), (1, 3, 0)), ((0,), (9,))}
+
+
+def test_sampling_rules_need_what_they_read():
+    probs = one_hot_probs([2, 0, 4, 0, 7])
+    with pytest.raises(ValueError, match="unknown verification rule 'greedy'"):
+        verify_sampling(TREE, probs, torch.Generator(), "greedy")
+    with pytest.raises(ValueError, match="rule 'iid' needs the draft's distributions"):
+        verify_sampling(TREE, probs, torch.Generator(), "iid")
+
+
+# -- typical acceptance (LOSSY) ------------------------------------------------------------------------
+
+
+def test_typical_acceptance_threshold_is_medusas():
+    """Accept x when p(x) > min(ε, α·exp(-H(p))); the walk keeps the deepest passing path."""
+    p_root = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05] + [0.0] * (V - 5), dtype=torch.float64)
+    entropy = -(p_root[:5] * p_root[:5].log()).sum()
+    probs = one_hot_probs([0, 6, 6, 6, 6])
+    probs[0, 0] = p_root
+    tree = DraftTree(tokens=torch.tensor([[9, 4, 3, 6]]), parents=torch.tensor([[-1, 0, 0, 2]]))
+    cutoff = min(0.09, 0.3 * torch.exp(-entropy).item())  # 0.3·e^-1.33 = 0.079: 0.1 passes, 0.05 fails
+    assert 0.05 < cutoff < 0.1
+    [acc] = verify_typical(tree, probs[:, :4], torch.Generator(), TypicalAcceptance(0.09, 0.3))
+    assert acc.path.tolist() == [0, 2, 3] and acc.tokens.tolist() == [3, 6, 6]
+    # a threshold below 0.05 also accepts token 4 (node 1), but node 2's path is deeper
+    [acc] = verify_typical(tree, probs[:, :4], torch.Generator(), TypicalAcceptance(0.01, 0.3))
+    assert acc.path.tolist() == [0, 2, 3]
+
+
+def test_typical_acceptance_is_lossy():
+    """p after the root is (0.6, 0.4): typical acceptance takes a drafted 1 every time (0.4 > ε), where p
+    would emit it 40% of the time."""
+    probs = torch.zeros(1, 2, V, dtype=torch.float64)
+    probs[0, 0, [0, 1]] = torch.tensor([0.6, 0.4], dtype=torch.float64)
+    probs[0, 1, 0] = 1.0
+    tree = DraftTree(tokens=torch.tensor([[5, 1]]), parents=torch.tensor([[-1, 0]]))
+    firsts = [
+        verify_typical(tree, probs, torch.Generator().manual_seed(s), TypicalAcceptance())[0].tokens[0].item()
+        for s in range(20)
+    ]
+    assert firsts == [1] * 20
