@@ -1,0 +1,383 @@
+"""Batched speculative decoding: B prompts at once, greedy verification, Medusa or EAGLE draft trees.
+
+Every row runs the batch-1 step (decoder.py) in lockstep, on one shared KV cache:
+
+    tree   = drafter.propose(context)                       # (B, N): one tree per row, the same N
+    inputs = batched_tree_inputs(tree, layout, S)           # mask (B, 1, N, S + N), positions per row
+    out    = target(tree, cache)                            # logits (B, N, V); cache now S + N long
+    acc    = verify_greedy(tree, out.logits)                # per row: path root..a*_b, n_b nodes + bonus
+    compact_rows(cache, S, paths, n, layout.length)         # row b's path to [length_b, length_b + n_b)
+    layout.length += n                                      # cache now max_b length_b long
+
+Cache layout (the verbs are in batched_inputs.py). One DynamicCache for the B live rows, keys and
+values (B, H_kv, S, D) per layer with S = max_b length_b. Prompts are left-padded; row b's real tokens
+fill slots [pad_b, length_b) and slot j holds position j - pad_b, so positions count real tokens only
+(as HF `generate` does with left padding). For example B = 3, S = 9 after some steps (p: padding,
+x: a real token, .: stale):
+
+    row 0   p p x x x x x x .      pad 2, length 8
+    row 1   x x x x x x x x x      pad 0, length 9
+    row 2   p p p p x x x . .      pad 4, length 7
+
+A step appends every row's N tree nodes at slots [S, S + N): attention_mask (B, 1, N, S + N) additive
+(row b's query sees its slots [pad_b, length_b) and its node's ancestors), position_ids (B, N) =
+length_b - pad_b + depth. Rows accept different numbers of tokens: row b's n_b path nodes are copied
+to [length_b, length_b + n_b), over its stale slots or into the tree's, and the cache is cropped to
+max_b (length_b + n_b). Stale slots are masked in every later mask and overwritten when the row accepts
+more, so they never pile up (row b has S - length_b of them). A row that reaches EOS or max_new_tokens
+leaves the batch (its cache rows are dropped, the cache cropped to the longest live row), so the others
+go on at B - 1.
+
+Each row's output equals the row decoded alone and the target's own `generate(do_sample=False)`, in
+fp32, token for token (tests/decode/test_batched.py): greedy verification is exact per row, and every
+row's forward sees exactly its own tokens at its own positions.
+
+Drafters see a `BatchDraftContext` and keep their own state per row (`BatchedDrafter`): Medusa heads
+wrap the batch-1 `MedusaDrafter`; EAGLE heads use `BatchedEagleDrafter` (static or per-row EAGLE-2
+dynamic trees). `as_batched` turns a batch-1 drafter into its batched form.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specheads.decode.batched_eagle import BatchedEagleDrafter
+from specheads.decode.batched_inputs import (
+    Layout,
+    batched_tree_inputs,
+    compact_rows,
+    pad_rows,
+    prefill_inputs,
+    select_cache_rows,
+)
+from specheads.decode.decoder import PHASES, DecodeOutput, eos_ids
+from specheads.decode.drafters import DraftContext, MedusaDrafter
+from specheads.decode.eagle_drafter import EagleDrafter
+from specheads.decode.kv_cache import new_cache
+from specheads.decode.tree_inputs import attention_window, check_attention_implementation
+from specheads.decode.trees import DraftTree
+from specheads.decode.verify import Acceptance, verify_greedy
+from specheads.heads.target import FrozenTarget
+
+
+@dataclass
+class BatchDraftContext:
+    """What a batched drafter sees before proposing, for the B live rows.
+
+    rows:        (B,) int64 each live row's index in the batch given to `generate`.
+    roots:       (B,) int64 each row's root: its last emitted token, not in the cache yet.
+    layout:      the cache layout after the last forward and its compaction.
+    hidden:      layer id (as the drafter asked for it) -> (B, M, H): the target's features at the M
+                 columns the last forward kept. Column i of row b now sits at slot start_b + i and is
+                 real when that slot is one of the row's real slots: after prefill the whole padded
+                 prompt (M = T, start = 0, padding not real); after a step the accepted path (the first
+                 n_b columns, start = the row's length before the step).
+    next_tokens: (B, M) int64 the token after each column (x_{p+1}); at the last real column, the root.
+    start:       (B,) int64 (see hidden).
+    step:        0 right after prefill, then 1, 2, ... (a stateful drafter resets on 0).
+    """
+
+    rows: torch.Tensor
+    roots: torch.Tensor
+    layout: Layout
+    hidden: dict[int, torch.Tensor]
+    next_tokens: torch.Tensor
+    start: torch.Tensor
+    step: int
+
+    def last_column(self) -> torch.Tensor:
+        """(B,) each row's last real column: the root's predecessor, where the target predicted the root."""
+        return self.layout.length - 1 - self.start
+
+    def select(self, rows: torch.Tensor, layout: Layout) -> BatchDraftContext:
+        return BatchDraftContext(
+            rows=self.rows[rows],
+            roots=self.roots[rows],
+            layout=layout,
+            hidden={k: h[rows] for k, h in self.hidden.items()},
+            next_tokens=self.next_tokens[rows],
+            start=self.start[rows],
+            step=self.step,
+        )
+
+
+class BatchedDrafter(Protocol):
+    """Proposes one draft tree per live row; keeps whatever per-row state it has in step with the rows."""
+
+    capture_layers: tuple[int, ...]
+
+    def propose(self, context: BatchDraftContext) -> DraftTree:
+        """(B, N) trees, tokens[:, 0] = context.roots; every row has the same N."""
+        ...
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only live rows `rows` (indices into the current rows, in order): the others finished."""
+        ...
+
+
+class BatchedMedusaDrafter:
+    """A `MedusaDrafter` over B rows: each row's static tree from its own feature before the root.
+
+    MedusaDrafter reads only the root and the feature at the root's predecessor (drafters.py), so it is
+    handed a context holding just those, (B, 1) each; it keeps no state across steps.
+    """
+
+    def __init__(self, drafter: MedusaDrafter):
+        self.drafter = drafter
+        self.capture_layers = tuple(drafter.capture_layers)
+
+    @torch.no_grad()
+    def propose(self, context: BatchDraftContext) -> DraftTree:
+        layer = self.capture_layers[0]
+        hidden = context.hidden[layer]  # (B, M, H)
+        index = context.last_column().to(hidden.device)[:, None, None].expand(-1, 1, hidden.shape[-1])
+        feature = hidden.gather(1, index)  # (B, 1, H) at the root's predecessor
+        one = DraftContext(tokens=context.roots[:, None], hidden={layer: feature}, step=context.step)
+        return self.drafter.propose(one)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        pass
+
+
+def as_batched(drafter) -> BatchedDrafter:
+    """The batched form of a batch-1 drafter (MedusaDrafter, EagleDrafter); a batched one as it is."""
+    if isinstance(drafter, MedusaDrafter):
+        return BatchedMedusaDrafter(drafter)
+    if isinstance(drafter, EagleDrafter):
+        return BatchedEagleDrafter.from_drafter(drafter)
+    if hasattr(drafter, "propose") and hasattr(drafter, "select_rows"):
+        return drafter
+    raise TypeError(
+        f"no batched form of {type(drafter).__name__}: expected a MedusaDrafter, an EagleDrafter or a "
+        f"drafter with propose(BatchDraftContext) and select_rows(rows)"
+    )
+
+
+@dataclass
+class BatchedDecodeOutput:
+    """One batched `generate` call.
+
+    rows: one DecodeOutput per prompt, in the order given: tokens (1, n_b), the new tokens ending at
+        EOS or max_new_tokens, and the row's accept lengths (n_b == 1 + their sum); no timings.
+    steps: batched speculative steps (target forwards after prefill).
+    timings: seconds per phase (PHASES) plus "total", for the whole batch.
+    """
+
+    rows: list[DecodeOutput]
+    steps: int
+    timings: dict[str, float]
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(r.tokens.shape[1] for r in self.rows)
+
+    @property
+    def mean_accept_length(self) -> float:
+        """τ over every row's steps, bonus included (1.0 = autoregressive)."""
+        lengths = [n for r in self.rows for n in r.accept_lengths]
+        return sum(lengths) / len(lengths) if lengths else 1.0
+
+
+class _Clock:
+    """Sums wall time per phase; with `sync`, waits for the accelerator around each phase."""
+
+    def __init__(self, sync: bool):
+        self.sync = sync
+        self.totals: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        if self.sync:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        yield
+        if self.sync:
+            torch.cuda.synchronize()
+        self.totals[phase] += time.perf_counter() - start
+
+
+class BatchedSpeculativeDecoder:
+    """Greedy tree-attention speculative decoding of B left-padded prompts at once."""
+
+    def __init__(self, target: FrozenTarget, drafter):
+        """
+        Args:
+            target: the frozen target, loaded with sdpa or eager attention.
+            drafter: a `BatchedDrafter`, or a batch-1 MedusaDrafter / EagleDrafter (see `as_batched`).
+        """
+        check_attention_implementation(target.config)
+        self.target, self.drafter = target, as_batched(drafter)
+        self.window = attention_window(target.config)
+        self.mask_dtype = target.embed_tokens.weight.dtype  # sdpa wants the queries' dtype
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        max_new_tokens: int = 128,
+        eos_token_id: int | Sequence[int] | None = None,
+        profile: bool = False,
+    ) -> BatchedDecodeOutput:
+        """Greedy speculative decoding of B prompts.
+
+        Args:
+            input_ids: (B, T) token ids, left-padded (`left_pad`).
+            attention_mask: (B, T) 1 on tokens, 0 on the left padding; None when nothing is padded.
+            max_new_tokens: each row stops after this many new tokens.
+            eos_token_id: id(s) that end a row (kept, as `generate` keeps them); None takes the target's
+                generation config, [] never stops early.
+            profile: synchronise the accelerator around each timed phase.
+        """
+        if input_ids.ndim != 2 or input_ids.shape[0] == 0:
+            raise ValueError(f"generate takes prompts (B, T), got shape {tuple(input_ids.shape)}")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask {tuple(attention_mask.shape)} does not match input_ids {tuple(input_ids.shape)}"
+            )
+        if isinstance(eos_token_id, int):
+            eos_token_id = [eos_token_id]
+        eos = eos_ids(self.target) if eos_token_id is None else {int(e) for e in eos_token_id}
+        clock = _Clock(sync=profile and self.target.device.type == "cuda")
+        begin = time.perf_counter()
+        device = self.target.device
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        new: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
+        accept_lengths: list[list[int]] = [[] for _ in new]
+        steps = 0
+        if max_new_tokens > 0:
+            cache = new_cache()
+            with clock("prefill"):
+                context = self.prefill(input_ids, attention_mask, cache)
+            done = [_extend(new[b], [int(t)], eos, max_new_tokens) for b, t in enumerate(context.roots)]
+            context = self._drop_finished(context, done, cache)
+            while context is not None:
+                acceptances, context = self.step(context, cache, clock)
+                steps += 1
+                done = []
+                for row, acceptance in zip(context.rows.tolist(), acceptances):
+                    before = len(new[row])
+                    done.append(_extend(new[row], acceptance.tokens.tolist(), eos, max_new_tokens))
+                    accept_lengths[row].append(len(new[row]) - before)
+                with clock("compact"):
+                    context = self._drop_finished(context, done, cache)
+        timings = {phase: clock.totals.get(phase, 0.0) for phase in PHASES}
+        timings["total"] = time.perf_counter() - begin
+        rows = [
+            DecodeOutput(
+                tokens=torch.tensor([tokens], dtype=torch.long, device=device), accept_lengths=lengths
+            )
+            for tokens, lengths in zip(new, accept_lengths)
+        ]
+        return BatchedDecodeOutput(rows=rows, steps=steps, timings=timings)
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache) -> BatchDraftContext:
+        """Run the target over the left-padded prompts (B, T), filling `cache`; the first context."""
+        layout, mask, positions = prefill_inputs(attention_mask, self.mask_dtype, self.window)
+        out = self.target(
+            input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            capture=self.drafter.capture_layers,
+        )
+        roots = out.logits[:, -1].argmax(-1)  # (B,) every row's last column is real (left padding)
+        b = input_ids.shape[0]
+        return BatchDraftContext(
+            rows=torch.arange(b, device=input_ids.device),
+            roots=roots,
+            layout=layout,
+            hidden=self._features(out.hidden, None),
+            next_tokens=torch.cat([input_ids[:, 1:], roots[:, None]], dim=1),  # (B, T)
+            start=torch.zeros(b, dtype=torch.long, device=input_ids.device),
+            step=0,
+        )
+
+    def step(
+        self, context: BatchDraftContext, cache, clock: _Clock | None = None
+    ) -> tuple[list[Acceptance], BatchDraftContext]:
+        """One speculative step for every live row: propose → tree inputs → verify → accept → compact.
+
+        Returns one Acceptance per live row and the next context (each row's bonus token its next root).
+        """
+        clock = clock or _Clock(sync=False)
+        layout, past = context.layout, cache.get_seq_length()
+        if past != layout.total:
+            raise RuntimeError(f"the cache holds {past} slots but the layout's longest row is {layout.total}")
+        with clock("draft"):
+            tree = self.drafter.propose(context)
+        if tree.tokens.shape[0] != layout.length.numel():
+            raise ValueError(
+                f"the drafter proposed {tree.tokens.shape[0]} trees for {layout.length.numel()} rows"
+            )
+        with clock("tree_inputs"):
+            inputs = batched_tree_inputs(tree, layout, past, self.mask_dtype, self.window)
+        with clock("tree_forward"):
+            out = self.target(
+                inputs.input_ids,
+                attention_mask=inputs.attention_mask,
+                position_ids=inputs.position_ids,
+                past_key_values=cache,
+                capture=self.drafter.capture_layers,
+            )
+        with clock("verify"):
+            acceptances = verify_greedy(tree, out.logits)
+        with clock("compact"):
+            paths, counts = pad_rows([a.path for a in acceptances])  # (B, M), (B,)
+            compact_rows(cache, past, paths, counts, layout.length)
+            next_tokens, _ = pad_rows([a.tokens for a in acceptances])  # (B, M): x after each path node
+            roots = next_tokens.gather(1, (counts - 1)[:, None])[:, 0]  # the bonus tokens
+            context = BatchDraftContext(
+                rows=context.rows,
+                roots=roots,
+                layout=Layout(pad=layout.pad, length=layout.length + counts),
+                hidden=self._features(out.hidden, paths),
+                next_tokens=next_tokens,
+                start=layout.length,
+                step=context.step + 1,
+            )
+        return acceptances, context
+
+    def _features(
+        self, hidden: dict[int, torch.Tensor], paths: torch.Tensor | None
+    ) -> dict[int, torch.Tensor]:
+        """The drafter's layers, keyed as it asked for them, at `paths` (B, M) (all columns when None)."""
+        features = {}
+        for layer in self.drafter.capture_layers:
+            h = hidden[self.target.layer_id(layer)]  # (B, Q, H)
+            if paths is not None:
+                h = h.gather(1, paths.to(h.device)[:, :, None].expand(-1, -1, h.shape[-1]))  # (B, M, H)
+            features[layer] = h
+        return features
+
+    def _drop_finished(self, context: BatchDraftContext, done: list[bool], cache) -> BatchDraftContext | None:
+        """Drop the rows that finished from the cache, the drafter and the context; None when none is left."""
+        if not any(done):
+            return context
+        if all(done):
+            return None
+        live = torch.tensor([not d for d in done], device=context.rows.device).nonzero().flatten()
+        layout = context.layout.select(live)
+        select_cache_rows(cache, live, layout.total)
+        self.drafter.select_rows(live)
+        return context.select(live, layout)
+
+
+def _extend(new: list[int], tokens: list[int], eos: set[int], max_new_tokens: int) -> bool:
+    """Append `tokens` to `new` up to the first EOS (kept) or max_new_tokens; True when the row is done."""
+    for token in tokens:
+        if len(new) == max_new_tokens:
+            return True
+        new.append(token)
+        if token in eos:
+            return True
+    return len(new) == max_new_tokens

@@ -1,0 +1,66 @@
+"""evaluate_batched (`specheads eval --batch-size B`): records in `evaluate`'s format, one per prompt, whose
+outputs equal the target's own batched `generate`, with each group's seconds shared among its rows."""
+
+import pytest
+import torch
+
+from specheads.decode import MedusaDrafter, default_tree
+from specheads.decode.batched import BatchedSpeculativeDecoder
+from specheads.decode.batched_eval import baseline_generate_batch, evaluate_batched, first_mismatch
+from specheads.decode.batched_inputs import left_pad
+from specheads.decode.evaluate import Prompt
+from specheads.decode.report import summarize
+from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads
+
+from helpers import tiny_model
+
+VOCAB = 264
+
+
+def test_batched_records_equal_generate_and_add_up():
+    model = tiny_model("qwen2", vocab_size=VOCAB)
+    target = FrozenTarget(model)
+    heads = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=2))
+    decoder = BatchedSpeculativeDecoder(
+        target,
+        MedusaDrafter(
+            heads.init_lm_heads_from(target.lm_head).eval(), default_tree("medusa-15", num_heads=2)
+        ),
+    )
+    g = torch.Generator().manual_seed(0)
+    prompts = [
+        Prompt(str(i), "c", torch.randint(0, 256, (1, t), generator=g)) for i, t in enumerate((4, 9, 2, 7, 5))
+    ]
+    records = evaluate_batched(decoder, target, prompts, 10, batch_size=2, warmup=0, progress=False)
+    assert [r["id"] for r in records] == ["0", "1", "2", "3", "4"]
+    assert [r["batch_size"] for r in records] == [2, 2, 2, 2, 1]
+    assert records[0]["seconds"] == records[1]["seconds"] and records[0]["seconds"] != records[2]["seconds"]
+    for r, p in zip(records, prompts):
+        alone = model.generate(p.input_ids, max_new_tokens=10, do_sample=False)[0, p.input_ids.shape[1] :]
+        assert r["identical_to_baseline"] and r["first_mismatch"] is None
+        assert r["new_tokens"] == r["baseline_new_tokens"] == alone.numel()
+        assert r["new_tokens"] == 1 + sum(r["accept_lengths"]) and r["prompt_tokens"] == p.input_ids.shape[1]
+    figures = summarize(records, tree_depth=2)
+    assert figures["identical_to_baseline"] == "5/5" and figures["new_tokens"] == sum(
+        r["new_tokens"] for r in records
+    )
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        evaluate_batched(decoder, target, prompts, 10, batch_size=0)
+
+
+def test_baseline_rows_stop_at_their_own_eos():
+    model = tiny_model("llama", vocab_size=VOCAB)
+    target = FrozenTarget(model)
+    prompts = [torch.tensor([[5, 6, 7]]), torch.tensor([[9]])]
+    free = [
+        model.generate(p, max_new_tokens=8, do_sample=False, eos_token_id=None)[0, p.shape[1] :].tolist()
+        for p in prompts
+    ]
+    model.generation_config.eos_token_id = free[0][2]  # row 0 ends at its third token
+    ids, mask = left_pad(prompts, 0)
+    rows = baseline_generate_batch(target, ids, mask, 8)
+    assert rows[0] == free[0][:3]
+    eos = free[0][2]
+    assert rows[1] == (free[1][: free[1].index(eos) + 1] if eos in free[1] else free[1])
+    assert first_mismatch([1, 2, 3], [1, 2, 3]) is None and first_mismatch([1, 2], [1, 2, 3]) == 2
+    assert first_mismatch([1, 5, 3], [1, 2, 3]) == 1
