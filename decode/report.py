@@ -127,3 +127,155 @@ def render_report(results: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# -- draft figures (`specheads compare`) ------------------------------------------------------------
+
+# The figures serving engines report beside τ, defined once. They read three lists per record, one entry
+# per step (decode/peers.py, `Decoded`): accept_lengths, draft_sizes and draft_depths.
+DRAFT_DEFINITIONS = {
+    "acceptance_rate": "accepted draft tokens / proposed draft tokens over all steps, as vLLM's "
+    "spec_decode draft acceptance rate (num_accepted_tokens / num_draft_tokens); accepted = accept length "
+    "- 1 per step, proposed = every draft token the target verified (a chain's k, a tree's nodes below "
+    "the root), so a wide tree lowers it even when τ is high",
+    "per_position_acceptance": "accept_rate_per_depth; the same as vLLM's per-position acceptance rate "
+    "(num_accepted_tokens_per_pos / num_drafts)",
+    "draft_efficiency": "tokens emitted by steps / Σ over steps of (draft depth + 1): the share of the "
+    "most each step could have emitted (its deepest draft path and the bonus token); vLLM v0's system "
+    "efficiency, emitted / (steps × (k + 1)), when every step drafts a chain of k",
+    "draft_tokens_per_step": "proposed draft tokens / steps (what each target forward verifies besides the root)",
+    "deepest_draft": "the deepest any step's draft reached; accept_rate_per_depth is 0 past it by construction",
+    "accept_length_counts": "[n-1] = steps that emitted n tokens (the distribution τ is the mean of)",
+    "mean_accept_length (vLLM)": "1 + accepted / drafts in vLLM's terms: the same number as τ here",
+}
+
+
+def draft_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The DRAFT_DEFINITIONS figures over `records` (None where a ratio has nothing under it).
+
+    Over a step: accepted = accept length - 1 (the bonus is not a draft token), proposed = its draft
+    size, and the most it could emit = its draft depth + 1.
+    """
+    accept_lengths = [n for r in records for n in r["accept_lengths"]]
+    sizes = [n for r in records for n in r["draft_sizes"]]
+    depths = [n for r in records for n in r["draft_depths"]]
+    accepted, proposed = sum(n - 1 for n in accept_lengths), sum(sizes)
+    capacity = sum(d + 1 for d in depths)
+    counts = [0] * max(accept_lengths, default=0)
+    for n in accept_lengths:
+        counts[n - 1] += 1
+    return {
+        "acceptance_rate": accepted / proposed if proposed else None,
+        "draft_efficiency": sum(accept_lengths) / capacity if capacity else None,
+        "accepted_draft_tokens": accepted,
+        "proposed_draft_tokens": proposed,
+        "draft_tokens_per_step": proposed / len(sizes) if sizes else None,
+        "deepest_draft": max(depths, default=0),
+        "accept_length_counts": counts,
+    }
+
+
+def first_mismatch(tokens: list[int], reference: list[int]) -> int | None:
+    """The first index where `tokens` and `reference` differ (the shorter length if one is a prefix)."""
+    mismatch = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
+    if mismatch is None and len(tokens) != len(reference):
+        mismatch = min(len(tokens), len(reference))
+    return mismatch
+
+
+# -- report.md of `specheads compare` ---------------------------------------------------------------
+
+_COMPARE_COLUMNS = ("τ", "accept rate", "draft eff.", "drafts/step", "tokens/s", "speedup", "identical")
+
+
+def _compare_row(name: str, figures: dict[str, Any]) -> str:
+    cells = [
+        name,
+        str(figures["num_prompts"]),
+        _num(figures["mean_accept_length"], 2),
+        _num(figures["acceptance_rate"], 2),
+        _num(figures["draft_efficiency"], 2),
+        _num(figures["draft_tokens_per_step"], 1),
+        _num(figures["tokens_per_second"], 1),
+        _num(figures["speedup"], 2, "x"),
+        figures["identical_to_baseline"],
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _compare_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    return [*_header_of(["method", "prompts", *_COMPARE_COLUMNS]), *(_compare_row(n, f) for n, f in rows)]
+
+
+def _header_of(names: list[str]) -> list[str]:
+    return ["| " + " | ".join(names) + " |", "|" + " --- |" * len(names)]
+
+
+def _per_position_table(methods: list[dict[str, Any]]) -> list[str]:
+    """Rates per draft depth, up to the deepest depth any method reached."""
+    drafting = [m for m in methods if m["proposed_draft_tokens"]]
+    deepest = max((d for m in drafting for d, r in enumerate(m["accept_rate_per_depth"], 1) if r), default=1)
+    lines = _header_of(["method", *map(str, range(1, deepest + 1))])
+    for m in drafting:
+        rates = (m["accept_rate_per_depth"][: m["deepest_draft"]] + [None] * deepest)[:deepest]
+        lines.append("| " + " | ".join([m["name"], *(_num(r, 2) for r in rates)]) + " |")
+    return lines
+
+
+def render_comparison(results: dict[str, Any]) -> str:
+    """report.md of `specheads compare`: overall and per-category tables, per-position acceptance,
+    the plots, the settings, how to feed the answer files to Spec-Bench, and the command."""
+    methods, prompts = results["methods"], results["prompts"]
+    baseline = next(m for m in methods if m["name"] == results["baseline"])
+    lines = [f"# Speculative decoding compared on {results['target']['name_or_path']}", ""]
+    lines += [
+        f"{prompts['num_prompts']} prompts from `{prompts['source']}` ({prompts['turns']} turns in all), "
+        f"at most {results['max_new_tokens']} new tokens a turn, greedy; speedup is tokens/s over the "
+        f"target's own `generate()` ({_num(baseline['tokens_per_second'], 1)} tokens/s) on the same prompts "
+        "in the same run, the methods interleaved per prompt in rotated order.",
+        "",
+        "## Overall",
+        "",
+        *_compare_table([(m["name"], m) for m in methods]),
+    ]
+    for category in dict.fromkeys(c for m in methods for c in m["per_category"]):
+        rows = [(m["name"], m["per_category"][category]) for m in methods if category in m["per_category"]]
+        lines += ["", f"## {category}", "", *_compare_table(rows)]
+    lines += ["", "## Acceptance per draft position", "", *_per_position_table(methods)]
+    if results.get("plots"):
+        lines += ["", "## Plots", ""]
+        lines += [f"![{kind}]({name})" for kind, name in results["plots"].items()]
+    lines += ["", "## Methods", ""]
+    for m in methods:
+        settings = ", ".join(f"{k}={_short(v)}" for k, v in m["settings"].items())
+        lines.append(f"- `{m['name']}` ({m['method']}): {settings}")
+    lines += ["", "## Terms", ""]
+    lines += [f"- **{term}**: {text}" for term, text in results["definitions"].items()]
+    versions = results["versions"]
+    lines += [
+        "",
+        "## Setup",
+        "",
+        f"- {results['dtype']} on {results['device']} ({results['threads']} threads), "
+        f"{results['attn_implementation']} attention; torch {versions['torch']}, transformers "
+        f"{versions['transformers']}, specheads {versions['specheads']}; {results['platform']}.",
+        f"- Spec-Bench answer files in `answers/`; compare them with Spec-Bench's own script: "
+        f"`python evaluation/speed.py --file-path answers/<method>.jsonl --base-path "
+        f"answers/{results['baseline']}.jsonl --tokenizer-path {results['target']['path']}`.",
+        "",
+        "Reproduce:",
+        "",
+        "```bash",
+        results["command"],
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    """A setting as one short cell: nested records by their name or size, not in full."""
+    if isinstance(value, dict):
+        keep = {k: v for k, v in value.items() if not isinstance(v, (list, tuple, dict))}
+        return "{" + ", ".join(f"{k}: {v}" for k, v in keep.items()) + "}"
+    return str(value)

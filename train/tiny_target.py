@@ -206,6 +206,28 @@ def lr_at(step: int, cfg: TinyTargetConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+def train_steps(model, stream: torch.Tensor, cfg: TinyTargetConfig, progress: bool, desc: str) -> None:
+    """Next-token training on random seq_len windows of `stream` for cfg.total_steps; leaves it in eval."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    bar = tqdm(range(cfg.total_steps), desc=desc, disable=not progress, dynamic_ncols=True)
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        starts = torch.randint(0, stream.numel() - cfg.seq_len, (cfg.batch_size,), generator=gen)
+        x = torch.stack([stream[s : s + cfg.seq_len] for s in starts.tolist()])  # (B, T)
+        logits = model(input_ids=x).logits[:, :-1]
+        loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr_at(step, cfg):.1e}")
+    bar.close()
+    model.eval()
+
+
 # -- build ----------------------------------------------------------------------------------------
 
 
@@ -239,23 +261,7 @@ def build(cfg: TinyTargetConfig, out: Path, progress: bool = True) -> dict:
         pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(model_config)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    bar = tqdm(range(cfg.total_steps), desc="tiny-target", disable=not progress, dynamic_ncols=True)
-    for step in bar:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        starts = torch.randint(0, stream.numel() - cfg.seq_len, (cfg.batch_size,), generator=gen)
-        x = torch.stack([stream[s : s + cfg.seq_len] for s in starts.tolist()])  # (B, T)
-        logits = model(input_ids=x).logits[:, :-1]
-        loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr_at(step, cfg):.1e}")
-    bar.close()
+    train_steps(model, stream, cfg, progress, desc="tiny-target")
     loss_heldout = heldout_loss(model, blocks, cfg.batch_size)
     model.eval()
 

@@ -1,0 +1,536 @@
+"""`specheads compare`: our heads beside the target's own `generate()` and transformers' speculative paths.
+
+    specheads compare --target runs/target --heads runs/medusa runs/eagle runs/eagle3 \\
+        --prompts mt-bench --draft-model runs/draft --out runs/compare
+
+In one run on one machine, with the same prompts and settings, every method decodes every prompt:
+the peers (decode/peers.py: `generate`, the baseline; `prompt-lookup`; `assisted`, with --draft-model)
+and our tree decoder with each --heads checkpoint (its drafter from decode.evaluate.drafter_for). The
+methods are interleaved per prompt, in an order rotated by one from prompt to prompt (prompt 1: A B C,
+prompt 2: B C A, prompt 3: C A B, ...), so slow drift (clocks, caches, other processes) favours none;
+results.json records the order. Each call is timed end to end, prefill included, and greedy outputs are
+compared with the baseline's token for token.
+
+Prompts (--prompts):
+    mt-bench, spec-bench   the question sets, found as PROMPT_SETS in $SPECHEADS_DATA or ../shared/data
+                           beside the checkout; or give the .jsonl path
+    *.jsonl                MT-Bench / Spec-Bench questions. Every turn is asked (--max-turns cuts them):
+                           turn k goes to each method after that method's own answers to turns 1..k-1,
+                           rendered with the target's chat template, as Spec-Bench does
+    heldout, *.json        held-out source files (decode.evaluate.read_prompts): the first
+                           --prompt-tokens tokens of each, as raw text
+
+Writes to --out: results.json (one entry per method: DESIGN.md's figures, report.py's draft figures,
+per category, per prompt; the run order, settings, versions and the command), report.md (tables overall
+and per category, acceptance per position, the plots), the PNG plots (decode/plots.py), and
+answers/<method>.jsonl in Spec-Bench's answer-file format, for its evaluation/speed.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from specheads.decode import evaluate
+from specheads.decode.conversations import (
+    Conversation,
+    TurnSettings,
+    prompt_set_path,
+    read_conversations,
+    render_turn,
+    select_prompts,
+)
+from specheads.decode.evaluate import REPORT_FILE, RESULTS_FILE, drafter_for, write_atomic
+from specheads.decode.peers import (
+    BASELINE,
+    PEERS,
+    AssistedPeer,
+    Decoded,
+    GeneratePeer,
+    HeadsMethod,
+    Method,
+    PromptLookupPeer,
+    load_draft_model,
+)
+from specheads.decode.plots import PLOTS, check_matplotlib, write_plots
+from specheads.decode.report import (
+    DEFINITIONS,
+    DRAFT_DEFINITIONS,
+    draft_figures,
+    first_mismatch,
+    render_comparison,
+    summarize,
+)
+from specheads.decode.trees import DEFAULT_TREES
+from specheads.heads import FrozenTarget, load_heads, read_head_config
+from specheads.heads.target import DTYPES
+from specheads.version import __version__
+
+ANSWERS_DIR = "answers"
+
+
+# -- running ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One method on one conversation: per turn, its prompt length, output, seconds and answer text."""
+
+    slot: int  # where the method ran in this prompt's order (0 = first)
+    prompt_tokens: list[int] = field(default_factory=list)
+    decoded: list[Decoded] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+
+
+def rotated(names: list[str], i: int) -> list[str]:
+    """The order for prompt i: `names` rotated left by i (every method takes every slot in turn)."""
+    shift = i % len(names)
+    return names[shift:] + names[:shift]
+
+
+def run_conversation(
+    method: Method, conversation: Conversation, tokenizer, settings: TurnSettings, device, slot: int
+) -> Run:
+    """Every turn of `conversation` with `method`, each turn after the method's own earlier answers."""
+    run = Run(slot)
+    for _ in conversation.turns:
+        ids = render_turn(tokenizer, conversation, run.answers, settings.templated, settings.prompt_tokens)
+        needed = ids.shape[1] + settings.max_new_tokens + settings.depth
+        if settings.limit is not None and needed > settings.limit:
+            raise ValueError(
+                f"prompt {conversation.id!r}, turn {len(run.answers) + 1}, is {ids.shape[1]} tokens and needs "
+                f"{needed} positions, past the target's max_position_embeddings={settings.limit}"
+            )
+        ids = ids.to(device)
+        decoded, seconds = evaluate._timed(
+            lambda ids=ids: method.generate(ids, settings.max_new_tokens), device
+        )
+        run.prompt_tokens.append(ids.shape[1])
+        run.decoded.append(decoded)
+        run.seconds.append(seconds)
+        run.answers.append(tokenizer.decode(decoded.tokens, skip_special_tokens=True).strip())
+    return run
+
+
+def compare(
+    methods: dict[str, Method],
+    conversations: list[Conversation],
+    tokenizer,
+    settings: TurnSettings,
+    device: torch.device,
+    warmup: int = 1,
+    progress: bool = True,
+) -> tuple[dict[str, list[Run]], list[list[str]]]:
+    """Every method on every conversation, interleaved: (runs per method, the order per prompt).
+
+    Before timing, every method decodes `warmup` conversations untimed (allocation, kernel selection).
+    """
+    names = list(methods)
+    for i in range(warmup):
+        for name in names:
+            run_conversation(
+                methods[name], conversations[i % len(conversations)], tokenizer, settings, device, 0
+            )
+    runs: dict[str, list[Run]] = {name: [] for name in names}
+    orders = []
+    for i, conversation in enumerate(
+        tqdm(conversations, desc="compare", unit="prompt", disable=not progress)
+    ):
+        order = rotated(names, i)
+        for slot, name in enumerate(order):
+            runs[name].append(
+                run_conversation(methods[name], conversation, tokenizer, settings, device, slot)
+            )
+        orders.append(order)
+    return runs, orders
+
+
+# -- figures ----------------------------------------------------------------------------------------
+
+
+def records_for(runs: list[Run], baseline: list[Run], conversations: list[Conversation]) -> list[dict]:
+    """Per-prompt records (turns summed, steps concatenated), each beside the baseline's same prompt."""
+    records = []
+    for run, base, conversation in zip(runs, baseline, conversations):
+        mismatch = None
+        for turn, (mine, theirs) in enumerate(zip(run.decoded, base.decoded), 1):
+            index = first_mismatch(mine.tokens, theirs.tokens)
+            if index is not None:
+                mismatch = {"turn": turn, "index": index}
+                break
+        accept_lengths = [n for d in run.decoded for n in d.accept_lengths]
+        records.append(
+            {
+                "id": conversation.id,
+                "category": conversation.category,
+                "slot": run.slot,
+                "turns": len(run.decoded),
+                "prompt_tokens": run.prompt_tokens,
+                "new_tokens": sum(len(d.tokens) for d in run.decoded),
+                "turn_new_tokens": [len(d.tokens) for d in run.decoded],
+                "steps": len(accept_lengths),
+                "mean_accept_length": sum(accept_lengths) / len(accept_lengths) if accept_lengths else None,
+                "accept_lengths": accept_lengths,
+                "draft_sizes": [n for d in run.decoded for n in d.draft_sizes],
+                "draft_depths": [n for d in run.decoded for n in d.draft_depths],
+                "prefill_token": run.decoded[0].prefill_token,
+                "seconds": sum(run.seconds),
+                "turn_seconds": run.seconds,
+                "baseline_new_tokens": sum(len(d.tokens) for d in base.decoded),
+                "baseline_seconds": sum(base.seconds),
+                "identical_to_baseline": mismatch is None,
+                "first_mismatch": mismatch,  # {"turn", "index" into that turn's new tokens}; None: identical
+            }
+        )
+    return records
+
+
+def method_entry(name: str, kind: str, method: Method, records: list[dict]) -> dict[str, Any]:
+    """One results.json entry: the headline figures, draft figures, per category, settings, records."""
+    depth = method.max_depth
+
+    def figures(rows):
+        return {**summarize(rows, depth), **draft_figures(rows)}
+
+    categories = dict.fromkeys(r["category"] for r in records if r["category"] is not None)
+    return {
+        "name": name,
+        "method": kind,
+        **figures(records),
+        "per_category": {c: figures([r for r in records if r["category"] == c]) for c in categories},
+        "settings": method.settings(),
+        "per_prompt": records,
+    }
+
+
+# -- Spec-Bench answer files ------------------------------------------------------------------------
+
+
+def answer_rows(model_id: str, runs: list[Run], conversations: list[Conversation]) -> list[dict[str, Any]]:
+    """Spec-Bench answer-file rows (its evaluation/eval.py writes them; evaluation/speed.py reads them):
+    one per question, one choice, per turn its answer text, decoding steps, new tokens and wall time,
+    and every step's accept length."""
+    return [
+        {
+            "question_id": conversation.question_id,
+            "category": conversation.category,
+            "answer_id": uuid.uuid4().hex,
+            "model_id": model_id,
+            "choices": [
+                {
+                    "index": 0,
+                    "turns": run.answers,
+                    "decoding_steps": [len(d.accept_lengths) for d in run.decoded],
+                    "new_tokens": [len(d.tokens) for d in run.decoded],
+                    "wall_time": run.seconds,
+                    "accept_lengths": [n for d in run.decoded for n in d.accept_lengths],
+                }
+            ],
+            "tstamp": time.time(),
+        }
+        for run, conversation in zip(runs, conversations)
+    ]
+
+
+def answer_file(name: str) -> str:
+    return f"{ANSWERS_DIR}/{name.replace(':', '-').replace('/', '-')}.jsonl"
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="HF directory (or hub id) of the target")
+    p.add_argument(
+        "--heads", nargs="*", default=[], help="native head checkpoint directories (any methods, any number)"
+    )
+    p.add_argument(
+        "--prompts",
+        required=True,
+        help="mt-bench, spec-bench, a .jsonl of such questions, heldout (the target's heldout_files.json), "
+        "or a .json file list in that format",
+    )
+    p.add_argument("--out", required=True, type=Path, help="directory for results, report, plots, answers")
+    p.add_argument(
+        "--peers",
+        default=None,
+        help=f"comma-separated, from {', '.join(PEERS)} (default: generate,prompt-lookup, and assisted "
+        f"when --draft-model is given); {BASELINE} always runs: speedups and identity are against it",
+    )
+    p.add_argument("--draft-model", default=None, help="HF directory of the assistant model (same tokenizer)")
+    p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: all)")
+    p.add_argument("--category", default=None, help="only questions of this category")
+    p.add_argument("--max-turns", type=int, default=None, help="ask at most N turns of each question")
+    p.add_argument("--skip-long", action="store_true", help="skip prompts that outrun the target's positions")
+    p.add_argument("--no-chat-template", action="store_true", help="questions as raw text, not chat turns")
+    p.add_argument("--prompt-tokens", type=int, default=64, help="tokens taken from the start of each file")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="per turn")
+    p.add_argument(
+        "--tree",
+        nargs="*",
+        default=None,
+        help=f"draft tree per --heads directory (one name for all, or one each): {', '.join(sorted(DEFAULT_TREES))} "
+        "or dynamic[-N] for EAGLE heads (default: each method's own, as in `specheads eval`)",
+    )
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt-lookup draft length N")
+    p.add_argument("--prompt-lookup-ngram", type=int, default=None, help="n-gram matched (transformers: 2)")
+    p.add_argument(
+        "--assistant-tokens", type=int, default=20, help="assisted draft length (transformers' default 20)"
+    )
+    p.add_argument(
+        "--assistant-confidence",
+        type=float,
+        default=0.4,
+        help="the assistant stops a draft early below this top probability (transformers' default 0.4; 0: never)",
+    )
+    p.add_argument("--warmup", type=int, default=1, help="untimed prompts every method decodes first")
+    p.add_argument("--dtype", default="float32", choices=[*sorted(DTYPES), "auto"])
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def peers_of(args: argparse.Namespace) -> list[str]:
+    """The peers to run, the baseline first; raises for unknown names or a missing --draft-model."""
+    if args.peers is None:
+        wanted = ["prompt-lookup", *(["assisted"] if args.draft_model else [])]
+    else:
+        wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = sorted(set(wanted) - set(PEERS))
+    if unknown:
+        raise ValueError(f"--peers: unknown {unknown}; known: {', '.join(PEERS)}")
+    if "assisted" in wanted and not args.draft_model:
+        raise ValueError("--peers assisted needs --draft-model DIR (a small model of the target's tokenizer)")
+    if args.draft_model and "assisted" not in wanted:
+        raise ValueError(
+            f"--draft-model is only used by the assisted peer, and --peers {args.peers!r} has none"
+        )
+    return [BASELINE, *(p for p in PEERS if p in wanted and p != BASELINE)]
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for flag in ("max_new_tokens", "prompt_tokens", "prompt_lookup_tokens", "assistant_tokens"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    for flag in ("num_prompts", "max_turns", "threads", "prompt_lookup_ngram"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    if not 0 <= args.assistant_confidence <= 1:
+        raise ValueError(f"--assistant-confidence must be in [0, 1], got {args.assistant_confidence}")
+    if args.tree is not None and len(args.tree) not in (1, len(args.heads)):
+        raise ValueError(
+            f"--tree takes one name or one per --heads directory ({len(args.heads)}), got {args.tree}"
+        )
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: no CUDA device is available here")
+    if args.out.exists() and not args.out.is_dir():
+        raise NotADirectoryError(f"--out {args.out} exists and is not a directory")
+    if not args.no_plots:
+        check_matplotlib()
+
+
+def head_names(configs: list[dict[str, Any]], dirs: list[str]) -> list[str]:
+    """Each heads directory's name in the results: its method, or method:folder when methods repeat."""
+    methods = [c["method"] for c in configs]
+    names = [m if methods.count(m) == 1 else f"{m}:{Path(d).name}" for m, d in zip(methods, dirs)]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(
+            f"--heads: two directories would both be called {repeated}; give them distinct folder names"
+        )
+    return names
+
+
+def build_methods(
+    args: argparse.Namespace, target: FrozenTarget, peers: list[str], configs: list[dict]
+) -> dict[str, tuple[str, Method]]:
+    """name -> (method kind, method): the peers, then each heads directory."""
+    methods: dict[str, tuple[str, Method]] = {BASELINE: (BASELINE, GeneratePeer(target))}
+    if "prompt-lookup" in peers:
+        methods["prompt-lookup"] = (
+            "prompt-lookup",
+            PromptLookupPeer(target, args.prompt_lookup_tokens, args.prompt_lookup_ngram),
+        )
+    if "assisted" in peers:
+        draft, draft_tokenizer = load_draft_model(args.draft_model, target.dtype, target.device, args.attn)
+        peer = AssistedPeer(
+            target, draft, draft_tokenizer, args.assistant_tokens, args.assistant_confidence, args.draft_model
+        )
+        methods["assisted"] = ("assisted", peer)
+    trees = args.tree if args.tree and len(args.tree) == len(args.heads) else [None] * len(args.heads)
+    if args.tree and len(args.tree) == 1:
+        trees = args.tree * len(args.heads)  # one name for every heads directory
+    for name, path, tree in zip(head_names(configs, args.heads), args.heads, trees):
+        heads, config = load_heads(path, target, device=target.device, dtype=target.dtype)
+        drafter, tree_record = drafter_for(heads, config, target, tree)
+        record = {"path": str(Path(path).resolve()), "head_config": config["head_config"]}
+        methods[name] = (config["method"], HeadsMethod(target, drafter, tree_record, record))
+    return methods
+
+
+def command_line(args: argparse.Namespace, peers: list[str]) -> str:
+    """The command with every option spelled out, so that it reproduces this run."""
+    parts = [
+        "specheads",
+        "compare",
+        "--target",
+        args.target,
+        *(["--heads", *args.heads] if args.heads else []),
+    ]
+    parts += ["--prompts", args.prompts, "--out", str(args.out), "--peers", ",".join(peers)]
+    parts += ["--max-new-tokens", str(args.max_new_tokens), "--prompt-tokens", str(args.prompt_tokens)]
+    parts += ["--prompt-lookup-tokens", str(args.prompt_lookup_tokens)]
+    parts += ["--assistant-tokens", str(args.assistant_tokens)]
+    parts += ["--assistant-confidence", str(args.assistant_confidence), "--warmup", str(args.warmup)]
+    parts += ["--dtype", args.dtype, "--device", args.device, "--attn", args.attn]
+    for flag in ("draft_model", "num_prompts", "category", "max_turns", "threads", "prompt_lookup_ngram"):
+        if getattr(args, flag) is not None:
+            parts += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    if args.tree:
+        parts += ["--tree", *args.tree]
+    for flag in ("skip_long", "no_chat_template", "no_plots"):
+        if getattr(args, flag):
+            parts.append("--" + flag.replace("_", "-"))
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def build_results(
+    args: argparse.Namespace,
+    peers: list[str],
+    methods: dict[str, tuple[str, Method]],
+    runs: dict[str, list[Run]],
+    orders: list[list[str]],
+    conversations: list[Conversation],
+    skipped: list[str],
+    target: FrozenTarget,
+    templated: bool,
+) -> dict[str, Any]:
+    """results.json: one entry per method first, then the run order and what produced them."""
+    import transformers
+
+    entries = [
+        method_entry(name, kind, method, records_for(runs[name], runs[BASELINE], conversations))
+        for name, (kind, method) in methods.items()
+    ]
+    return {
+        "baseline": BASELINE,
+        "methods": entries,
+        "order": [{"id": c.id, "methods": order} for c, order in zip(conversations, orders)],
+        "target": {**target.record().to_dict(), "path": args.target},
+        "prompts": {
+            "source": args.prompts,
+            "path": prompt_set_path(args.prompts),
+            "chat_template": templated,
+            "prompt_tokens": args.prompt_tokens,
+            "category": args.category,
+            "max_turns": args.max_turns,
+            "num_prompts": len(conversations),
+            "turns": sum(len(c.turns) for c in conversations),
+            "skipped": skipped,
+        },
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": 0.0,
+        "warmup": args.warmup,
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "attn_implementation": args.attn,
+        "threads": torch.get_num_threads(),
+        "versions": {
+            "specheads": __version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
+        "platform": platform.platform(),
+        "command": command_line(args, peers),
+        "definitions": {**DEFINITIONS, **DRAFT_DEFINITIONS},
+        "answers": {name: answer_file(name) for name in methods},
+        "plots": {} if args.no_plots else dict(PLOTS),
+    }
+
+
+def write_outputs(
+    out: Path, results: dict[str, Any], runs: dict[str, list[Run]], conversations: list[Conversation]
+) -> None:
+    """answers/*.jsonl, results.json, the plots, then report.md (which shows them)."""
+    (out / ANSWERS_DIR).mkdir(parents=True, exist_ok=True)
+    model = Path(results["target"]["path"]).name
+    for name, path in results["answers"].items():
+        rows = answer_rows(f"{model}-{name}-{results['dtype']}", runs[name], conversations)
+        write_atomic(out / path, "".join(json.dumps(row) + "\n" for row in rows))
+    write_atomic(out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
+    if results["plots"]:
+        write_plots(results["methods"], out, results["baseline"])
+    write_atomic(out / REPORT_FILE, render_comparison(results))
+
+
+def run(args: argparse.Namespace) -> int:
+    """`specheads compare`: check every input, decode every prompt with every method, write it all."""
+    _check_args(args)
+    peers = peers_of(args)
+    configs = [read_head_config(path) for path in args.heads]  # a foreign checkpoint fails before loading
+    head_names(configs, args.heads)
+    conversations = read_conversations(
+        args.prompts, args.target, args.category, args.num_prompts, args.max_turns
+    )
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    target = FrozenTarget.from_pretrained(args.target, dtype=args.dtype, attn_implementation=args.attn)
+    target.model.to(args.device)
+    tokenizer = target.tokenizer
+    if tokenizer is None:
+        raise ValueError(f"target {args.target!r} has no tokenizer; compare needs one to encode prompts")
+    methods = build_methods(args, target, peers, configs)
+    templated = not args.no_chat_template and getattr(tokenizer, "chat_template", None) is not None
+    templated = templated and any(c.chat for c in conversations)
+    settings = TurnSettings(
+        max_new_tokens=args.max_new_tokens,
+        prompt_tokens=args.prompt_tokens,
+        templated=templated,
+        limit=getattr(target.config, "max_position_embeddings", None),
+        depth=max(method.max_depth for _, method in methods.values()),
+    )
+    conversations, skipped = select_prompts(conversations, tokenizer, settings, args.skip_long)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    runs, orders = compare(
+        {name: method for name, (_, method) in methods.items()},
+        conversations,
+        tokenizer,
+        settings,
+        target.device,
+        args.warmup,
+        progress=not args.no_progress,
+    )
+    results = build_results(args, peers, methods, runs, orders, conversations, skipped, target, templated)
+    write_outputs(args.out, results, runs, conversations)
+    print((args.out / REPORT_FILE).read_text(), end="")
+    print(f"wrote {args.out / RESULTS_FILE}, {args.out / REPORT_FILE}, plots and {args.out / ANSWERS_DIR}/")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="specheads compare", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

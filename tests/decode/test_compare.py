@@ -1,0 +1,434 @@
+"""`specheads compare` end to end on a tiny random target: peers and heads side by side.
+
+Speed is reported, never asserted. What is pinned: every figure recomputed from the per-prompt records,
+greedy identity of every method with the baseline, the rotated interleaving, multi-turn prompts built
+from each method's own answers, the report's tables, valid PNGs, Spec-Bench answer files, and errors.
+"""
+
+import argparse
+import json
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from specheads.decode import compare, evaluate
+from specheads.decode.conversations import (
+    Conversation,
+    TurnSettings,
+    prompt_set_path,
+    read_conversations,
+    render_turn,
+)
+from specheads.decode.peers import AssistedPeer, Decoded, GeneratePeer, PromptLookupPeer, load_draft_model
+from specheads.decode.plots import PLOTS
+from specheads.decode.report import DRAFT_DEFINITIONS, draft_figures
+from specheads.heads import EagleConfig, EagleHead, FrozenTarget, MedusaConfig, MedusaHeads, save_heads
+
+from helpers import tiny_model, tiny_tokenizer
+
+QUESTIONS = [
+    {"question_id": 81, "category": "writing", "turns": ["Compose a blog post about Hawaii.", "Rewrite it."]},
+    {
+        "question_id": 101,
+        "category": "reasoning",
+        "turns": ["You overtake the second person.", "And the last?"],
+    },
+    {"question_id": 121, "category": "writing", "turns": ["Write a haiku about Python.", "Another one."]},
+]
+SOURCES = {
+    "pkg/long.py": "import os\n\n\ndef join(a, b):\n    return os.path.join(a, b)\n" * 4,
+    "short.py": "x = 1\n",
+}
+METHODS = ["generate", "prompt-lookup", "assisted", "medusa", "eagle"]
+ANSWER_KEYS = {"question_id", "category", "answer_id", "model_id", "choices", "tstamp"}
+CHOICE_KEYS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
+MAX_NEW = 8
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_target_dirs, tmp_path_factory) -> dict:
+    """The tiny llama target (with held-out files), Medusa and EAGLE heads, two drafts, questions."""
+    root = tmp_path_factory.mktemp("compare")
+    target_dir = root / "target"
+    shutil.copytree(tiny_target_dirs["llama"], target_dir)
+    for name, text in SOURCES.items():
+        (root / "sources" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "sources" / name).write_text(text)
+    heldout = {"stdlib": str(root / "sources"), "files": sorted(SOURCES)}
+    (target_dir / evaluate.HELDOUT_FILE).write_text(json.dumps(heldout))
+
+    target = FrozenTarget.from_pretrained(str(target_dir))
+    torch.manual_seed(0)
+    medusa = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=3))
+    save_heads(medusa.init_lm_heads_from(target.lm_head), root / "medusa", target.record())
+    from specheads.heads import layer_config_from
+
+    save_heads(EagleHead(EagleConfig(layer_config_from(target.config))), root / "eagle", target.record())
+    # A second, smaller random model of the same tokenizer: the assistant.
+    tokenizer = tiny_tokenizer()
+    tiny_model("llama", seed=1, vocab_size=len(tokenizer), num_hidden_layers=1).save_pretrained(
+        root / "draft"
+    )
+    tokenizer.save_pretrained(root / "draft")
+    (root / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return {"root": root, "target": target_dir, "questions": root / "questions.jsonl"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def keep_threads():
+    """`--threads` sets torch's thread count for the process: give later tests theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def compare_args(setup, out: Path, prompts, *extra: str) -> list[str]:
+    return [
+        "--target",
+        str(setup["target"]),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        str(MAX_NEW),
+        "--no-progress",
+        *extra,
+    ]
+
+
+def check_entry(entry: dict, baseline_rows: list[dict]) -> None:
+    """Every figure of one method recomputed from its per-prompt records."""
+    rows = entry["per_prompt"]
+    accept = [n for r in rows for n in r["accept_lengths"]]
+    sizes = [n for r in rows for n in r["draft_sizes"]]
+    depths = [n for r in rows for n in r["draft_depths"]]
+    assert len(accept) == len(sizes) == len(depths) == entry["steps"]
+    for r, base in zip(rows, baseline_rows):
+        assert r["id"] == base["id"]
+        # Our decoder and generate() take the first token from prefill; transformers' assisted loop doesn't.
+        assert r["new_tokens"] == r["prefill_token"] * r["turns"] + sum(r["accept_lengths"])
+        assert r["new_tokens"] == sum(r["turn_new_tokens"]) <= MAX_NEW * r["turns"]
+        assert r["baseline_new_tokens"] == base["new_tokens"] and r["baseline_seconds"] == base["seconds"]
+        assert all(a <= d + 1 for a, d in zip(r["accept_lengths"], r["draft_depths"]))
+        assert all(d <= s for d, s in zip(r["draft_depths"], r["draft_sizes"]))
+    assert entry["mean_accept_length"] == pytest.approx(sum(accept) / len(accept))
+    assert entry["new_tokens"] == sum(r["new_tokens"] for r in rows)
+    assert entry["tokens_per_second"] == pytest.approx(entry["new_tokens"] / entry["seconds"])
+    assert entry["speedup"] == pytest.approx(entry["tokens_per_second"] / entry["baseline_tokens_per_second"])
+    if sum(sizes):
+        assert entry["acceptance_rate"] == pytest.approx(sum(a - 1 for a in accept) / sum(sizes))
+    else:
+        assert entry["acceptance_rate"] is None
+    assert entry["draft_efficiency"] == pytest.approx(sum(accept) / sum(d + 1 for d in depths))
+    assert sum(entry["accept_length_counts"]) == entry["steps"]
+    assert entry["deepest_draft"] == max(depths, default=0) <= len(entry["accept_rate_per_depth"])
+    rates = entry["accept_rate_per_depth"]
+    assert rates == pytest.approx(
+        [sum(a > d for a in accept) / len(accept) for d in range(1, len(rates) + 1)]
+    )
+    assert entry["mean_accept_length"] == pytest.approx(1 + sum(rates))  # no step passes the listed depth
+    n = len(rows)
+    assert entry["identical_to_baseline"] == f"{n}/{n}"  # greedy: every method is lossless
+
+
+@pytest.fixture(scope="module")
+def questions_run(setup, tmp_path_factory) -> tuple[Path, dict, list[str]]:
+    out = tmp_path_factory.mktemp("run") / "out"
+    argv = compare_args(setup, out, setup["questions"], "--heads", str(setup["root"] / "medusa"))
+    argv += [str(setup["root"] / "eagle"), "--draft-model", str(setup["root"] / "draft"), "--warmup", "1"]
+    argv += ["--threads", "1"]  # tiny models gain nothing from more, and lose much on a busy machine
+    assert compare.main(argv) == 0
+    return out, json.loads((out / "results.json").read_text()), argv
+
+
+def test_one_entry_per_method_with_every_figure(questions_run):
+    _, results, _ = questions_run
+    entries = results["methods"]
+    assert [m["name"] for m in entries] == METHODS and results["baseline"] == "generate"
+    assert [m["method"] for m in entries] == METHODS  # the heads' names are their methods when unique
+    design_fields = {"method", "mean_accept_length", "accept_rate_per_depth", "new_tokens", "steps"}
+    design_fields |= {"tokens_per_second", "baseline_tokens_per_second", "speedup", "identical_to_baseline"}
+    for entry in entries:
+        assert design_fields | {"acceptance_rate", "draft_efficiency", "per_category"} <= set(entry)
+        check_entry(entry, entries[0]["per_prompt"])
+    baseline = entries[0]
+    assert baseline["speedup"] == 1.0 and baseline["mean_accept_length"] == 1.0
+    assert baseline["acceptance_rate"] is None and baseline["draft_efficiency"] == 1.0
+    by_name = {m["name"]: m for m in entries}
+    assert len(by_name["medusa"]["accept_rate_per_depth"]) == 3  # medusa-31 for three heads
+    assert by_name["medusa"]["draft_tokens_per_step"] == 31.0
+    assert by_name["prompt-lookup"]["settings"]["prompt_lookup_num_tokens"] == 10
+    assert by_name["assisted"]["settings"]["num_assistant_tokens"] == 20  # transformers' default
+    assert by_name["assisted"]["settings"]["draft_layers"] == 1
+    assert set(results["definitions"]) >= set(DRAFT_DEFINITIONS) | {"mean_accept_length", "speedup"}
+
+
+def test_every_method_runs_each_prompt_in_rotated_order(questions_run):
+    _, results, _ = questions_run
+    assert [o["id"] for o in results["order"]] == ["81", "101", "121"]
+    for i, order in enumerate(results["order"]):
+        assert order["methods"] == METHODS[i:] + METHODS[:i]
+    for entry in results["methods"]:
+        slots = [r["slot"] for r in entry["per_prompt"]]
+        assert slots == [o["methods"].index(entry["name"]) for o in results["order"]]
+
+
+def test_per_category_figures_and_tables(questions_run):
+    out, results, _ = questions_run
+    report = (out / "report.md").read_text()
+    header = (
+        "| method | prompts | τ | accept rate | draft eff. | drafts/step | tokens/s | speedup | identical |"
+    )
+    sections = report.split("\n## ")
+    tables = {s.split("\n", 1)[0]: s for s in sections[1:]}
+    assert {"Overall", "writing", "reasoning", "Acceptance per draft position"} <= set(tables)
+    for entry in results["methods"]:
+        per = entry["per_category"]
+        assert list(per) == ["writing", "reasoning"]
+        assert per["writing"]["num_prompts"] == 2 and per["reasoning"]["num_prompts"] == 1
+        assert per["writing"]["new_tokens"] + per["reasoning"]["new_tokens"] == entry["new_tokens"]
+        assert per["writing"]["steps"] + per["reasoning"]["steps"] == entry["steps"]
+        for name, figures in [("Overall", entry), *per.items()]:
+            assert header in tables[name]
+            row = f"| {entry['name']} | {figures['num_prompts']} | {figures['mean_accept_length']:.2f} |"
+            assert row in tables[name]
+            assert f"{figures['speedup']:.2f}x | {figures['identical_to_baseline']} |" in tables[name]
+    for m in results["methods"][1:]:
+        assert (
+            f"| {m['name']} | {m['accept_rate_per_depth'][0]:.2f} |"
+            in tables["Acceptance per draft position"]
+        )
+    assert results["command"] in report and "evaluation/speed.py" in report
+
+
+def test_plots_are_valid_pngs(questions_run):
+    from PIL import Image
+
+    out, results, _ = questions_run
+    assert results["plots"] == PLOTS
+    for name in PLOTS.values():
+        with Image.open(out / name) as image:
+            assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 150
+            image.verify()
+        assert f"]({name})" in (out / "report.md").read_text()
+
+
+def test_spec_bench_answer_files(questions_run, setup):
+    out, results, _ = questions_run
+    assert set(results["answers"]) == set(METHODS)
+    for entry in results["methods"]:
+        lines = (out / results["answers"][entry["name"]]).read_text().splitlines()
+        answers = [json.loads(line) for line in lines]
+        assert [a["question_id"] for a in answers] == [81, 101, 121]  # as the questions file has them
+        for answer, row in zip(answers, entry["per_prompt"]):
+            assert set(answer) == ANSWER_KEYS and answer["category"] == row["category"]
+            assert answer["model_id"] == f"target-{entry['name']}-float32"
+            (choice,) = answer["choices"]
+            assert set(choice) == CHOICE_KEYS and choice["index"] == 0
+            assert len(choice["turns"]) == len(choice["new_tokens"]) == len(choice["wall_time"]) == 2
+            assert (
+                choice["new_tokens"] == row["turn_new_tokens"] and choice["wall_time"] == row["turn_seconds"]
+            )
+            assert sum(choice["decoding_steps"]) == len(choice["accept_lengths"]) == row["steps"]
+            assert choice["accept_lengths"] == row["accept_lengths"]
+            assert all(isinstance(t, str) for t in choice["turns"])
+        # Spec-Bench's speed.py: per question, sum(new_tokens) / sum(wall_time), then the mean.
+        speeds = [sum(a["choices"][0]["new_tokens"]) / sum(a["choices"][0]["wall_time"]) for a in answers]
+        assert all(s > 0 for s in speeds)
+
+
+def test_second_turn_follows_the_methods_own_answer(questions_run, setup):
+    """Turn 2's prompt is the chat template over (turn 1, the method's turn-1 answer, turn 2)."""
+    out, results, _ = questions_run
+    tokenizer = FrozenTarget.from_pretrained(str(setup["target"])).tokenizer
+    for entry in results["methods"]:
+        answers = [json.loads(x) for x in (out / results["answers"][entry["name"]]).read_text().splitlines()]
+        for question, answer, row in zip(QUESTIONS, answers, entry["per_prompt"]):
+            turns = question["turns"]
+            first = answer["choices"][0]["turns"][0]
+            messages = [
+                {"role": "user", "content": turns[0]},
+                {"role": "assistant", "content": first},
+                {"role": "user", "content": turns[1]},
+            ]
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            assert row["prompt_tokens"][1] == len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            assert row["prompt_tokens"][1] > row["prompt_tokens"][0]
+
+
+def test_command_reproduces_the_run(questions_run):
+    _, results, argv = questions_run
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    again = vars(parser.parse_args(shlex.split(results["command"])[2:]))
+    given = vars(parser.parse_args(argv))
+    assert again == {**given, "peers": "generate,prompt-lookup,assisted", "no_progress": False}
+
+
+def test_heldout_files_with_one_head_and_no_plots(setup, tmp_path):
+    out = tmp_path / "out"
+    argv = compare_args(
+        setup, out, "heldout", "--heads", str(setup["root"] / "medusa"), "--peers", "generate"
+    )
+    argv += ["--prompt-tokens", "16", "--warmup", "0", "--tree", "chain-4", "--no-plots"]
+    assert compare.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [m["name"] for m in results["methods"]] == ["generate", "medusa"]
+    for entry in results["methods"]:
+        check_entry(entry, results["methods"][0]["per_prompt"])
+        assert entry["per_category"] == {}
+        assert [r["prompt_tokens"] for r in entry["per_prompt"]] == [[16], [len(SOURCES["short.py"])]]
+    assert results["methods"][1]["settings"]["tree"]["name"] == "chain-4"
+    assert results["prompts"]["chat_template"] is False and results["plots"] == {}
+    assert not any(out.glob("*.png"))
+    report = (out / "report.md").read_text()
+    assert "## Overall" in report and "## Plots" not in report and "## writing" not in report
+
+
+# -- the pieces --------------------------------------------------------------------------------------
+
+
+def test_draft_figures_definitions():
+    """acceptance rate = accepted / proposed; efficiency = emitted / Σ(depth + 1); τ = 1 + accepted/steps."""
+    rows = [
+        {"accept_lengths": [1, 3, 2], "draft_sizes": [4, 4, 4], "draft_depths": [4, 4, 4]},
+        {"accept_lengths": [5, 1], "draft_sizes": [6, 0], "draft_depths": [4, 0]},
+    ]
+    figures = draft_figures(rows)
+    assert figures["accepted_draft_tokens"] == 0 + 2 + 1 + 4 + 0 and figures["proposed_draft_tokens"] == 18
+    assert figures["acceptance_rate"] == 7 / 18
+    assert figures["draft_efficiency"] == 12 / (5 + 5 + 5 + 5 + 1)
+    assert figures["draft_tokens_per_step"] == 18 / 5
+    assert figures["accept_length_counts"] == [2, 1, 1, 0, 1] and figures["deepest_draft"] == 4
+    assert 1 + figures["accepted_draft_tokens"] / 5 == 12 / 5  # vLLM's mean acceptance length is τ
+    empty = draft_figures([{"accept_lengths": [], "draft_sizes": [], "draft_depths": []}])
+    assert empty["acceptance_rate"] is None and empty["draft_efficiency"] is None
+
+
+def test_decoded_checks_its_accounting():
+    assert Decoded([5, 6, 7], [2], [3], [3], prefill_token=True).tokens == [5, 6, 7]
+    with pytest.raises(ValueError, match="emitted 2 tokens"):
+        Decoded([5, 6, 7], [2], [3], [3], prefill_token=False)
+    with pytest.raises(ValueError, match="one of each per step"):
+        Decoded([5, 6], [1], [], [], prefill_token=True)
+
+
+def test_transformers_steps_are_recorded_exactly(setup):
+    """A draft identical to the target: every step but the last accepts its whole chain."""
+    target = FrozenTarget.from_pretrained(str(setup["target"]))
+    twin, tokenizer = load_draft_model(str(setup["target"]), target.dtype, target.device, "sdpa")
+    ids = target.tokenizer("abcabcabc abc", return_tensors="pt")["input_ids"]
+    baseline = GeneratePeer(target).generate(ids, 12)
+    assisted = AssistedPeer(target, twin, tokenizer, 3, 0.0, "twin").generate(ids, 12)
+    lookup = PromptLookupPeer(target, 4).generate(ids, 12)
+    assert assisted.tokens == lookup.tokens == baseline.tokens
+    assert not assisted.prefill_token and not lookup.prefill_token
+    *full, last = zip(assisted.accept_lengths, assisted.draft_sizes)
+    assert full and all(a == s + 1 for a, s in full) and last[0] <= last[1] + 1
+    assert all(s == 3 for s in assisted.draft_sizes[:-1])
+    assert baseline.accept_lengths == [1] * (len(baseline.tokens) - 1) and set(baseline.draft_sizes) == {0}
+    assert "_get_candidate_generator" not in target.model.__dict__  # the recorder is gone afterwards
+
+
+def test_compare_interleaves_and_keeps_warmup_untimed():
+    calls = []
+
+    class Echo:
+        max_depth = 0
+
+        def __init__(self, name):
+            self.name = name
+
+        def generate(self, ids, max_new_tokens):
+            calls.append(self.name)
+            return Decoded([7, 8], [1], [0], [0], prefill_token=True)
+
+    class Tokenizer:
+        chat_template = None
+
+        def __call__(self, text):
+            return {"input_ids": [1] + [ord(c) % 50 for c in text]}
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "answer"
+
+    conversations = [Conversation(str(i), i, None, ["q one", "q two"], chat=True) for i in range(4)]
+    methods = {name: Echo(name) for name in "ABC"}
+    settings = TurnSettings(max_new_tokens=2, prompt_tokens=8, templated=False, limit=None, depth=0)
+    runs, orders = compare.compare(
+        methods, conversations, Tokenizer(), settings, torch.device("cpu"), 1, False
+    )
+    assert orders == [list("ABC"), list("BCA"), list("CAB"), list("ABC")]
+    warmup, timed = calls[:6], calls[6:]
+    assert warmup == ["A", "A", "B", "B", "C", "C"]  # two turns each
+    assert timed == [name for order in orders for name in order for _ in range(2)]
+    assert all(len(runs[name]) == 4 for name in "ABC")
+    assert [run.slot for run in runs["C"]] == [2, 1, 0, 2]
+
+
+def test_turns_and_prompt_sets(setup, tmp_path, monkeypatch):
+    tokenizer = FrozenTarget.from_pretrained(str(setup["target"])).tokenizer
+    conversations = read_conversations(str(setup["questions"]), str(setup["target"]), "writing", None, None)
+    assert [c.id for c in conversations] == ["81", "121"] and conversations[0].turns == QUESTIONS[0]["turns"]
+    assert read_conversations(str(setup["questions"]), "", None, 1, 1)[0].turns == QUESTIONS[0]["turns"][:1]
+    # Turn 1 tokenizes as `specheads eval` does.
+    texts = evaluate.read_prompts(str(setup["questions"]), "", num_prompts=1)
+    (first,), _ = evaluate.encode_prompts(texts, tokenizer, use_chat_template=True, prompt_tokens=8)
+    assert torch.equal(render_turn(tokenizer, conversations[0], [], True, 8), first.input_ids)
+
+    monkeypatch.setenv("SPECHEADS_DATA", str(tmp_path))
+    (tmp_path / "mt_bench_question.jsonl").write_text(setup["questions"].read_text())
+    assert prompt_set_path("mt-bench") == str(tmp_path / "mt_bench_question.jsonl")
+    assert prompt_set_path("other.jsonl") == "other.jsonl"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1, "turns": ["hi", ""]}\n')
+    with pytest.raises(ValueError, match="line 1: turn 2 must be a non-empty string"):
+        read_conversations(str(bad), "", None, None, None)
+
+
+# -- errors: raised before anything is written --------------------------------------------------------
+
+
+def test_peer_and_argument_errors(setup, tmp_path):
+    out = tmp_path / "out"
+    heads = ["--heads", str(setup["root"] / "medusa")]
+    cases = [
+        (["--peers", "generate,assisted"], "needs --draft-model"),
+        (["--peers", "generate,medusa"], r"unknown \['medusa'\]"),
+        (["--peers", "generate", "--draft-model", str(setup["root"] / "draft")], "only used by the assisted"),
+        ([*heads, "--tree", "chain-4", "medusa-15"], "one name or one per --heads"),
+        (["--max-turns", "0"], "--max-turns must be >= 1"),
+        (["--assistant-confidence", "2"], r"must be in \[0, 1\]"),
+        ([*heads, str(setup["root"] / "medusa")], r"both be called \['medusa:medusa'\]"),
+    ]
+    for extra, message in cases:
+        with pytest.raises(ValueError, match=message):
+            compare.main(compare_args(setup, out, setup["questions"], *extra))
+    assert not out.exists()
+
+
+def test_a_draft_of_another_vocabulary_is_refused(setup, tmp_path):
+    tiny_model("llama", seed=2, vocab_size=300, num_hidden_layers=1).save_pretrained(tmp_path / "foreign")
+    args = compare_args(
+        setup, tmp_path / "out", setup["questions"], "--draft-model", str(tmp_path / "foreign")
+    )
+    with pytest.raises(ValueError, match="300 output rows, the target 2"):
+        compare.main(args)
+    assert not (tmp_path / "out").exists()
+
+
+def test_long_prompts_fail_early_or_are_skipped(setup, tmp_path):
+    rows = [*QUESTIONS[:1], {"question_id": "long", "category": "writing", "turns": ["word " * 200, "more"]}]
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="'long' .* max_position_embeddings=512; pass --skip-long"):
+        compare.main(compare_args(setup, tmp_path / "out", path, "--peers", "generate"))
+    assert not (tmp_path / "out").exists()
+    argv = compare_args(setup, tmp_path / "out", path, "--peers", "generate", "--no-plots", "--skip-long")
+    assert compare.main(argv) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["prompts"]["skipped"] == ["long"] and results["prompts"]["num_prompts"] == 1
