@@ -42,7 +42,7 @@ def trained_with(heads_dir: Path, recipe: Path, overrides: list[str]) -> bool:
 def train_heads(method: str, target: Path, out: Path, args: argparse.Namespace) -> Path:
     heads_dir = out / method
     recipe = recipe_for(method)
-    overrides = [f"target={target}", f"output_dir={heads_dir}"]
+    overrides = [f"target={target}", f"output_dir={heads_dir}", "report_to=none"]
     if args.max_steps:
         overrides += [f"max_steps={args.max_steps}", f"eval_every={args.max_steps}"]
     if args.retrain or not trained_with(heads_dir, recipe, overrides):

@@ -260,7 +260,8 @@ class FrozenTarget:
 
     @property
     def vocab_size(self) -> int:
-        return self.lm_head.weight.shape[0]
+        weight = self.lm_head.weight
+        return getattr(weight, "ds_shape", weight.shape)[0]  # ZeRO-3 leaves an empty local shard
 
     @property
     def device(self) -> torch.device:

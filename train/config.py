@@ -18,6 +18,8 @@ import yaml
 
 METHODS = ("medusa", "eagle", "eagle3")
 MIXED_PRECISION = ("no", "bf16", "fp16")
+MODES = ("online", "offline")
+REPORT_TO = ("wandb", "none")
 
 
 @dataclass
@@ -29,6 +31,8 @@ class TrainConfig:
     )
     target_dtype: str = "float32"
     attn_implementation: str = "sdpa"
+    mode: str = "online"  # "online": the target runs every batch; "offline": read its states from cache_dir
+    cache_dir: str = ""  # the hidden-state cache (`specheads cache` writes it; offline mode reads it)
     # data
     data: list[str] = field(
         default_factory=lambda: ["stdlib"]
@@ -72,9 +76,15 @@ class TrainConfig:
     eval_every: int = 200
     eval_batches: int = 20
     save_every: int = 0  # 0: only at the end
+    keep_checkpoints: int = 0  # keep the newest N checkpoints/step-K; 0 keeps all
+    resume: str = ""  # "": start afresh; "auto": the latest whole checkpoint in output_dir, if any; or a path
     log_every: int = 10
     output_dir: str = "runs/medusa"
     num_workers: int = 0
+    # tracking
+    report_to: str = "wandb"  # "wandb" (offline without WANDB_API_KEY) or "none"
+    wandb_project: str = "specheads"
+    run_name: str = ""  # wandb's run name; empty: wandb picks one
 
     def __post_init__(self):
         checks = [
@@ -85,6 +95,14 @@ class TrainConfig:
                 f"loss_on must be 'assistant', 'last_assistant' or 'all', got {self.loss_on!r}",
             ),
             (self.mixed_precision in MIXED_PRECISION, f"mixed_precision must be one of {MIXED_PRECISION}"),
+            (self.mode in MODES, f"mode must be one of {MODES}, got {self.mode!r}"),
+            (
+                self.mode != "offline" or bool(self.cache_dir),
+                "mode 'offline' reads the hidden-state cache: set cache_dir (written by `specheads cache`)",
+            ),
+            (self.report_to in REPORT_TO, f"report_to must be one of {REPORT_TO}, got {self.report_to!r}"),
+            (self.save_every >= 0, f"save_every must be >= 0, got {self.save_every}"),
+            (self.keep_checkpoints >= 0, f"keep_checkpoints must be >= 0, got {self.keep_checkpoints}"),
             (0 <= self.eval_fraction < 1, f"eval_fraction must be in [0, 1), got {self.eval_fraction}"),
             (bool(self.data), "data must name at least one source"),
             (self.noise >= 0, f"noise must be >= 0, got {self.noise}"),

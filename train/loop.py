@@ -1,27 +1,31 @@
 """`specheads train RECIPE.yaml [key=value ...]`: fit draft heads on a frozen target, with accelerate.
 
     specheads train recipes/tiny/medusa.yaml max_steps=200
-    accelerate launch -m specheads.train recipes/tiny/medusa.yaml        # several processes
+    accelerate launch --config_file recipes/accelerate/ddp.yaml -m specheads.train recipes/tiny/medusa.yaml
 
 One optimizer step: `grad_accum` micro-batches, each a frozen-target forward (no gradients) that
 captures the layers the heads read, then the heads' loss (Medusa, EAGLE-1/2 or EAGLE-3, by `method`)
-and backward; gradients are clipped, AdamW steps, the warmup + cosine schedule advances. The heads are
-data-parallel under accelerate; the target is a frozen copy on each process (sharded targets come with
-DeepSpeed ZeRO-3 later).
+inside `HeadsWithLoss`, the module DDP / DeepSpeed wrap, and backward; gradients are clipped, AdamW
+steps, the warmup + cosine schedule advances. Each process takes its slice of every global batch
+(train/sampler.py); the target is a full copy on each process, or sharded by DeepSpeed ZeRO-3
+(train/distributed.py, recipes/accelerate/).
 
 Writes to `output_dir`: the final heads (config.json + model.safetensors, so the folder itself is a
-head checkpoint), `checkpoints/step-N/` every `save_every` steps, `metrics.jsonl` (one JSON object a
-log or eval) and `train_summary.json`.
+head checkpoint), `checkpoints/step-N/` every `save_every` steps and on SIGTERM (whole, and resumed
+exactly with `resume=auto`: train/checkpointing.py), `metrics.jsonl` (one JSON object a log or eval),
+`provenance.jsonl` (one line a launch), `train_summary.json`, and a wandb run (train/tracking.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -38,16 +42,39 @@ from specheads.heads import (
     FrozenTarget,
     MedusaConfig,
     MedusaHeads,
-    TargetOutput,
+    TargetRecord,
     draft_vocab_from_counts,
     layer_config_from,
     save_heads,
 )
 from specheads.train import data as data_lib
+from specheads.train.checkpointing import (
+    StopOnSignal,
+    check_resumable,
+    heads_for_saving,
+    load_checkpoint,
+    prune_checkpoints,
+    read_state,
+    register_state_hooks,
+    resolve_resume,
+    save_checkpoint,
+)
 from specheads.train.config import TrainConfig, load_config
-from specheads.train.eagle_losses import DraftMetrics, count_label_tokens, eagle3_loss, eagle_loss
-from specheads.train.losses import HeadMetrics, medusa_loss
+from specheads.train.distributed import (
+    fill_deepspeed_config,
+    gathered_lm_head,
+    is_partitioned,
+    make_accelerator,
+    shard_target,
+    target_parameter_counts,
+)
+from specheads.train.eagle_losses import DraftMetrics, count_label_tokens
+from specheads.train.losses import HeadMetrics
+from specheads.train.objective import HeadsWithLoss
+from specheads.train.provenance import provenance, write_provenance
+from specheads.train.sampler import EpochBatches
 from specheads.train.sources import rows_for
+from specheads.train.tracking import new_run_id, start_tracking, track
 
 # -- set-up ---------------------------------------------------------------------------------------
 
@@ -62,11 +89,13 @@ def resolve_target(name: str) -> str:
     return name
 
 
-def load_target(cfg: TrainConfig, device: torch.device) -> FrozenTarget:
+def load_target(cfg: TrainConfig, path: str, device: torch.device) -> FrozenTarget:
+    """The frozen target; every process loads it at once (under ZeRO-3 loading is a collective)."""
     target = FrozenTarget.from_pretrained(
-        resolve_target(cfg.target), dtype=cfg.target_dtype, attn_implementation=cfg.attn_implementation
+        path, dtype=cfg.target_dtype, attn_implementation=cfg.attn_implementation
     )
-    target.model.to(device)
+    if not is_partitioned(target.model):  # a ZeRO-3 target is placed by its engine (shard_target)
+        target.model.to(device)
     if target.tokenizer is None:
         raise ValueError(f"target {cfg.target!r} has no tokenizer; training needs one")
     return target
@@ -116,7 +145,8 @@ def lr_lambda(step: int, cfg: TrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def make_loaders(cfg: TrainConfig, tokenizer) -> tuple[DataLoader, DataLoader | None]:
+def make_data(cfg: TrainConfig, tokenizer) -> tuple:
+    """(tokenised training rows, the collate function, the held-out DataLoader or None)."""
     train_rows, eval_rows = rows_for(cfg)
     tokenize = partial(
         data_lib.tokenize_rows, tokenizer=tokenizer, max_length=cfg.max_length, loss_on=cfg.loss_on
@@ -127,82 +157,56 @@ def make_loaders(cfg: TrainConfig, tokenizer) -> tuple[DataLoader, DataLoader | 
     train_ds = tokenize(train_rows)
     if len(train_ds) == 0:
         raise ValueError(f"training data {cfg.data} gave no rows")
-    generator = torch.Generator().manual_seed(cfg.seed)
-    train = DataLoader(
-        train_ds,
-        batch_size=cfg.batch_size,
-        shuffle=True,
-        generator=generator,
-        collate_fn=collate,
-        num_workers=cfg.num_workers,
-        drop_last=len(train_ds) >= cfg.batch_size,
-    )
     evaluate = None
     if eval_rows is not None:
         evaluate = DataLoader(tokenize(eval_rows), batch_size=cfg.batch_size, collate_fn=collate)
-    return train, evaluate
+    return train_ds, collate, evaluate
+
+
+def train_batches(cfg: TrainConfig, dataset, collate, accelerator, start: int) -> Iterator[dict]:
+    """This process's share of every global batch from position `start` on, endlessly, on its device."""
+    sampler = EpochBatches(
+        len(dataset),
+        cfg.batch_size,
+        num_processes=accelerator.num_processes,
+        rank=accelerator.process_index,
+        seed=cfg.seed,
+        start=start,
+    )
+    # The generator only seeds worker processes; without one the loader would draw on the global RNG.
+    loader = DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=collate,
+        num_workers=cfg.num_workers,
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+    for batch in loader:
+        yield {k: v.to(accelerator.device) for k, v in batch.items()}
 
 
 # -- one step -------------------------------------------------------------------------------------
 
 
-def heads_loss(
-    cfg: TrainConfig, heads, target: FrozenTarget, batch: dict
-) -> tuple[torch.Tensor, HeadMetrics | DraftMetrics, float]:
-    """Frozen-target forward, then the heads' loss. Returns (loss, metrics, target seconds)."""
+def heads_loss(model, target, batch: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The frozen target's forward over `batch`, then the heads' loss through `model`.
+
+    This is the loop's one call into the target (an offline target reading cached states stands in
+    here). `model` is the prepared HeadsWithLoss: calling it, not its insides, is what lets DDP and
+    DeepSpeed do their part. Returns (loss, metric sums, target seconds).
+    """
+    objective = getattr(model, "module", model)  # the HeadsWithLoss inside a DDP / DeepSpeed wrapper
     started = time.perf_counter()
-    eagle = cfg.method in ("eagle", "eagle3")
     out = target(
         batch["input_ids"],
         attention_mask=batch["attention_mask"],
         position_ids=batch["position_ids"],
-        capture=getattr(heads, "module", heads).capture_layers if eagle else (-1,),
-        logits=eagle or cfg.labels == "target",
+        capture=objective.capture_layers,
+        logits=objective.needs_logits,
     )
     target_seconds = time.perf_counter() - started
-    if eagle:
-        return (*eagle_heads_loss(cfg, heads, target, out, batch), target_seconds)
-    hidden = out.hidden[target.num_layers]  # (B, T, H), after the final norm
-    loss, metrics = medusa_loss(
-        heads,
-        hidden,
-        batch["input_ids"],
-        batch["loss_mask"],
-        batch["position_ids"],
-        decay=cfg.decay,
-        topk=cfg.topk,
-        target_logits=out.logits,
-        lm_head=target.lm_head,
-    )
+    loss, metrics = model(batch, out, target)
     return loss, metrics, target_seconds
-
-
-def eagle_heads_loss(
-    cfg: TrainConfig, head, target: FrozenTarget, out: TargetOutput, batch: dict
-) -> tuple[torch.Tensor, DraftMetrics]:
-    """EAGLE-1/2 or EAGLE-3 loss from the target's forward `out` (captured layers and logits)."""
-    inputs = (batch["input_ids"], batch["loss_mask"], batch["position_ids"], out.logits, target.embed_tokens)
-    if cfg.method == "eagle":
-        return eagle_loss(
-            head,
-            out.hidden[target.num_layers],  # f_t, after the final norm
-            *inputs,
-            target.lm_head,
-            attention_mask=batch["attention_mask"],
-            w_feat=cfg.w_feat,
-            w_tok=cfg.w_tok,
-            noise=cfg.noise,
-            topk=cfg.topk,
-        )
-    return eagle3_loss(
-        head,
-        out.hidden,
-        *inputs,
-        attention_mask=batch["attention_mask"],
-        steps=cfg.ttt_steps,
-        decay=cfg.decay,
-        topk=cfg.topk,
-    )
 
 
 def metric_sums(cfg: TrainConfig) -> torch.Tensor:
@@ -222,124 +226,241 @@ def summarise(cfg: TrainConfig, sums: torch.Tensor) -> dict[str, float]:
     return DraftMetrics.summarise(sums, [cfg.decay**i for i in range(cfg.ttt_steps)], cfg.topk)
 
 
+def train_step(cfg: TrainConfig, accelerator, run: Run, batches, window: torch.Tensor, timing: dict) -> float:
+    """One optimizer step over `grad_accum` micro-batches; adds their metrics to `window`. Returns the
+    gradient norm before clipping."""
+    for _ in range(cfg.grad_accum):
+        batch = next(batches)
+        with accelerator.accumulate(run.model):  # gradients sync on the last micro-batch only
+            with accelerator.autocast():
+                loss, metrics, target_seconds = heads_loss(run.model, run.target, batch)
+            accelerator.backward(loss)  # divided by grad_accum
+        window += metrics
+        timing["target"] += target_seconds
+        timing["labels"] += int(batch["loss_mask"].sum())
+    grad_norm = accelerator.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm)
+    run.optimizer.step()  # under DeepSpeed these three are its engine's, done in backward()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return float("nan") if grad_norm is None else float(grad_norm)
+
+
 @torch.no_grad()
-def evaluate(
-    cfg: TrainConfig, accelerator, heads, target: FrozenTarget, loader: DataLoader
-) -> dict[str, float]:
-    heads.eval()
+def evaluate(cfg: TrainConfig, accelerator, model, target, loader: DataLoader) -> dict[str, float]:
+    """Held-out metrics over the first `eval_batches` global batches (batch_size rows per process):
+    loader batch i runs on process i mod N, so the rows, and the sums, do not depend on N.
+
+    Every process runs the same number of forwards (a ZeRO-3 target gathers its weights from all of
+    them), so one that runs out of batches repeats its last and leaves it out of the sums.
+    """
+    model.eval()
+    procs = accelerator.num_processes
+    batches = list(itertools.islice(loader, cfg.eval_batches * procs))
+    n = len(batches)
     sums = metric_sums(cfg)
-    for i, batch in enumerate(loader):
-        if i >= cfg.eval_batches:
-            break
-        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        _, metrics, _ = heads_loss(cfg, heads, target, batch)
-        sums += metrics.as_tensor()
-    heads.train()
-    sums = accelerator.reduce(sums.to(accelerator.device), reduction="sum").cpu()
-    return summarise(cfg, sums)
+    for i in range(accelerator.process_index, math.ceil(n / procs) * procs, procs):
+        batch = {k: v.to(accelerator.device) for k, v in batches[min(i, n - 1)].items()}
+        _, metrics, _ = heads_loss(model, target, batch)
+        if i < n:
+            sums += metrics
+    model.train()
+    return summarise(cfg, accelerator.reduce(sums.to(accelerator.device), reduction="sum").cpu())
 
 
-def cycle(loader: DataLoader):
-    """Batches forever, reshuffled each epoch."""
-    while True:
-        yield from loader
+def train_record(
+    cfg: TrainConfig, accelerator, run: Run, step: int, window, grad_norm: float, timing: dict, since: tuple
+) -> dict:
+    """The train log record of the steps since the last one (whose timing and label count are `since`);
+    empties the metric window."""
+    summary = summarise(cfg, accelerator.reduce(window.to(accelerator.device), "sum").cpu())
+    window.zero_()
+    seconds, labels = timing["step"] - since[0], timing["labels"] - since[1]
+    return {
+        "step": step,
+        "split": "train",
+        "lr": run.scheduler.get_last_lr()[0],
+        "grad_norm": grad_norm,
+        **summary,
+        "labels_per_second": accelerator.num_processes * labels / max(seconds, 1e-9),  # all processes
+    }
+
+
+def stop_requested(accelerator, stop: StopOnSignal) -> bool:
+    """Whether any process got SIGTERM: then all of them save and stop after the same step."""
+    flag = torch.tensor([float(stop.requested)], device=accelerator.device)
+    return accelerator.reduce(flag, reduction="sum").item() > 0
 
 
 # -- the run --------------------------------------------------------------------------------------
 
 
+@dataclass
+class Run:
+    """What a training run holds from set-up to the end."""
+
+    target: FrozenTarget
+    record: TargetRecord
+    model: nn.Module  # HeadsWithLoss, as accelerate prepared it
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    train_rows: object  # tokenised rows
+    collate: object
+    eval_loader: DataLoader | None
+    training: dict  # what the heads' checkpoints record of the run
+    target_engine: object = None  # the ZeRO-3 engine that holds the sharded target
+
+
+def set_up(cfg: TrainConfig, accelerator) -> Run:
+    with accelerator.main_process_first():  # builds the embedded target once
+        path = resolve_target(cfg.target)
+    target = load_target(cfg, path, accelerator.device)
+    with accelerator.main_process_first():  # tokenises once, into the datasets cache
+        train_rows, collate, eval_loader = make_data(cfg, target.tokenizer)
+    with gathered_lm_head(target):
+        record = target.record()
+        heads, notes = build_heads(cfg, target, train_rows)
+    model = HeadsWithLoss(
+        heads,
+        labels=cfg.labels,
+        decay=cfg.decay,
+        topk=cfg.topk,
+        w_feat=cfg.w_feat,
+        w_tok=cfg.w_tok,
+        noise=cfg.noise,
+        ttt_steps=cfg.ttt_steps,
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, cfg=cfg))
+    fill_deepspeed_config(accelerator, cfg)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    engine = shard_target(accelerator, target)
+    register_state_hooks(accelerator)
+    training = {**cfg.to_dict(), "target_resolved": target.name_or_path, **notes}
+    return Run(
+        target, record, model, optimizer, scheduler, train_rows, collate, eval_loader, training, engine
+    )
+
+
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
     """Train heads as `cfg` says; returns the run summary (also written to train_summary.json)."""
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
 
-    accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
+    accelerator = make_accelerator(cfg)
     set_seed(cfg.seed)
-    out_dir = Path(cfg.output_dir)
-    target = load_target(cfg, accelerator.device)
-    record = target.record()
-    train_loader, eval_loader = make_loaders(cfg, target.tokenizer)
-    heads, notes = build_heads(cfg, target, train_loader.dataset)
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, cfg=cfg))
-    heads, optimizer, train_loader, scheduler = accelerator.prepare(heads, optimizer, train_loader, scheduler)
-    unwrapped = accelerator.unwrap_model(heads)
-    training_record = {**cfg.to_dict(), "target_resolved": target.name_or_path, **notes}
-
-    main = accelerator.is_main_process
+    out_dir, main = Path(cfg.output_dir), accelerator.is_main_process
+    resume_from = resolve_resume(cfg)
+    run = set_up(cfg, accelerator)
+    state = {"step": 0, "global_batches": 0, "window": None, "run_id": new_run_id()}
+    if resume_from is not None:
+        state = read_state(resume_from)
+        check_resumable(state, cfg, accelerator.num_processes, run.record, resume_from)
+        load_checkpoint(accelerator, run.model, resume_from)
+    state.update(num_processes=accelerator.num_processes, config=cfg.to_dict())
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "metrics.jsonl").write_text("")
-    log = partial(_log, out_dir / "metrics.jsonl") if main else (lambda record: None)
+        _keep_metrics_until(out_dir / "metrics.jsonl", state["step"])
+        launch = provenance(cfg.to_dict(), accelerator.num_processes, resume_from and str(resume_from))
+        write_provenance(out_dir, launch)
+    start_tracking(accelerator, cfg, state["run_id"])
+    log = partial(_log, accelerator, out_dir / "metrics.jsonl")
 
-    batches = cycle(train_loader)
-    bar = tqdm(range(1, cfg.max_steps + 1), desc="train", disable=not (progress and main), dynamic_ncols=True)
+    batches = train_batches(cfg, run.train_rows, run.collate, accelerator, start=state["global_batches"])
+    # Metric sums since the last train log (a checkpoint keeps all processes' on the main one).
     window = metric_sums(cfg)
-    timing = {"target": 0.0, "step": 0.0, "labels": 0}
-    started = time.perf_counter()
-    last_eval: dict[str, float] = {}
-    heads.train()
-    for step in bar:
-        step_started = time.perf_counter()
-        for micro in range(cfg.grad_accum):
-            batch = next(batches)
-            sync = micro == cfg.grad_accum - 1
-            with accelerator.no_sync(heads) if not sync else nullcontext():
-                with accelerator.autocast():
-                    loss, metrics, target_seconds = heads_loss(cfg, heads, target, batch)
-                accelerator.backward(loss / cfg.grad_accum)
-            window += metrics.as_tensor()
-            timing["target"] += target_seconds
-            timing["labels"] += int(batch["loss_mask"].sum())
-        grad_norm = accelerator.clip_grad_norm_(heads.parameters(), cfg.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        timing["step"] += time.perf_counter() - step_started
-
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
-            summary = summarise(cfg, accelerator.reduce(window.to(accelerator.device), "sum").cpu())
-            window.zero_()
-            log(
-                {
-                    "step": step,
-                    "split": "train",
-                    "lr": scheduler.get_last_lr()[0],
-                    "grad_norm": float(grad_norm),
-                    **summary,
-                }
-            )
-            top1 = "/".join(f"{v:.2f}" for k, v in summary.items() if k.endswith("/top1"))
-            bar.set_postfix(loss=f"{summary['loss']:.3f}", top1=top1, tau_sim=f"{summary['tau_sim']:.2f}")
-        if eval_loader is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
-            last_eval = evaluate(cfg, accelerator, heads, target, eval_loader)
-            log({"step": step, "split": "eval", **last_eval})
-        if cfg.save_every and step % cfg.save_every == 0 and step != cfg.max_steps and main:
-            save_heads(
-                unwrapped, out_dir / "checkpoints" / f"step-{step}", record, {**training_record, "step": step}
-            )
+    if state["window"] is not None and main:
+        window = torch.tensor(state["window"], dtype=torch.float64)
+    timing = {"target": 0.0, "step": 0.0, "labels": 0, "started": time.perf_counter()}
+    first = step = state["step"]
+    steps = range(first + 1, cfg.max_steps + 1)
+    bar = tqdm(
+        steps, "train", cfg.max_steps, initial=first, disable=not (progress and main), dynamic_ncols=True
+    )
+    last_eval, since = {}, (0.0, 0)  # (step seconds, labels) at the last train log
+    run.model.train()
+    with StopOnSignal() as stop:
+        for step in bar:
+            started = time.perf_counter()
+            grad_norm = train_step(cfg, accelerator, run, batches, window, timing)
+            timing["step"] += time.perf_counter() - started
+            if step % cfg.log_every == 0 or step == cfg.max_steps:
+                record = train_record(cfg, accelerator, run, step, window, grad_norm, timing, since)
+                since = (timing["step"], timing["labels"])
+                log(record)
+                top1 = "/".join(f"{v:.2f}" for k, v in record.items() if k.endswith("/top1"))
+                bar.set_postfix(loss=f"{record['loss']:.3f}", top1=top1, tau_sim=f"{record['tau_sim']:.2f}")
+            if run.eval_loader is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
+                last_eval = evaluate(cfg, accelerator, run.model, run.target, run.eval_loader)
+                log({"step": step, "split": "eval", **last_eval})
+            stopping = stop_requested(accelerator, stop)
+            if stopping or (cfg.save_every and step % cfg.save_every == 0 and step != cfg.max_steps):
+                everyone = accelerator.reduce(window.to(accelerator.device).clone(), "sum").cpu()
+                state.update(step=step, global_batches=step * cfg.grad_accum, window=everyone.tolist())
+                save_checkpoint(
+                    accelerator, run.model, out_dir, state, run.record, {**run.training, "step": step}
+                )
+                if main:
+                    prune_checkpoints(out_dir, cfg.keep_checkpoints)
+            if stopping:
+                break
     bar.close()
+    return finish(cfg, accelerator, run, step - first, step, timing, last_eval, resume_from)
 
+
+def finish(
+    cfg: TrainConfig,
+    accelerator,
+    run: Run,
+    steps_run: int,
+    step: int,
+    timing: dict,
+    last_eval: dict,
+    resume_from,
+) -> dict:
+    """Write the final heads (a whole run) and train_summary.json; returns the summary."""
     accelerator.wait_for_everyone()
+    out_dir, completed, steps_run = Path(cfg.output_dir), step >= cfg.max_steps, max(steps_run, 1)
+    if run.target_engine is not None:
+        # ZeRO-3 keeps a gathered weight that the step uses again (the lm_head the loss borrows) until
+        # the step's backward; after the last eval, let go of it so the count below is the resting one.
+        run.target_engine.empty_partition_cache()
+    total, resident = target_parameter_counts(run.target)
+    resident_all = accelerator.gather(torch.tensor([resident], device=accelerator.device)).tolist()
     summary = {
         "steps": cfg.max_steps,
-        "wall_seconds": round(time.perf_counter() - started, 2),
-        "step_seconds": timing["step"] / cfg.max_steps,
-        "target_forward_seconds": timing["target"] / cfg.max_steps,
+        "completed": completed,  # False: stopped by SIGTERM after `last_step`; resume=auto continues
+        "last_step": step,
+        "resumed_from": resume_from and str(resume_from),
+        "wall_seconds": round(time.perf_counter() - timing["started"], 2),
+        "step_seconds": timing["step"] / steps_run,
+        "target_forward_seconds": timing["target"] / steps_run,
         "step_to_target_forward_ratio": timing["step"] / max(timing["target"], 1e-9),
-        "labels_per_second": timing["labels"] / max(timing["step"], 1e-9),
+        "labels_per_second": accelerator.num_processes * timing["labels"] / max(timing["step"], 1e-9),
         "processes": accelerator.num_processes,
+        "target_parameters": total,
+        "target_resident_parameters": resident_all,  # per process: about total / N under ZeRO-3
         "eval": last_eval,
     }
-    if main:
-        save_heads(unwrapped, out_dir, record, {**training_record, "step": cfg.max_steps, "eval": last_eval})
+    heads = heads_for_saving(accelerator, run.model) if completed else None
+    if accelerator.is_main_process:
+        if completed:
+            save_heads(heads, out_dir, run.record, {**run.training, "step": cfg.max_steps, "eval": last_eval})
         (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
+    accelerator.end_training()
     return summary
 
 
-def _log(path: Path, record: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
+def _log(accelerator, path: Path, record: dict) -> None:
+    if accelerator.is_main_process:
+        with path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+    track(accelerator, record["split"], record, record["step"])
+
+
+def _keep_metrics_until(path: Path, step: int) -> None:
+    """A fresh run starts metrics.jsonl empty; a resumed one keeps the records up to its step."""
+    lines = path.read_text().splitlines() if step and path.is_file() else []
+    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -349,8 +470,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from accelerate import PartialState
+
     cfg = load_config(args.recipe, args.overrides)
     summary = train(cfg, progress=not args.no_progress)
+    if not PartialState().is_main_process:
+        return 0
+    if not summary["completed"]:
+        print(
+            f"stopped by SIGTERM after step {summary['last_step']} of {cfg.max_steps}; checkpoint written to "
+            f"{cfg.output_dir}/checkpoints; continue with: specheads train {args.recipe} ... resume=auto"
+        )
+        return 0
     ev = summary["eval"]
     if ev:
         accs = " ".join(f"{value:.3f}" for key, value in ev.items() if key.endswith("/top1"))

@@ -35,6 +35,11 @@ def test_unknown_keys_are_rejected_with_a_suggestion(tmp_path):
         ("num_heads=0", "num_heads must be >= 1"),
         ("method=hydra", "method must be one of"),
         ("labels=gold", "labels must be 'data' or 'target'"),
+        ("mode=cached", "mode must be one of .'online', 'offline'., got 'cached'"),
+        ("mode=offline", "mode 'offline' reads the hidden-state cache: set cache_dir"),
+        ("report_to=tensorboard", "report_to must be one of .'wandb', 'none'."),
+        ("keep_checkpoints=-1", "keep_checkpoints must be >= 0"),
+        ("save_every=-5", "save_every must be >= 0"),
     ],
 )
 def test_bad_values_are_clear_errors(override, message):
@@ -50,3 +55,16 @@ def test_bad_recipe_files(tmp_path):
         load_config(tmp_path / "list.yaml")
     with pytest.raises(ValueError, match="is not key=value"):
         parse_overrides(["lr"])
+
+
+def test_run_keys_default_and_parse():
+    cfg = load_config(None)
+    assert (cfg.mode, cfg.cache_dir, cfg.resume, cfg.report_to, cfg.keep_checkpoints) == (
+        "online",
+        "",
+        "",
+        "wandb",
+        0,
+    )
+    cfg = load_config(None, ["mode=offline", "cache_dir=/data/cache", "resume=auto", "report_to=none"])
+    assert (cfg.mode, cfg.cache_dir, cfg.resume, cfg.report_to) == ("offline", "/data/cache", "auto", "none")

@@ -2,14 +2,18 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from specheads.cli import main as cli_main
 from specheads.heads import FrozenTarget, load_heads
+from specheads.train.provenance import PACKAGES
+from specheads.version import __version__
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "tiny" / "medusa.yaml"
@@ -60,6 +64,11 @@ def test_train_cli_learns_and_writes_a_whole_checkpoint(tiny_target_dirs, text_d
     assert (out / "checkpoints" / "step-20" / "model.safetensors").is_file()
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["steps"] == 40 and summary["step_to_target_forward_ratio"] > 1
+    assert summary["completed"] and summary["processes"] == 1
+    assert summary["target_resident_parameters"] == [summary["target_parameters"]]
+    # the step-20 checkpoint is a head checkpoint and a resumable training state
+    state = json.loads((out / "checkpoints" / "step-20" / "trainer_state.json").read_text())
+    assert state["step"] == 20 and state["global_batches"] == 20 and state["num_processes"] == 1
 
 
 def test_same_seed_gives_the_same_heads(tiny_target_dirs, text_data, tmp_path):
@@ -87,6 +96,39 @@ def test_grad_accum_and_shared_lm_head_run(tiny_target_dirs, text_data, tmp_path
     )
     heads, config = load_heads(out)
     assert heads.lm_heads is None and config["head_config"]["share_lm_head"] is True
+
+
+def test_wandb_offline_run_and_provenance(tiny_target_dirs, text_data, tmp_path, monkeypatch):
+    """report_to=wandb without WANDB_API_KEY writes an offline wandb run under output_dir (no network);
+    provenance.jsonl records what the run was."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    extra = ("max_steps=2", "eval_every=2", "log_every=1", "report_to=wandb", "run_name=offline-test")
+    assert cli_main(["train", *args(tiny_target_dirs["llama"], text_data, out, *extra), "--no-progress"]) == 0
+    (run,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+    logged, deadline = run.read_bytes(), time.monotonic() + 60
+    while b"eval/" not in logged and time.monotonic() < deadline:  # wandb's service writes it after finish
+        time.sleep(0.2)
+        logged = run.read_bytes()
+    for key in ("loss", "head0/top1", "head2/top5", "tau_sim", "lr", "grad_norm", "labels_per_second"):
+        assert f"train/{key}".encode() in logged, key
+    assert b"eval/head1/top1" in logged and b"offline-test" in logged
+
+    (launch,) = [json.loads(line) for line in (out / "provenance.jsonl").read_text().splitlines()]
+    assert launch["config"]["max_steps"] == 2 and launch["config"]["report_to"] == "wandb"
+    assert launch["num_processes"] == 1 and launch["resumed_from"] is None
+    assert launch["host"] == socket.gethostname() and isinstance(launch["command"], list)
+    assert set(launch["packages"]) == set(PACKAGES) and launch["packages"]["specheads"] == __version__
+    import torch
+
+    assert launch["packages"]["torch"] == torch.__version__
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:  # a git checkout: the commit and a dirty flag
+        assert launch["git"]["commit"] == head.stdout.strip() and isinstance(launch["git"]["dirty"], bool)
+    else:
+        assert launch["git"] is None
 
 
 def test_unknown_key_fails_before_any_work(tiny_target_dirs, text_data, tmp_path):

@@ -1,0 +1,78 @@
+"""What a training run was: written to output_dir/provenance.jsonl when it starts, one line per launch
+(a fresh start, then each resume), so that a checkpoint can be traced to the code and settings behind it.
+
+Each line: time, command line, the resolved recipe, the checkpoint resumed from, package versions, the
+git commit of the specheads checkout and whether it had uncommitted changes (null outside a git
+checkout), the host, Python, and the number of processes.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = (
+    "specheads",
+    "torch",
+    "transformers",
+    "accelerate",
+    "deepspeed",
+    "datasets",
+    "peft",
+    "safetensors",
+    "wandb",
+)
+PROVENANCE_FILE = "provenance.jsonl"
+
+
+def package_versions(names=PACKAGES) -> dict[str, str | None]:
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_state(path: Path) -> dict | None:
+    """{"commit", "dirty"} of the git checkout holding `path`; None if it is not in one (or git is missing)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(path), *args], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": dirty}
+
+
+def provenance(config: dict, num_processes: int, resumed_from: str | None = None) -> dict:
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": sys.argv,
+        "config": config,
+        "resumed_from": resumed_from,
+        "packages": package_versions(),
+        "git": git_state(Path(__file__).resolve().parent),
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "num_processes": num_processes,
+    }
+
+
+def write_provenance(output_dir: str | Path, record: dict) -> Path:
+    path = Path(output_dir) / PROVENANCE_FILE
+    with path.open("a") as f:
+        f.write(json.dumps(record, default=str) + "\n")
+    return path
