@@ -1,0 +1,104 @@
+"""`specheads cache RECIPE.yaml [key=value ...]`: run the frozen target once over a recipe's data and
+store the hidden states its heads read, for offline training.
+
+    specheads cache recipes/tiny/eagle3.yaml --out cache/tiny-eagle3
+    specheads train recipes/tiny/eagle3.yaml mode=offline cache_dir=cache/tiny-eagle3
+
+The recipe decides everything the cache must agree with: target and its dtype, data, max_length,
+loss_on, packing (pre-packed rows are cached as they are), and the method, which decides the layers
+(`hidden_cache.cache_layers`). Writes `OUT/train/` and, when the recipe has evaluation rows, `OUT/eval/`
+(each an index.json + shard-*.safetensors). An interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+from specheads.train import loop
+from specheads.train.config import load_config
+from specheads.train.hidden_cache import build_cache, cache_layers
+
+
+def cache_recipe(
+    cfg,
+    out: Path,
+    *,
+    dtype: str = "bfloat16",
+    shard_tokens: int = 1 << 15,
+    batch_size: int | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, dict]:
+    """Build the cache of each split of `cfg`'s data under `out` ({split: build_cache summary})."""
+    if getattr(cfg, "mode", "online") != "online":
+        cfg = dataclasses.replace(cfg, mode="online")  # the rows come from the data, not from a cache
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    target = loop.load_target(cfg, loop.resolve_target(cfg.target), device)
+    layers = cache_layers(cfg.method, target.num_layers, [target.layer_id(i) for i in cfg.eagle3_layers])
+    train_rows, _, eval_loader = loop.make_data(cfg, target.tokenizer)  # the rows training tokenises
+    splits = {"train": train_rows, "eval": eval_loader.dataset if eval_loader is not None else None}
+    summaries = {}
+    for split, rows in splits.items():
+        if rows is None:
+            continue
+        summaries[split] = build_cache(
+            target,
+            rows,
+            layers,
+            out / split,
+            max_length=cfg.max_length,
+            dtype=dtype,
+            shard_tokens=shard_tokens,
+            batch_size=batch_size or cfg.batch_size,
+            overwrite=overwrite,
+            progress=progress,
+        )
+    return summaries
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", type=Path, help="YAML recipe (recipes/...)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe values to override")
+    p.add_argument("--out", type=Path, default=None, help="cache directory (default: the recipe's cache_dir)")
+    p.add_argument("--dtype", default="bfloat16", help="storage dtype: bfloat16 (default), float16, float32")
+    p.add_argument("--shard-tokens", type=int, default=1 << 15, help="tokens per shard file")
+    p.add_argument("--batch-size", type=int, default=None, help="rows per target forward (default: recipe's)")
+    p.add_argument("--overwrite", action="store_true", help="replace a cache built with other settings")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.recipe, args.overrides)
+    out = args.out or getattr(cfg, "cache_dir", None)
+    if not out:
+        raise SystemExit("error: no cache directory: pass --out DIR or set cache_dir in the recipe")
+    summaries = cache_recipe(
+        cfg,
+        Path(out),
+        dtype=args.dtype,
+        shard_tokens=args.shard_tokens,
+        batch_size=args.batch_size,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    for split, s in summaries.items():
+        print(
+            f"{split}: {s['tokens']} tokens in {s['shards']} shards ({s['written']} written, {s['skipped']} "
+            f"already there), {s['bytes'] / max(s['tokens'], 1):.0f} bytes/token -> {s['dir']}"
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="specheads cache", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
