@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     from specheads import quickstart
     from specheads.decode import compare, evaluate
     from specheads.heads.formats import cli as formats_cli
-    from specheads.train import cache_cli, loop, tiny_draft, tiny_target
+    from specheads.train import cache_cli, distill, loop, tiny_draft, tiny_target
 
     parser = argparse.ArgumentParser(
         prog="specheads", description="Train and prove speculative-decoding draft heads."
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = [
         ("tiny-target", "build the embedded default target offline", tiny_target),
         ("tiny-draft", "build a small assistant model in the target's tokens", tiny_draft),
+        ("distill", "self-distillation: the target regenerates a dataset's answers", distill),
         ("cache", "precompute the target's hidden states for offline training", cache_cli),
         ("train", "train draft heads from a YAML recipe", loop),
         ("eval", "speculative decoding against the target's own generate()", evaluate),

@@ -15,8 +15,8 @@ config_name=None, cache_dir=None)` -> Dataset | IterableDataset (train/data_sour
     {"text": str}. A row that cannot be read is counted and reported with its line (`file:17`);
     `max_bad_rows` (int: a count, float: a fraction) decides between skipping and BadRowsError.
 
-`tokenize_rows(rows, tokenizer, *, max_length, loss_on="assistant", num_proc=None)` -> Dataset
-(train/masks.py)
+`tokenize_rows(rows, tokenizer, *, max_length, loss_on="assistant", max_bad_rows=0.01, num_proc=None)`
+-> Dataset (train/masks.py)
     Columns input_ids (list[int]) and loss_mask (list[int], 1 where the token is a *label*, i.e. it
     is predicted from positions < t). loss_on: "assistant", "last_assistant", "all", or a set of roles.
     Chat rows use the target's own chat template: assistant tokens come from prefix renders of
@@ -24,6 +24,9 @@ config_name=None, cache_dir=None)` -> Dataset | IterableDataset (train/data_sour
     splitting strings; the end-of-turn token is a label. Text rows: tokenizer(text) with its special
     tokens, every token a label, long texts cut into max_length windows. Chat rows are truncated on
     the right. The first token of a row is never a label. Cached through datasets fingerprinting.
+    A conversation the template rejects, or whose mask comes out empty, is a bad row under the same
+    `max_bad_rows` rule as load_rows (counted, reported with its row index and reason, skipped or
+    BadRowsError).
 
 `collate(examples, *, pad_token_id, packing, max_length, mask_dtype=torch.float32)` -> dict
 (train/packing.py)
@@ -33,6 +36,13 @@ config_name=None, cache_dir=None)` -> Dataset | IterableDataset (train/data_sour
     with position_ids restarting at 0 per document. A loss predicting token t + k from position t
     weights by `shift_loss_mask(loss_mask, position_ids, k)`, which is loss_mask[:, t + k] limited to
     the same document.
+
+`distill(rows, target, out, DistillConfig(...))` (train/distill.py, `specheads distill`)
+    Self-distillation: the target regenerates every assistant turn of conversations (from the
+    conversation so far, in its chat template), or continues a prompt of each max-length window of a
+    text, in seeded batches of generate(). Writes `out/part-*.jsonl` (rows load_rows reads back) chunk
+    by chunk with `_`-named records, so an interrupted run resumes to the same bytes; failures are
+    counted with their reason under the same `max_bad_rows` rule.
 
 `pack_rows(tokens, *, max_length)` packs a tokenised Dataset ahead of time (constant rows per batch);
 its rows go through `collate(..., packing=True)` unchanged.

@@ -14,7 +14,9 @@ What is read, and how (`load_rows`):
     *.json              a JSON array of objects, or JSON Lines under a .json name.
     *.parquet           rows of a parquet file (what the hub serves).
     a directory         saved with `Dataset.save_to_disk` / `DatasetDict.save_to_disk`, or holding data
-                        files of one kind (text, or JSON/parquet), read in sorted order.
+                        files of one kind (text, or JSON/parquet), read in sorted order; files and folders
+                        whose names start with "." or "_" are skipped (metadata such as the `_summary.json`
+                        of `specheads distill`, temporary files).
     a glob              `data/*.jsonl`.
     a hub name          `org/name` through `datasets.load_dataset` (with `config_name`, `split`).
 
@@ -94,6 +96,7 @@ class RowsReport:
     rows: int = 0
     bad: int = 0
     examples: list[tuple[str, str]] = field(default_factory=list)  # (where, why), first REPORT_ROWS
+    failed: str = "could not be read"  # what happened to a bad row, for the summary
 
     def add_bad(self, where: str, why: str) -> None:
         self.bad += 1
@@ -109,7 +112,7 @@ class RowsReport:
     def summary(self, max_bad_rows: float | int) -> str:
         allowed = math.floor(_limit(max_bad_rows, self.rows))
         return (
-            f"{self.source}: {self.bad} of {self.rows} rows could not be read "
+            f"{self.source}: {self.bad} of {self.rows} rows {self.failed} "
             f"(max_bad_rows={max_bad_rows!r} allows {allowed}):\n{self.listing()}"
         )
 
@@ -120,6 +123,11 @@ class BadRowsError(DataSourceError):
     def __init__(self, report: RowsReport, max_bad_rows: float | int):
         self.report = report
         super().__init__(report.summary(max_bad_rows) + "\n(raise max_bad_rows to skip them)")
+
+
+def too_many_bad_rows(report: RowsReport, max_bad_rows: float | int) -> bool:
+    """Whether `report` has more bad rows than `max_bad_rows` allows (a count, or a fraction of rows)."""
+    return report.bad > _limit(max_bad_rows, report.rows)
 
 
 # -- one row -------------------------------------------------------------------------------------
@@ -311,6 +319,11 @@ def _family(path: Path) -> str:
     )
 
 
+def _hidden(relpath: Path) -> bool:
+    """A file a directory source skips: a part of its path (below the source) starts with "." or "_"."""
+    return any(part.startswith((".", "_")) for part in relpath.parts)
+
+
 def _looks_like_path(source: str) -> bool:
     """A path rather than a hub id (hub ids are `name` or `org/name`, with no file suffix)."""
     known = TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES
@@ -325,9 +338,7 @@ def _data_files(source: str) -> tuple[str, list[str]] | None:
         if not files:
             raise FileNotFoundError(f"data source {source!r}: the pattern matches no files")
     elif path.is_dir():
-        files = sorted(
-            p for p in path.rglob("*") if p.is_file() and not any(s.startswith(".") for s in p.parts)
-        )
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path)))
         files = [
             p for p in files if p.name.lower().endswith(TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES)
         ]
@@ -391,7 +402,7 @@ def _open_dataset(
 # -- the public loader ----------------------------------------------------------------------------
 
 
-def _check_threshold(max_bad_rows: float | int) -> None:
+def check_max_bad_rows(max_bad_rows: float | int) -> None:
     if isinstance(max_bad_rows, bool) or not isinstance(max_bad_rows, (int, float)) or max_bad_rows < 0:
         raise ValueError(
             f"max_bad_rows must be a count (int >= 0) or a fraction (float), got {max_bad_rows!r}"
@@ -426,9 +437,9 @@ def _streamed_rows(kind: str, max_bad_rows: float | int, source: str, **reader) 
             continue
         report.add_bad(row["_where"], row["_error"])
         judged = isinstance(max_bad_rows, int) or report.rows >= STREAM_MIN_ROWS
-        if judged and report.bad > _limit(max_bad_rows, report.rows):
+        if judged and too_many_bad_rows(report, max_bad_rows):
             raise BadRowsError(report, max_bad_rows)
-    if report.bad > _limit(max_bad_rows, report.rows):
+    if too_many_bad_rows(report, max_bad_rows):
         raise BadRowsError(report, max_bad_rows)
     if report.bad:
         logger.warning("skipped bad rows: %s", report.summary(max_bad_rows))
@@ -446,22 +457,25 @@ def _features(kind: str | None):
     return Features({**columns, "_where": Value("string"), "_error": Value("string")})
 
 
-def _drop_bad_rows(raw, kind: str, max_bad_rows: float | int, source: str):
-    """Report the bad rows of a read source, stop if too many, else return the good rows' `kind` column."""
+def drop_bad_rows(raw, columns: list[str], max_bad_rows: float | int, report: RowsReport):
+    """Report the bad rows of `raw`, stop if too many, else return the good rows' `columns`.
+
+    `raw` is a Dataset with `_where` and `_error` columns (`_error` None for a good row); `report`
+    names the source and holds the number of rows read (the base of a fractional `max_bad_rows`).
+    """
     import pyarrow.compute as pc
 
     errors = raw.data.column("_error")
-    report = RowsReport(source, rows=len(raw))
     if errors.null_count < len(raw):
         bad = pc.indices_nonzero(pc.is_valid(errors)).to_pylist()
         report.bad = len(bad)
         shown = raw.select(bad[:REPORT_ROWS])
         report.examples = list(zip(shown["_where"], shown["_error"]))
-        if report.bad > _limit(max_bad_rows, report.rows):
+        if too_many_bad_rows(report, max_bad_rows):
             raise BadRowsError(report, max_bad_rows)
         logger.warning("skipped bad rows: %s", report.summary(max_bad_rows))
         raw = raw.filter(lambda errs: [e is None for e in errs], input_columns="_error", batched=True)
-    return raw.select_columns([kind])
+    return raw.select_columns(columns)
 
 
 def load_rows(
@@ -491,7 +505,7 @@ def load_rows(
     """
     import datasets
 
-    _check_threshold(max_bad_rows)
+    check_max_bad_rows(max_bad_rows)
     if text_split not in TEXT_SPLITS:
         raise ValueError(f"unknown text_split {text_split!r}; expected one of {TEXT_SPLITS}")
     source = str(source)
@@ -533,4 +547,4 @@ def load_rows(
         fingerprint=fingerprint,
         cache_dir=cache_dir,
     )
-    return _drop_bad_rows(raw, kind, max_bad_rows, source)
+    return drop_bad_rows(raw, [kind], max_bad_rows, RowsReport(source, rows=len(raw)))

@@ -29,6 +29,9 @@ whose mask is all zeros or all ones (before truncation) is a ChatMaskError showi
 
 `tokenize_rows` maps a whole dataset through this, truncates, and caches the result through
 `datasets` fingerprinting (tokenizer files + template + settings), so a second run reads the cache.
+A conversation that raises ChatMaskError there is a *bad row*, under the same rule as `load_rows`:
+counted and reported with its row index and reason, skipped while there are at most `max_bad_rows`
+(a count, or a fraction of the rows), BadRowsError above that.
 Plain text rows are `tokenizer(text)` with the tokenizer's own special tokens, labels on every token;
 a text longer than `max_length` is cut into consecutive windows of `max_length` tokens, each a
 document of its own. A chat row longer than `max_length` is truncated on the right; one left without
@@ -44,11 +47,20 @@ import re
 from collections.abc import Iterable, Sequence
 from functools import partial
 
+from specheads.train.data_sources import (
+    STREAM_MIN_ROWS,
+    BadRowsError,
+    RowsReport,
+    check_max_bad_rows,
+    drop_bad_rows,
+    too_many_bad_rows,
+)
+
 logger = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
 LOSS_ON = ("assistant", "last_assistant", "all")
-DATA_FORMAT_VERSION = 1  # bump when tokenize_rows' output changes, to invalidate cached datasets
+DATA_FORMAT_VERSION = 2  # bump when tokenize_rows' output changes, to invalidate cached datasets
 _GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _SHOW_CHARS = 600
 
@@ -198,21 +210,28 @@ def tokenize_chat(
 def _tokenize_batch(
     batch: dict[str, list], indices: list[int], *, tokenizer, max_length: int, loss_on
 ) -> dict[str, list]:
-    out: dict[str, list] = {"input_ids": [], "loss_mask": []}
+    """input_ids / loss_mask per kept row; a chat row the template rejects gives an empty row whose
+    `_error` says why (tokenize_rows counts, reports and drops those), `_error` is None otherwise."""
+    out: dict[str, list] = {"input_ids": [], "loss_mask": [], "_where": [], "_error": []}
+
+    def emit(ids, mask, where=None, error=None):
+        for key, value in zip(out, (ids, mask, where, error)):
+            out[key].append(value)
+
     if "messages" in batch:
         dropped = []
         for index, messages in zip(indices, batch["messages"]):
             try:
                 ids, mask = tokenize_chat(messages, tokenizer, loss_on=loss_on)
             except ChatMaskError as e:
-                raise ChatMaskError(f"row {index}: {e}") from None
+                emit([], [], f"row {index}", str(e))
+                continue
             ids, mask = ids[:max_length], mask[:max_length]
             mask[0] = 0  # nothing precedes the first token
             if not any(mask):
                 dropped.append(index)
                 continue
-            out["input_ids"].append(ids)
-            out["loss_mask"].append(mask)
+            emit(ids, mask)
         if dropped:
             logger.warning(
                 "dropped %d conversations with no trained token left after truncation to %d tokens "
@@ -227,9 +246,26 @@ def _tokenize_batch(
         for start in range(0, len(ids), max_length):
             window = ids[start : start + max_length]
             if len(window) > 1:
-                out["input_ids"].append(window)
-                out["loss_mask"].append([0] + [1] * (len(window) - 1))
+                emit(window, [0] + [1] * (len(window) - 1))
     return out
+
+
+def _checked_stream(tokens, max_bad_rows: float | int):
+    """The good rows of a streamed, tokenised dataset; bad ones counted as load_rows counts them."""
+    report = RowsReport("tokenize_rows", failed="could not be tokenised")
+    for row in tokens:
+        report.rows += 1
+        if row["_error"] is None:
+            yield {"input_ids": row["input_ids"], "loss_mask": row["loss_mask"]}
+            continue
+        report.add_bad(row["_where"], row["_error"])
+        judged = isinstance(max_bad_rows, int) or report.rows >= STREAM_MIN_ROWS
+        if judged and too_many_bad_rows(report, max_bad_rows):
+            raise BadRowsError(report, max_bad_rows)
+    if too_many_bad_rows(report, max_bad_rows):
+        raise BadRowsError(report, max_bad_rows)
+    if report.bad:
+        logger.warning("skipped rows: %s", report.summary(max_bad_rows))
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -255,6 +291,7 @@ def tokenize_rows(
     *,
     max_length: int,
     loss_on: str | Iterable[str] = "assistant",
+    max_bad_rows: float | int = 0.01,
     num_proc: int | None = None,
     batch_size: int = 256,
 ):
@@ -265,6 +302,10 @@ def tokenize_rows(
         tokenizer: the target's tokenizer (its chat template is used for conversations).
         max_length: the longest row kept (longer chats are truncated, longer texts windowed).
         loss_on: which tokens are labels for conversations; text rows are always trained on fully.
+        max_bad_rows: conversations whose mask cannot be found (ChatMaskError: the template rejects
+            them, or their mask is empty) are skipped up to this many (int) or this fraction of the rows
+            (float), each reported with its row index and reason; above it, BadRowsError. As in
+            load_rows; streamed rows are judged as they arrive.
         num_proc: processes for `datasets.map`.
 
     Returns:
@@ -276,6 +317,7 @@ def tokenize_rows(
 
     if max_length < 2:
         raise ValueError(f"max_length must be at least 2 tokens, got {max_length}")
+    check_max_bad_rows(max_bad_rows)
     loss_on = loss_on if isinstance(loss_on, str) else sorted(set(loss_on))
     parse_loss_on(loss_on)
     columns = list(rows.column_names or rows.features or [])
@@ -284,26 +326,26 @@ def tokenize_rows(
     if "messages" not in columns and "text" not in columns:
         raise ValueError(f"rows need a 'messages' or a 'text' column (see load_rows), got {columns}")
     fn = partial(_tokenize_batch, tokenizer=tokenizer, max_length=max_length, loss_on=loss_on)
-    features = Features({"input_ids": List(Value("int32")), "loss_mask": List(Value("int8"))})
+    features = Features(
+        {
+            "input_ids": List(Value("int32")),
+            "loss_mask": List(Value("int8")),
+            "_where": Value("string"),
+            "_error": Value("string"),
+        }
+    )
+    mapped = dict(batched=True, batch_size=batch_size, with_indices=True, remove_columns=columns)
     if isinstance(rows, datasets.IterableDataset):
-        return rows.map(
-            fn,
-            batched=True,
-            batch_size=batch_size,
-            with_indices=True,
-            remove_columns=columns,
-            features=features,
+        tokens = rows.map(fn, features=features, **mapped)
+        return datasets.IterableDataset.from_generator(
+            _checked_stream,
+            features=Features({k: features[k] for k in ("input_ids", "loss_mask")}),
+            gen_kwargs={"tokens": tokens, "max_bad_rows": max_bad_rows},
         )
     settings = json.dumps([DATA_FORMAT_VERSION, max_length, loss_on, tokenizer_fingerprint(tokenizer)])
     fingerprint = hashlib.sha256(f"{rows._fingerprint}|tokenize|{settings}".encode()).hexdigest()[:32]
-    return rows.map(
-        fn,
-        batched=True,
-        batch_size=batch_size,
-        with_indices=True,
-        remove_columns=columns,
-        features=features,
-        new_fingerprint=fingerprint,
-        num_proc=num_proc,
-        desc="tokenizing",
+    tokens = rows.map(
+        fn, features=features, new_fingerprint=fingerprint, num_proc=num_proc, desc="tokenizing", **mapped
     )
+    report = RowsReport("tokenize_rows", rows=len(rows), failed="could not be tokenised")
+    return drop_bad_rows(tokens, ["input_ids", "loss_mask"], max_bad_rows, report)

@@ -1,42 +1,137 @@
 """Where a recipe's rows come from: named built-in sources, or anything `data.load_rows` reads.
 
 Built-in:
-    stdlib    the Python standard library's source, split as the tiny target splits it: training
-              rows from its training files, evaluation rows from its held-out files (one text row a
-              file; tokenize_rows cuts long ones into max_length windows).
+    stdlib            the Python standard library's source, split as the tiny target splits it: training
+                      rows from its training files, evaluation rows from its held-out files (one text row
+                      a file; tokenize_rows cuts long ones into max_length windows).
+    stdlib-distilled  the recipe's target continuing stdlib text (self-distillation, train/distill.py,
+                      settings `distill.STDLIB_DISTILLED`): the first 2400 windows of 255 tokens of the
+                      training files (shuffled, seed 0), each keeping its first 32 tokens and the
+                      target's greedy continuation after them; one 256-token row each once
+                      tokenize_rows adds the BOS, one epoch of the tiny recipes (300 steps x batch 8).
+                      Distilled once per target (about two CPU minutes for the tiny one) and cached;
+                      its evaluation rows are stdlib's held-out files.
+
+Both are built once under the specheads cache (`SPECHEADS_CACHE`, else ~/.cache/specheads) and read
+back from disk afterwards, so their `datasets` fingerprints are stable and tokenize_rows' cache hits
+on every later run (an in-memory dataset is tokenised again each time):
+
+    stdlib-rows/{train,heldout}-KEY/     KEY: Python version, stdlib path, the files with sizes and mtimes
+    stdlib-distilled/KEY/                KEY: the target, the distillation settings, the stdlib rows
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+from pathlib import Path
 
 import datasets
 
 from specheads.train import data as data_lib
 from specheads.train import stdlib_corpus
 from specheads.train.config import TrainConfig
-from specheads.train.tiny_target import TinyTargetConfig
+from specheads.train.tiny_target import TinyTargetConfig, default_cache_dir
+
+STDLIB_ROWS_VERSION = 1  # bump when the rows stdlib_rows gives change, to invalidate the cache
 
 
 def stdlib_rows(heldout: bool) -> datasets.Dataset:
+    """The stdlib's training (or held-out) files as text rows, built once and read from the cache."""
     root = stdlib_corpus.stdlib_root()
     train_files, heldout_files = stdlib_corpus.split_files(
         stdlib_corpus.stdlib_files(root), TinyTargetConfig.heldout_fraction
     )
     files = heldout_files if heldout else train_files
-    return datasets.Dataset.from_dict({"text": [stdlib_corpus.read_source(root, f) for f in files]})
+    path = (
+        default_cache_dir() / "stdlib-rows" / f"{'heldout' if heldout else 'train'}-{_files_key(root, files)}"
+    )
+    if not (path / "dataset_info.json").is_file():
+        texts = [stdlib_corpus.read_source(root, f) for f in files]
+        _save_atomic(datasets.Dataset.from_dict({"text": texts}), path)
+    return datasets.load_from_disk(str(path))
 
 
-def _load(source: str, heldout: bool = False) -> datasets.Dataset:
+def _files_key(root: Path, files: list[str]) -> str:
+    h = hashlib.sha256(f"v{STDLIB_ROWS_VERSION}|{platform.python_version()}|{root}".encode())
+    for f in files:
+        st = os.stat(root / f)
+        h.update(f"|{f}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _save_atomic(dataset: datasets.Dataset, path: Path) -> None:
+    """save_to_disk into a temporary folder renamed to `path`; another process's finished copy wins."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        dataset.save_to_disk(str(tmp))
+        os.replace(tmp, path)
+    except OSError:
+        if not (path / "dataset_info.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def target_path(name: str) -> str:
+    """ "tiny" is the embedded default (built and cached on first use); anything else passes through."""
+    if name == "tiny":
+        from specheads.train.tiny_target import ensure_tiny_target
+
+        return str(ensure_tiny_target()[0])
+    return name
+
+
+def stdlib_distilled_rows(target: str, progress: bool = True) -> datasets.Dataset:
+    """`stdlib-distilled` for `target` (a recipe's `target`), distilled on first use."""
+    from filelock import FileLock
+
+    from specheads.heads import FrozenTarget
+    from specheads.train import distill
+
+    path = target_path(target)
+    rows = stdlib_rows(heldout=False).shuffle(seed=0)
+    cfg = distill.STDLIB_DISTILLED
+    record = _target_key(path)
+    key = hashlib.sha256(json.dumps([record, distill.settings_of(cfg), rows._fingerprint]).encode())
+    out = default_cache_dir() / "stdlib-distilled" / key.hexdigest()[:16]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):  # one process distills, the others (accelerate launch) wait
+        if not distill.is_complete(out):
+            model = FrozenTarget.from_pretrained(path, dtype="float32")
+            distill.distill(rows, model, out, cfg, source="stdlib (shuffled, seed 0)", progress=progress)
+    return data_lib.load_rows(out)
+
+
+def _target_key(path: str) -> str:
+    """What names a target for the distilled cache: its path and its config and weights files' stats."""
+    parts = [str(Path(path).expanduser().resolve()) if os.path.isdir(path) else path]
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        f = Path(path) / name
+        if f.is_file():
+            parts.append(f"{name}:{f.stat().st_size}:{f.stat().st_mtime_ns}")
+    return "|".join(parts)
+
+
+def _load(source: str, cfg: TrainConfig, heldout: bool = False) -> datasets.Dataset:
     if source == "stdlib":
         return stdlib_rows(heldout)
+    if source == "stdlib-distilled":
+        return stdlib_rows(heldout=True) if heldout else stdlib_distilled_rows(cfg.target)
     return data_lib.load_rows(source)
 
 
 def rows_for(cfg: TrainConfig) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     """(training rows, evaluation rows or None) for a recipe."""
-    train = datasets.concatenate_datasets([_load(s) for s in cfg.data])
+    train = datasets.concatenate_datasets([_load(s, cfg) for s in cfg.data])
     if cfg.eval_data:
-        return train, datasets.concatenate_datasets([_load(s, heldout=True) for s in cfg.eval_data])
-    if cfg.data == ["stdlib"]:
+        return train, datasets.concatenate_datasets([_load(s, cfg, heldout=True) for s in cfg.eval_data])
+    if cfg.data in (["stdlib"], ["stdlib-distilled"]):
         return train, stdlib_rows(heldout=True)
     if cfg.eval_fraction == 0 or len(train) < 2:
         return train, None

@@ -6,7 +6,7 @@ import logging
 import datasets
 import pytest
 
-from specheads.train.data import ChatMaskError, load_rows, tokenize_chat, tokenize_rows
+from specheads.train.data import BadRowsError, ChatMaskError, load_rows, tokenize_chat, tokenize_rows
 
 from data_templates import FAMILIES, family_tokenizer
 
@@ -221,12 +221,55 @@ def test_text_rows_train_every_token_and_long_texts_become_windows():
     assert [with_bos.decode(ids) for ids in out["input_ids"]] == ["<|bos|>abc", "defg", "hij", "<|bos|>xyz"]
 
 
-def test_a_bad_conversation_names_its_row(chat_rows):
-    rows = datasets.concatenate_datasets(
-        [chat_rows, datasets.Dataset.from_list([{"messages": [TURNS[0]]}], features=chat_rows.features)]
-    )
-    with pytest.raises(ChatMaskError, match=r"row 3: loss mask .* covers no token"):
-        tokenize_rows(rows, family_tokenizer("chatml"), max_length=512)
+def mixed_chat_rows(tmp_path):
+    """Three good conversations for the Mistral template, and two bad ones (rows 1 and 3)."""
+    rows = [
+        {"messages": TURNS},
+        {"messages": [TURNS[0], TURNS[0]]},  # the template raises: roles must alternate
+        {"messages": TURNS[:2]},
+        {"messages": [TURNS[0]]},  # no answer: the mask covers no token
+        {"messages": TURNS[2:]},
+    ]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return load_rows(path, cache_dir=tmp_path / "hf-cache")
+
+
+def test_bad_conversations_are_skipped_up_to_max_bad_rows(tmp_path, caplog):
+    rows, tok = mixed_chat_rows(tmp_path), family_tokenizer("mistral")
+    with caplog.at_level(logging.WARNING, logger="specheads.train.masks"):
+        out = tokenize_rows(rows, tok, max_length=512, max_bad_rows=2)
+    assert out.column_names == ["input_ids", "loss_mask"]
+    good = [rows[i]["messages"] for i in (0, 2, 4)]
+    assert out["input_ids"] == [tokenize_chat(m, tok)[0] for m in good]
+    assert "2 of 5 rows could not be tokenised (max_bad_rows=2 allows 2)" in caplog.text
+    assert "row 1: the chat template failed: After the optional system message" in caplog.text
+    assert "row 3: loss mask for loss_on='assistant' covers no token" in caplog.text
+    assert tokenize_rows(rows, tok, max_length=512, max_bad_rows=0.4)["input_ids"] == out["input_ids"]
+
+
+@pytest.mark.parametrize("max_bad_rows", [1, 0.3, 0.01])
+def test_too_many_bad_conversations_stop_and_name_their_rows(tmp_path, max_bad_rows):
+    rows, tok = mixed_chat_rows(tmp_path), family_tokenizer("mistral")
+    with pytest.raises(BadRowsError, match="2 of 5 rows could not be tokenised") as e:
+        tokenize_rows(rows, tok, max_length=512, max_bad_rows=max_bad_rows)
+    assert [where for where, _ in e.value.report.examples] == ["row 1", "row 3"]
+    # The verdict is taken again when the tokens come from the cache.
+    with pytest.raises(BadRowsError, match="2 of 5 rows"):
+        tokenize_rows(rows, tok, max_length=512, max_bad_rows=max_bad_rows)
+
+
+def test_streamed_bad_conversations_follow_the_same_rule(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    mixed_chat_rows(tmp_path)
+    tok = family_tokenizer("mistral")
+    streamed = tokenize_rows(load_rows(path, streaming=True), tok, max_length=512, max_bad_rows=2)
+    assert [r["input_ids"] for r in streamed] == [
+        tokenize_chat(m, tok)[0] for m in (TURNS, TURNS[:2], TURNS[2:])
+    ]
+    stopped = tokenize_rows(load_rows(path, streaming=True), tok, max_length=512, max_bad_rows=1)
+    with pytest.raises(BadRowsError, match="2 of 4 rows could not be tokenised"):
+        list(stopped)  # stops at the second bad row (row 3), before reading the last one
 
 
 def test_a_second_run_reads_the_cache(chat_rows):

@@ -108,6 +108,19 @@ def test_ultrachat_layouts(tmp_path, load):
     assert ds[1]["messages"][0] == {"role": "user", "content": "q"}
 
 
+def test_a_directory_skips_names_starting_with_dot_or_underscore(tmp_path, load):
+    root = tmp_path / ".cache" / "distilled"  # a hidden folder *above* the source hides nothing
+    (root / "_chunks").mkdir(parents=True)
+    (root / ".hidden").mkdir()
+    write_jsonl(root / "part-00001.jsonl", [{"text": "b"}])
+    write_jsonl(root / "part-00000.jsonl", [{"text": "a"}])
+    (root / "_summary.json").write_text('{"complete": true}')  # metadata, not a row
+    (root / "_chunks" / "00000.json").write_text('{"written": 1}')
+    (root / ".part-00002.jsonl.tmp").write_text("half a row")
+    write_jsonl(root / ".hidden" / "x.jsonl", [{"text": "x"}])
+    assert load(root)["text"] == ["a", "b"]
+
+
 def test_dataset_saved_to_disk_and_its_splits(tmp_path, load):
     train = datasets.Dataset.from_list(
         [{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}]

@@ -1,0 +1,105 @@
+"""Named sources: stdlib rows built once and read from the cache (so tokenisation is cached too), and
+stdlib-distilled, distilled once per target; the tiny recipes that train on it."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specheads.cli import main as cli_main
+from specheads.train import distill, masks, sources, stdlib_corpus
+from specheads.train.config import load_config
+from specheads.train.data import tokenize_rows
+from specheads.train.distill import DistillConfig
+
+from helpers import tiny_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def fake_stdlib(tmp_path, monkeypatch) -> Path:
+    """A standard library of 100 small modules (one of them, mod080.py, held out) and a private cache."""
+    root = tmp_path / "stdlib"
+    (root / "test").mkdir(parents=True)
+    (root / "test" / "test_skipped.py").write_text("never read\n")
+    for i in range(100):
+        (root / f"mod{i:03d}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * (1 + i % 4))
+    monkeypatch.setattr(stdlib_corpus, "stdlib_root", lambda: root)
+    monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
+    return root
+
+
+def fail(*args, **kwargs):
+    raise AssertionError("not cached: called again")
+
+
+def test_stdlib_rows_are_built_once_then_read_from_disk(fake_stdlib, tmp_path, monkeypatch):
+    train, heldout = sources.stdlib_rows(heldout=False), sources.stdlib_rows(heldout=True)
+    assert heldout["text"] == [(fake_stdlib / "mod080.py").read_text()]
+    assert train["text"] == [(fake_stdlib / f"mod{i:03d}.py").read_text() for i in range(100) if i != 80]
+    cache = tmp_path / "cache" / "stdlib-rows"
+    assert all(Path(f["filename"]).is_relative_to(cache) for f in train.cache_files)
+    with monkeypatch.context() as m:
+        m.setattr(stdlib_corpus, "read_source", fail)
+        again = sources.stdlib_rows(heldout=False)
+    assert again._fingerprint == train._fingerprint and again.cache_files == train.cache_files
+    # a changed file changes the key: the rows are built again
+    (fake_stdlib / "mod001.py").write_text("changed = True\n")
+    assert sources.stdlib_rows(heldout=False)["text"][1] == "changed = True\n"
+
+
+def test_tokenising_the_stdlib_a_second_time_reads_the_cache(fake_stdlib, monkeypatch):
+    tok = tiny_tokenizer()
+    first = tokenize_rows(sources.stdlib_rows(heldout=False), tok, max_length=64, loss_on="all")
+    monkeypatch.setattr(masks, "_tokenize_batch", fail)
+    again = tokenize_rows(sources.stdlib_rows(heldout=False), tok, max_length=64, loss_on="all")
+    assert again.cache_files == first.cache_files and again[:] == first[:]
+    with pytest.raises(AssertionError, match="not cached"):  # the patch bites when the cache misses
+        tokenize_rows(sources.stdlib_rows(heldout=False), tok, max_length=32, loss_on="all")
+
+
+SMALL = DistillConfig(
+    prompt_tokens=4, max_new_tokens=6, batch_size=8, chunk_rows=8, max_rows=12, max_bad_rows=3
+)
+
+
+def test_stdlib_distilled_is_distilled_once_per_target(fake_stdlib, tiny_target_dirs, monkeypatch):
+    monkeypatch.setattr(distill, "STDLIB_DISTILLED", SMALL)
+    cfg = load_config(None, {"target": str(tiny_target_dirs["llama"]), "data": ["stdlib-distilled"]})
+    train, evaluate = sources.rows_for(cfg)
+    assert train.column_names == ["text"] and 9 <= len(train) <= 12
+    assert evaluate["text"] == sources.stdlib_rows(heldout=True)["text"]  # the raw held-out files
+    texts = sources.stdlib_rows(heldout=False)["text"]
+    prompts = {t[s : s + 4] for t in texts for s in range(0, len(t), 10)}  # windows of 4 + 6 bytes
+    assert all(text[:4] in prompts for text in train["text"])
+    monkeypatch.setattr(distill, "generate_batch", fail)
+    again, _ = sources.rows_for(cfg)
+    assert again["text"] == train["text"] and again._fingerprint == train._fingerprint
+    other = load_config(None, {"target": str(tiny_target_dirs["qwen3"]), "data": ["stdlib-distilled"]})
+    with pytest.raises(AssertionError, match="not cached"):  # another target distills its own
+        sources.rows_for(other)
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_distilled_recipes_are_their_raw_recipe_on_distilled_data(method):
+    raw = yaml.safe_load((REPO / "recipes" / "tiny" / f"{method}.yaml").read_text())
+    distilled = yaml.safe_load((REPO / "recipes" / "tiny" / f"{method}-distilled.yaml").read_text())
+    assert distilled.pop("data") == ["stdlib-distilled"] and distilled.pop("eval_data") == ["stdlib"]
+    assert distilled.pop("output_dir") == raw.pop("output_dir") + "-distilled"
+    assert distilled == {k: v for k, v in raw.items() if k != "data"}
+    # one epoch of the raw recipe's rows, each a whole row once tokenize_rows adds the BOS
+    data = distill.STDLIB_DISTILLED
+    assert data.max_rows == raw["max_steps"] * raw["batch_size"]
+    assert data.prompt_tokens + data.max_new_tokens + 1 == raw["max_length"]
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_the_distilled_recipes_train(method, fake_stdlib, tiny_target_dirs, tmp_path, monkeypatch):
+    monkeypatch.setattr(distill, "STDLIB_DISTILLED", SMALL)
+    recipe = REPO / "recipes" / "tiny" / f"{method}-distilled.yaml"
+    out = tmp_path / "run"
+    overrides = [f"target={tiny_target_dirs['llama']}", "max_length=16", "max_steps=2", "eval_every=2"]
+    overrides += ["eval_batches=1", "warmup_steps=1", f"output_dir={out}"]
+    assert cli_main(["train", str(recipe), *overrides, "--no-progress"]) == 0
+    assert (out / "model.safetensors").is_file() and (out / "train_summary.json").is_file()

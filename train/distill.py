@@ -1,0 +1,564 @@
+"""`specheads distill`: self-distillation, the target rewrites the answers of a dataset in its own words.
+
+    specheads distill --source sharegpt.jsonl --target meta-llama/Llama-3.1-8B-Instruct --out data/sd
+    specheads distill --source stdlib --target tiny --out data/stdlib-sd --max-rows 2400 --shuffle
+    specheads train recipes/tiny/medusa.yaml data=data/stdlib-sd              # train on the output
+
+Draft heads are judged on the target's own outputs, so training them on text the target writes itself,
+rather than on what a dataset's authors wrote, is Medusa's self-distillation (EAGLE reports a fixed
+dataset nearly as good for its feature-level head). What is regenerated, per *prompt*:
+
+    conversations   every assistant turn in order, each from the conversation so far (earlier answers
+                    already regenerated) rendered by the target's chat template with
+                    add_generation_prompt=True; a conversation ending on a user turn gets an answer
+                    appended. System and user turns are kept. One prompt = one conversation.
+    text            each text is cut into windows of prompt_tokens + max_new_tokens tokens (its
+                    tokens with the tokenizer's special ones, as tokenize_rows cuts texts); the target
+                    keeps the first prompt_tokens of each window and writes up to max_new_tokens after
+                    them. One prompt = one window; a window of at most prompt_tokens tokens (the short
+                    tail of a text) is not a prompt.
+
+Decoding: `generate()` in batches of `batch_size` left-padded prompts, greedy at temperature 0, else
+sampling with temperature and top_p only (the target's own generation_config sampling settings are
+not used). A turn ends at an end token (the target's generation_config eos ids and the tokenizer's
+eos), which is not written; answers are decoded without special tokens.
+
+Output, a directory that `load_rows` and a recipe's `data:` read (names starting with "_" are skipped):
+
+    part-00000.jsonl    the rows of chunk 0 (`chunk_rows` prompts): {"messages": [...]} or {"text": str},
+                        and "index", the prompt's number in the source
+    _chunks/00000.json  chunk 0's counts and failures, written after its part: the mark of a finished chunk
+    _settings.json      everything that decides the output; resuming with other settings is refused
+    _summary.json       the last run's counts, `read = written + skipped + failed`, and every failure
+
+Resuming: run the same command again; finished chunks are skipped (counted `skipped`), an unfinished
+one is generated again from its start. Batches never cross a chunk and each generate() call is seeded
+from (seed, the batch's first prompt, the turn), so a resumed run writes exactly the bytes an
+uninterrupted one writes (on the same machine and software, where generate() is deterministic).
+
+Failures: a prompt the chat template rejects, one that does not fit the target's context with
+max_new_tokens, or one the target answers with nothing, is left out, counted with its reason, and
+judged by `max_bad_rows` as `load_rows` judges unreadable rows (a count, or a fraction of the prompts
+read; above it the run stops with BadRowsError after its last finished chunk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from specheads.train.data_sources import (
+    STREAM_MIN_ROWS,
+    BadRowsError,
+    RowsReport,
+    check_max_bad_rows,
+    too_many_bad_rows,
+)
+
+DISTILL_VERSION = 1  # bump when the rows written for the same settings change
+SETTINGS_FILE, SUMMARY_FILE, CHUNKS_DIR = "_settings.json", "_summary.json", "_chunks"
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """How the target rewrites a dataset. All but max_bad_rows decide the output."""
+
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 256  # per answer; for text, the tokens written after each window's prompt
+    prompt_tokens: int = 32  # text: the tokens of each window kept as its prompt
+    batch_size: int = 16
+    chunk_rows: int = 256  # prompts per output part (the unit of resuming)
+    seed: int = 0
+    max_rows: int | None = None  # distil only the first max_rows prompts
+    cache: str = "static"  # generate()'s KV cache: "static" (preallocated; ~2x faster here) or "dynamic"
+    max_bad_rows: float | int = 0.01
+
+    def __post_init__(self):
+        check_max_bad_rows(self.max_bad_rows)
+        for name in ("max_new_tokens", "prompt_tokens", "batch_size", "chunk_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(
+                f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}"
+            )
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {self.max_rows}")
+        if self.cache not in ("static", "dynamic"):
+            raise ValueError(f"cache must be 'static' or 'dynamic', got {self.cache!r}")
+
+
+# The `stdlib-distilled` source (train/sources.py): 255-token windows, so that each row with the BOS
+# that tokenize_rows adds is one 256-token row of the tiny recipes; greedy, as the decoder is measured.
+STDLIB_DISTILLED = DistillConfig(prompt_tokens=32, max_new_tokens=223, batch_size=128, max_rows=2400)
+
+
+def settings_of(cfg: DistillConfig) -> dict[str, Any]:
+    return {k: v for k, v in asdict(cfg).items() if k != "max_bad_rows"} | {"version": DISTILL_VERSION}
+
+
+# -- prompts --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Prompt:
+    """One unit of work: a conversation, or a window of a text (`ids`: its prompt tokens)."""
+
+    index: int
+    where: str
+    messages: list[dict[str, str]] | None = None
+    ids: list[int] | None = None
+
+
+def prompts_of(rows, tokenizer, cfg: DistillConfig) -> Iterator[Prompt]:
+    """The prompts of `rows` (load_rows' {"messages"} or {"text"} rows) in order, numbered from 0."""
+    index = 0
+    window = cfg.prompt_tokens + cfg.max_new_tokens
+    for i, row in enumerate(rows):
+        if row.get("messages") is not None:
+            yield Prompt(index, f"row {i}", messages=list(row["messages"]))
+            index += 1
+            continue
+        ids = tokenizer(row["text"], add_special_tokens=True)["input_ids"]
+        for w, start in enumerate(range(0, len(ids), window)):
+            if len(ids) - start > cfg.prompt_tokens:
+                yield Prompt(index, f"row {i} window {w}", ids=ids[start : start + cfg.prompt_tokens])
+                index += 1
+
+
+def chunks_of(prompts: Iterator[Prompt], cfg: DistillConfig) -> Iterator[list[Prompt]]:
+    """Consecutive chunks of chunk_rows prompts (the last may be short), up to max_rows prompts."""
+    chunk: list[Prompt] = []
+    for prompt in prompts:
+        if cfg.max_rows is not None and prompt.index >= cfg.max_rows:
+            break
+        chunk.append(prompt)
+        if len(chunk) == cfg.chunk_rows:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+# -- generation -----------------------------------------------------------------------------------
+
+
+def batch_seed(seed: int, first_index: int, turn: int) -> int:
+    """The RNG seed of one generate() call: a function of where it is, never of when it runs."""
+    digest = hashlib.sha256(f"specheads-distill|{seed}|{first_index}|{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 2**63
+
+
+def end_token_ids(model, tokenizer) -> list[int]:
+    ids = model.generation_config.eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("the target has no end token (generation_config.eos_token_id, tokenizer.eos_token)")
+    return ids
+
+
+def generate_batch(model, prompts: list[list[int]], cfg: DistillConfig, *, pad_id, end_ids, seed):
+    """New tokens for each prompt (left padded into one batch), cut before the first end token.
+
+    Returns [(tokens, ended)]: `ended` False when max_new_tokens ran out first.
+    """
+    from transformers import GenerationConfig
+
+    width = max(map(len, prompts))
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (B, T)
+    attention_mask = torch.zeros_like(input_ids)
+    for b, ids in enumerate(prompts):
+        input_ids[b, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[b, width - len(ids) :] = 1
+    # Every setting that changes the distribution is pinned: one left None takes the target's
+    # generation_config value (a chat model's may set temperature, top_k or a repetition penalty).
+    sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=0, min_p=0.0, typical_p=1.0)
+    config = GenerationConfig(
+        max_new_tokens=cfg.max_new_tokens,
+        do_sample=cfg.temperature > 0,
+        **(sampling if cfg.temperature > 0 else {}),
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        eos_token_id=end_ids,
+        pad_token_id=pad_id,
+        cache_implementation="static" if cfg.cache == "static" else None,
+        disable_compile=True,  # a static cache would compile on GPUs, again for every prompt width
+    )
+    device = model.device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+        torch.manual_seed(seed)
+        out = model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config
+        )
+    results = []
+    for row in out[:, width:].tolist():
+        cut = next((t for t, tok in enumerate(row) if tok in end_ids), None)
+        results.append((row if cut is None else row[:cut], cut is not None))
+    return results
+
+
+@dataclass
+class ChunkResult:
+    rows: list[dict[str, Any]]
+    failures: list[dict[str, Any]]  # {"index", "where", "why"}
+    new_tokens: int = 0
+    unfinished: int = 0  # answers cut by max_new_tokens
+
+
+def _template_error(e: Exception) -> bool:
+    return type(e).__module__.startswith("jinja2") or "TemplateError" in type(e).__name__
+
+
+def _regenerate_conversations(tokenizer, batch: list[Prompt], cfg, gen, context, out: ChunkResult):
+    """Every assistant turn of each conversation, in waves: wave j writes each one's j-th answer."""
+    turns = []  # per conversation: its messages, None where an answer is to be written
+    for p in batch:
+        msgs = [None if m["role"] == "assistant" else dict(m) for m in p.messages]
+        turns.append(msgs + ([None] if p.messages[-1]["role"] != "assistant" else []))
+    failed: dict[int, str] = {}
+    for wave in range(max(t.count(None) for t in turns)):
+        todo, prompts = [], []
+        for c, msgs in enumerate(turns):
+            if c in failed or None not in msgs:
+                continue
+            slot = msgs.index(None)
+            try:
+                ids = tokenizer.apply_chat_template(
+                    msgs[:slot], add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            except Exception as e:
+                if not _template_error(e):
+                    raise
+                failed[c] = f"the chat template failed at turn {slot}: {e}"
+                continue
+            if len(ids) + cfg.max_new_tokens > context:
+                failed[c] = (
+                    f"turn {slot}: a prompt of {len(ids)} tokens + max_new_tokens={cfg.max_new_tokens} "
+                    f"does not fit the target's context of {context} tokens"
+                )
+                continue
+            todo.append((c, slot))
+            prompts.append(list(ids))
+        if not todo:
+            continue
+        for (c, slot), (tokens, ended) in zip(
+            todo, gen(prompts, seed=batch_seed(cfg.seed, batch[0].index, wave))
+        ):
+            out.new_tokens += len(tokens)
+            out.unfinished += not ended
+            content = tokenizer.decode(tokens, skip_special_tokens=True)
+            if not content:
+                failed[c] = f"turn {slot}: the target wrote an empty answer"
+            turns[c][slot] = {"role": "assistant", "content": content}
+    for c, p in enumerate(batch):
+        if c in failed:
+            out.failures.append({"index": p.index, "where": p.where, "why": failed[c]})
+        else:
+            out.rows.append({"messages": turns[c], "index": p.index})
+
+
+def _continue_texts(tokenizer, batch: list[Prompt], cfg, gen, out: ChunkResult):
+    results = gen([p.ids for p in batch], seed=batch_seed(cfg.seed, batch[0].index, 0))
+    for p, (tokens, ended) in zip(batch, results):
+        out.new_tokens += len(tokens)
+        out.unfinished += not ended
+        if not tokenizer.decode(tokens, skip_special_tokens=True):
+            out.failures.append({"index": p.index, "where": p.where, "why": "the target wrote nothing"})
+            continue
+        out.rows.append(
+            {"text": tokenizer.decode(p.ids + tokens, skip_special_tokens=True), "index": p.index}
+        )
+
+
+def distill_chunk(target, chunk: list[Prompt], cfg: DistillConfig, on_batch=None) -> ChunkResult:
+    """The rows (and failures) of one chunk, in batches of cfg.batch_size prompts.
+
+    `on_batch(n)` is called after each batch of n prompts (the progress bar).
+    """
+    model, tokenizer = target.model, target.tokenizer
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    end_ids = end_token_ids(model, tokenizer)
+    context = getattr(model.config, "max_position_embeddings", None) or 10**9
+
+    def gen(prompts, seed):
+        return generate_batch(model, prompts, cfg, pad_id=pad_id, end_ids=end_ids, seed=seed)
+
+    out = ChunkResult([], [])
+    for start in range(0, len(chunk), cfg.batch_size):
+        batch = chunk[start : start + cfg.batch_size]
+        if batch[0].messages is not None:
+            _regenerate_conversations(tokenizer, batch, cfg, gen, context, out)
+        else:
+            _continue_texts(tokenizer, batch, cfg, gen, out)
+        if on_batch is not None:
+            on_batch(len(batch))
+    return out
+
+
+# -- the output directory -------------------------------------------------------------------------
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def part_path(out: Path, k: int) -> Path:
+    return out / f"part-{k:05d}.jsonl"
+
+
+def chunk_record_path(out: Path, k: int) -> Path:
+    return out / CHUNKS_DIR / f"{k:05d}.json"
+
+
+def read_chunk_record(out: Path, k: int) -> dict | None:
+    try:
+        return json.loads(chunk_record_path(out, k).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def commit_chunk(out: Path, k: int, chunk: list[Prompt], result: ChunkResult) -> dict:
+    """Write chunk k's part, then its record (the part alone does not count as done)."""
+    lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in result.rows)
+    _write_atomic(part_path(out, k), lines)
+    record = {
+        "first_index": chunk[0].index,
+        "read": len(chunk),
+        "written": len(result.rows),
+        "failed": len(result.failures),
+        "new_tokens": result.new_tokens,
+        "unfinished": result.unfinished,
+        "failures": result.failures,
+    }
+    _write_atomic(chunk_record_path(out, k), json.dumps(record, indent=1))
+    return record
+
+
+def check_settings(out: Path, settings: dict) -> None:
+    """Refuse to resume into `out` with other settings; record them on a first run."""
+    path = out / SETTINGS_FILE
+    if path.is_file():
+        before = json.loads(path.read_text())
+        changed = {k: (before.get(k), v) for k, v in settings.items() if before.get(k) != v}
+        if changed:
+            lines = "\n".join(f"  {k}: was {a!r}, now {b!r}" for k, (a, b) in changed.items())
+            raise ValueError(
+                f"{out} holds a distillation made with other settings; resume with the same ones, or "
+                f"pass --overwrite (or another --out) to start over:\n{lines}"
+            )
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CHUNKS_DIR).mkdir(exist_ok=True)
+    _write_atomic(path, json.dumps(settings, indent=1))
+
+
+def is_complete(out: Path) -> bool:
+    """Whether `out` holds a finished distillation (its summary says so)."""
+    try:
+        return bool(json.loads((Path(out) / SUMMARY_FILE).read_text()).get("complete"))
+    except (OSError, ValueError):
+        return False
+
+
+def _count_lines(path: Path) -> int:
+    with path.open("rb") as f:
+        return sum(1 for _ in f)
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+def distill(rows, target, out: Path, cfg: DistillConfig, *, source: str = "", progress: bool = True) -> dict:
+    """Regenerate the answers of `rows` with `target` into `out` (module docstring); resumable.
+
+    Args:
+        rows: a Dataset from load_rows ({"messages"} or {"text"} rows).
+        target: a FrozenTarget with its tokenizer.
+        out: the output directory (created; finished chunks in it are kept and skipped).
+        source: a name for the rows, recorded in the settings.
+
+    Returns:
+        The summary also written to `_summary.json`.
+    """
+    out = Path(out)
+    tokenizer = target.tokenizer
+    if tokenizer is None:
+        raise ValueError(f"target {target.name_or_path!r} has no tokenizer; distillation needs one")
+    columns = list(rows.column_names)
+    if "messages" in columns and tokenizer.chat_template is None:
+        raise ValueError(f"the rows are conversations but {target.name_or_path!r} has no chat template")
+    context = getattr(target.config, "max_position_embeddings", None)
+    if "text" in columns and context and cfg.prompt_tokens + cfg.max_new_tokens > context:
+        raise ValueError(
+            f"prompt_tokens + max_new_tokens = {cfg.prompt_tokens + cfg.max_new_tokens} exceeds the target's "
+            f"context of {context} tokens"
+        )
+    record = target.record().to_dict()
+    record.pop("name_or_path")  # the same model copied elsewhere is the same model
+    settings = {
+        "source": source,
+        "source_fingerprint": getattr(rows, "_fingerprint", None),
+        "target": record,
+        **settings_of(cfg),
+    }
+    check_settings(out, settings)
+    (out / SUMMARY_FILE).unlink(missing_ok=True)
+
+    started = time.perf_counter()
+    counts = {"read": 0, "written": 0, "skipped": 0, "failed": 0, "new_tokens": 0, "unfinished": 0}
+    records: list[dict] = []
+    report = RowsReport(f"distill {source or 'rows'}", failed="failed")
+    total = cfg.max_rows if "text" in columns else min(len(rows), cfg.max_rows or len(rows))
+    bar = tqdm(total=total, desc="distill", unit="prompt", disable=not progress, dynamic_ncols=True)
+    for k, chunk in enumerate(chunks_of(prompts_of(rows, tokenizer, cfg), cfg)):
+        done = read_chunk_record(out, k)
+        if done is not None and (done["first_index"], done["read"]) != (chunk[0].index, len(chunk)):
+            raise ValueError(
+                f"{chunk_record_path(out, k)} does not describe chunk {k}; start over with --overwrite"
+            )
+        if done is not None:
+            counts["skipped"] += len(chunk)
+            bar.update(len(chunk))
+        else:
+            done = commit_chunk(out, k, chunk, distill_chunk(target, chunk, cfg, on_batch=bar.update))
+            for key in ("written", "failed", "new_tokens", "unfinished"):
+                counts[key] += done[key]
+        counts["read"] += len(chunk)
+        records.append(done)
+        report.rows += done["read"]
+        for f in done["failures"]:
+            report.add_bad(f"prompt {f['index']} ({f['where']})", f["why"])
+        bar.set_postfix(written=counts["written"], skipped=counts["skipped"], failed=counts["failed"])
+        judged = isinstance(cfg.max_bad_rows, int) or report.rows >= STREAM_MIN_ROWS
+        if judged and too_many_bad_rows(report, cfg.max_bad_rows):
+            raise BadRowsError(report, cfg.max_bad_rows)
+    bar.close()
+    if too_many_bad_rows(report, cfg.max_bad_rows):
+        raise BadRowsError(report, cfg.max_bad_rows)
+    summary = _summarise(out, counts, records, time.perf_counter() - started)
+    _write_atomic(out / SUMMARY_FILE, json.dumps(summary, indent=1))
+    return summary
+
+
+def _summarise(out: Path, counts: dict, records: list[dict], seconds: float) -> dict:
+    """The run's counts, checked: every prompt read is written, skipped or failed, and every part
+    holds the rows its record says."""
+    if counts["read"] != counts["written"] + counts["skipped"] + counts["failed"]:
+        raise RuntimeError(f"distill lost count: {counts}")
+    for k, record in enumerate(records):
+        lines = _count_lines(part_path(out, k))
+        if lines != record["written"]:
+            raise RuntimeError(
+                f"{part_path(out, k)} holds {lines} rows but its record says {record['written']}; "
+                "start over with --overwrite"
+            )
+    generated = counts["new_tokens"]
+    return {
+        "complete": True,
+        **counts,
+        "seconds": round(seconds, 2),
+        "new_tokens_per_second": round(generated / seconds, 1) if generated else None,
+        "output_rows": sum(r["written"] for r in records),
+        "output_failed": sum(r["failed"] for r in records),
+        "parts": len(records),
+        "failures": [f for r in records for f in r["failures"]],
+    }
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = DistillConfig()
+    p.add_argument("--source", required=True, help='anything load_rows reads, or "stdlib" (text)')
+    p.add_argument("--split", default="train", help="split of a saved DatasetDict or a hub dataset")
+    p.add_argument("--target", required=True, help='HF directory or hub id of the target, or "tiny"')
+    p.add_argument("--out", required=True, type=Path, help="output directory (resumed when it exists)")
+    p.add_argument("--temperature", type=float, default=d.temperature, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=d.top_p)
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens, help="text rows: prompt of a window")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--chunk-rows", type=int, default=d.chunk_rows, help="prompts per output part")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--max-rows", type=int, default=None, help="distil only the first N prompts")
+    p.add_argument("--cache", choices=("static", "dynamic"), default=d.cache, help="generate()'s KV cache")
+    p.add_argument("--shuffle", action="store_true", help="shuffle the source rows with --seed first")
+    p.add_argument(
+        "--max-bad-rows",
+        type=float,
+        default=d.max_bad_rows,
+        help="failures allowed: a count (>= 1) or a fraction",
+    )
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
+    p.add_argument("--overwrite", action="store_true", help="start over, deleting what --out holds")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    import shutil
+
+    from specheads.heads import FrozenTarget
+    from specheads.train import data as data_lib
+    from specheads.train.sources import stdlib_rows, target_path
+
+    bad = args.max_bad_rows
+    cfg = DistillConfig(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        prompt_tokens=args.prompt_tokens,
+        batch_size=args.batch_size,
+        chunk_rows=args.chunk_rows,
+        seed=args.seed,
+        max_rows=args.max_rows,
+        cache=args.cache,
+        max_bad_rows=int(bad) if bad >= 1 and float(bad).is_integer() else bad,
+    )
+    if args.source == "stdlib":
+        rows = stdlib_rows(heldout=False)
+    else:
+        rows = data_lib.load_rows(args.source, split=args.split)
+    if args.shuffle:
+        rows = rows.shuffle(seed=args.seed)
+    if args.overwrite and args.out.exists():
+        shutil.rmtree(args.out)
+    target = FrozenTarget.from_pretrained(target_path(args.target), dtype=args.dtype)
+    target.model.to(args.device)
+    source = f"{args.source}{' (shuffled)' if args.shuffle else ''}"
+    s = distill(rows, target, args.out, cfg, source=source, progress=not args.no_progress)
+    print(
+        f"read {s['read']} prompts = written {s['written']} + skipped {s['skipped']} (done before) "
+        f"+ failed {s['failed']}; {s['new_tokens']} new tokens in {s['seconds']} s"
+    )
+    for f in s["failures"][:10]:
+        print(f"  failed: prompt {f['index']} ({f['where']}): {f['why'][:200]}")
+    print(f"{s['output_rows']} rows in {args.out} (summary: {args.out / SUMMARY_FILE})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="specheads distill", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
