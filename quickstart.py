@@ -1,12 +1,14 @@
 """`specheads quickstart`: the embedded default, end to end, on any machine.
 
-    tiny target (built once, cached)
-      -> heads for each method        specheads train recipes/tiny/<method>.yaml
-      -> evaluation on held-out files specheads eval --prompts heldout
-      -> one table                    <out>/report.md
+    tiny target (built once, cached)    specheads tiny-target
+      -> heads for each method          specheads train recipes/tiny/<method>.yaml
+      -> one interleaved comparison     specheads compare --prompts heldout
+         with generate() and peers      (prompt lookup; assisted generation with --assisted)
+      -> one table and plots            <out>/report.md, <out>/compare/*.png
 
 Each step is the same command a user would run by hand, so the quickstart doubles as a worked
-example. Heads already trained with the same recipe are reused; `--retrain` trains them again.
+example. The target, the tiny draft and heads already trained with the same recipe are reused;
+`--retrain` trains the heads again.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import json
 import sys
 from pathlib import Path
 
-from specheads.decode import evaluate
+from specheads.decode import compare
+from specheads.decode.evaluate import REPORT_FILE, RESULTS_FILE
 from specheads.heads.checkpoint import CONFIG_FILE
 from specheads.train import loop
 from specheads.train.config import find_recipe, load_config
+from specheads.train.tiny_draft import TinyDraftConfig, ensure_tiny_draft
 from specheads.train.tiny_target import TinyTargetConfig, ensure_tiny_target
 
 METHODS = ("medusa", "eagle", "eagle3")
@@ -53,33 +57,38 @@ def train_heads(method: str, target: Path, out: Path, args: argparse.Namespace) 
     return heads_dir
 
 
-def evaluate_heads(method: str, target: Path, heads_dir: Path, out: Path, args: argparse.Namespace) -> dict:
-    eval_dir = out / f"eval-{method}"
-    argv = [
-        "--target",
-        str(target),
-        "--heads",
-        str(heads_dir),
-        "--prompts",
-        "heldout",
-        "--out",
-        str(eval_dir),
-    ]
+def draft_model(target: Path, args: argparse.Namespace) -> Path:
+    """The tiny assistant model for the assisted-generation peer (built once, cached)."""
+    cfg = TinyDraftConfig(steps=args.max_steps) if args.max_steps else TinyDraftConfig()
+    path, meta, reused = ensure_tiny_draft(target, cfg, progress=args.progress)
+    print(
+        f"\n== tiny draft {'reused' if reused else 'built'}: {path} (held-out loss {meta['heldout_loss']:.3f})"
+    )
+    return path
+
+
+def compare_all(target: Path, heads_dirs: list[Path], out: Path, args: argparse.Namespace) -> dict:
+    """Every method's heads beside generate() and the peers, interleaved per prompt, in one run."""
+    peers = ["generate", "prompt-lookup", *(["assisted"] if args.assisted else [])]
+    argv = ["--target", str(target), "--heads", *map(str, heads_dirs), "--prompts", "heldout"]
+    argv += ["--peers", ",".join(peers), "--out", str(out / "compare")]
     argv += ["--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens)]
-    print(f"\n== evaluating {method}: specheads eval {' '.join(argv)}")
-    evaluate.main(argv + ([] if args.progress else ["--no-progress"]))
-    return json.loads((eval_dir / evaluate.RESULTS_FILE).read_text())
+    if args.assisted:
+        argv += ["--draft-model", str(draft_model(target, args))]
+    print(f"\n== comparing: specheads compare {' '.join(argv)}")
+    compare.main(argv + ([] if args.progress else ["--no-progress"]))
+    return json.loads((out / "compare" / RESULTS_FILE).read_text())
 
 
-def table(results: dict[str, dict]) -> str:
+def table(methods: list[dict]) -> str:
     lines = [
-        "| method | τ (accepted/step) | tokens/s | generate() tokens/s | speedup | identical |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| method | τ (accepted/step) | tokens/s | speedup vs generate() | identical to generate() |",
+        "| --- | --- | --- | --- | --- |",
     ]
-    for method, r in results.items():
+    for m in methods:
         lines.append(
-            f"| {method} | {r['mean_accept_length']:.2f} | {r['tokens_per_second']:.1f} | "
-            f"{r['baseline_tokens_per_second']:.1f} | {r['speedup']:.2f}x | {r['identical_to_baseline']} |"
+            f"| {m['name']} | {m['mean_accept_length']:.2f} | {m['tokens_per_second']:.1f} | "
+            f"{m['speedup']:.2f}x | {m['identical_to_baseline']} |"
         )
     return "\n".join(lines)
 
@@ -87,6 +96,11 @@ def table(results: dict[str, dict]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/quickstart"), help="where heads and reports go")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument(
+        "--assisted",
+        action="store_true",
+        help="also compare transformers' assisted generation with a tiny draft model (built once, ~2 min)",
+    )
     p.add_argument("--minutes", type=float, default=TinyTargetConfig.minutes, help="tiny-target budget")
     p.add_argument("--num-prompts", type=int, default=8, help="held-out files to decode")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -104,24 +118,27 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"== tiny target {'reused' if reused else 'built'}: {target} (held-out loss {meta['heldout_loss']:.3f})"
     )
-    results = {}
-    for method in args.methods:
-        heads_dir = train_heads(method, target, args.out, args)
-        results[method] = evaluate_heads(method, target, heads_dir, args.out, args)
+    heads_dirs = [train_heads(method, target, args.out, args) for method in args.methods]
+    results = compare_all(target, heads_dirs, args.out, args)
     report = (
-        f"# specheads quickstart\n\nTarget: {target}\n\n{table(results)}\n\n"
+        f"# specheads quickstart\n\nTarget: {target}\n\n{table(results['methods'])}\n\n"
         f"Greedy decoding of {args.num_prompts} held-out standard-library files, {args.max_new_tokens} new "
-        "tokens each; τ counts the bonus token; speedup is against the target's own generate() in the same "
-        f"run. Per-method details: {args.out}/eval-<method>/report.md\n"
+        "tokens each, every method interleaved per prompt with the target's own generate() in one run; "
+        "τ counts the bonus token. Per-category tables, acceptance per position, engine metrics and "
+        f"plots: {args.out / 'compare' / REPORT_FILE}\n"
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "report.md").write_text(report)
-    print("\n" + table(results) + f"\n\nreport: {args.out / 'report.md'}")
+    (args.out / REPORT_FILE).write_text(report)
+    print("\n" + table(results["methods"]) + f"\n\nreport: {args.out / REPORT_FILE}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="specheads quickstart", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="specheads quickstart",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p)
     return run(p.parse_args(argv))
 
