@@ -5,10 +5,10 @@ Built-in:
                       rows from its training files, evaluation rows from its held-out files (one text row
                       a file; tokenize_rows cuts long ones into max_length windows).
     stdlib-distilled  the recipe's target continuing stdlib text (self-distillation, train/distill.py,
-                      settings `distill.STDLIB_DISTILLED`): the first 2400 windows of 255 tokens of the
+                      settings `distill.STDLIB_DISTILLED`): the first 1600 windows of 255 tokens of the
                       training files (shuffled, seed 0), each keeping its first 32 tokens and the
                       target's greedy continuation after them; one 256-token row each once
-                      tokenize_rows adds the BOS, one epoch of the tiny recipes (300 steps x batch 8).
+                      tokenize_rows adds the BOS, one epoch of the tiny recipes (200 steps x batch 8).
                       Distilled once per target (about two CPU minutes for the tiny one) and cached;
                       its evaluation rows are stdlib's held-out files.
 

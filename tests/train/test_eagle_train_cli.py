@@ -50,7 +50,7 @@ def test_recipes_parse():
         load_config(REPO / "recipes/tiny/eagle3.yaml"),
     )
     assert (eagle.method, eagle.w_feat, eagle.w_tok, eagle.noise) == ("eagle", 1.0, 0.1, 0.1)
-    assert (eagle3.method, eagle3.ttt_steps, eagle3.eagle3_layers) == ("eagle3", 7, [1, 2, 3])
+    assert (eagle3.method, eagle3.ttt_steps, eagle3.eagle3_layers) == ("eagle3", 5, [1, 2, 3])
     assert eagle.target == eagle3.target == "tiny" and eagle.data == eagle3.data == ["stdlib"]
 
 
