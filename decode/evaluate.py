@@ -9,6 +9,10 @@ own `model.generate(do_sample=False, max_new_tokens=N)`, decode it back to back.
 goes first alternates from prompt to prompt, so slow drift (clocks, caches, other processes) favours
 neither. Both are timed end to end (prefill included). Writes `results.json` and `report.md`.
 
+`--tree auto` first calibrates the tree on this machine: the last `--calibration-prompts` prompts (4 by
+default) are held out of the evaluation, and the tree size with the most expected tokens/s on them is used
+(decode/calibrate.py; results.json["calibration"] holds what was measured).
+
 `--temperature T > 0` (with `--top-k`, `--top-p`) samples instead: the decoder with lossless sampling
 verification and a CPU generator seeded `--seed` + the prompt's index, the baseline with
 `generate(do_sample=True, temperature=T, top_k, top_p)` (top_k always passed: generate's own default
@@ -54,12 +58,18 @@ from tqdm.auto import tqdm
 
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_eval import evaluate_batched
+from specheads.decode.calibrate import (
+    CalibrationSettings,
+    calibrated_drafter,
+    calibration_note,
+    hold_out,
+    max_tree_depth,
+)
 from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, eos_ids
-from specheads.decode.drafters import Drafter, MedusaDrafter
-from specheads.decode.eagle_drafter import EagleDrafter
+from specheads.decode.eval_drafters import EAGLE_TOTAL_TOKENS, drafter_for
 from specheads.decode.report import DEFINITIONS, render_report, summarize
 from specheads.decode.sampling import SamplingParams
-from specheads.decode.trees import DEFAULT_TREES, default_tree
+from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.target import DTYPES
 from specheads.version import __version__
@@ -215,74 +225,6 @@ def check_prompt_lengths(prompts: list[Prompt], config, max_new_tokens: int, tre
             )
 
 
-# -- the drafter ------------------------------------------------------------------------------------
-
-
-def default_tree_name(num_heads: int) -> str:
-    """A default tree for `num_heads` Medusa heads (a heuristic; `--tree` overrides it).
-
-    Few heads cannot fill a deep tree, and Medusa's 63-node tree cut to two heads is 38 nodes of mostly
-    width, paid for in every tree forward; so the tree grows with the heads.
-    """
-    if num_heads <= 2:
-        return "medusa-15"
-    return "medusa-31" if num_heads == 3 else "medusa-63"
-
-
-# EAGLE-2 dynamic trees: children per expanded node, levels below the root, nodes verified per step
-# (root included). Smaller than the paper's (10, 6, 60), which is sized for a GPU's wide forward.
-EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_TOTAL_TOKENS = 8, 5, 32
-
-
-def drafter_for(
-    heads: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | None
-) -> tuple[Drafter, dict[str, Any]]:
-    """The drafter for a checkpoint's heads: the one place where a method plugs into `eval`.
-
-    Args:
-        heads: the loaded heads (`load_heads`).
-        config: the checkpoint's config.json; its "method" picks the drafter.
-        target: the frozen target the heads read.
-        tree: the `--tree` name, or None for the method's default.
-
-    Returns:
-        The drafter, and what results.json records of its trees: at least "name", "nodes" and
-        "depth" (the deepest a draft reaches: accept_rate_per_depth has that many entries).
-
-    Raises:
-        ValueError: for a method that has no drafter yet, or a tree it cannot use.
-    """
-    method = config.get("method")
-    if method == "medusa":
-        name = tree or default_tree_name(heads.num_heads)
-        static = default_tree(name, num_heads=heads.num_heads)
-        lm_head = target.lm_head if heads.config.share_lm_head else None
-        record = {
-            "name": name,
-            "nodes": static.num_nodes,
-            "depth": static.max_depth,
-            "choices": static.choices,
-        }
-        return MedusaDrafter(heads, static, lm_head=lm_head), record
-    if method in ("eagle", "eagle3"):
-        if tree is not None and not tree.startswith("dynamic"):
-            static = default_tree(tree)  # an EAGLE-1 static tree: ranks of the head's own top-k per depth
-            record = {
-                "name": tree,
-                "nodes": static.num_nodes,
-                "depth": static.max_depth,
-                "choices": static.choices,
-            }
-            return EagleDrafter(heads, target, static), record
-        total = int(tree.split("-", 1)[1]) if tree and "-" in tree else EAGLE_TOTAL_TOKENS
-        drafter = EagleDrafter(heads, target, top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, total_tokens=total)
-        record = {"name": f"dynamic-{total}", "nodes": total, "depth": EAGLE_DEPTH, "top_k": EAGLE_TOP_K}
-        return drafter, record
-    raise ValueError(
-        f"`specheads eval` has no drafter for heads of method {method!r}; it knows: medusa, eagle, eagle3"
-    )
-
-
 # -- timing -----------------------------------------------------------------------------------------
 
 
@@ -432,6 +374,7 @@ def command_line(args: argparse.Namespace, tree_name: str) -> str:
         ("--threads", args.threads),
         ("--num-prompts", args.num_prompts),
         ("--category", args.category),
+        ("--calibration-prompts", args.calibration_prompts),
     ):
         if value is not None:
             parts += [flag, str(value)]
@@ -479,7 +422,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"draft tree: one of {', '.join(sorted(DEFAULT_TREES))}, cut to the heads' depth "
         "(default for Medusa: medusa-15 for <= 2 heads, -31 for 3, -63 for more); for EAGLE heads also "
-        f"dynamic[-N] (EAGLE-2, N nodes; the default, N={EAGLE_TOTAL_TOKENS})",
+        f"dynamic[-N] (EAGLE-2, N nodes; the default, N={EAGLE_TOTAL_TOKENS}); or auto: the size with the "
+        "most expected tokens/s, measured here on --calibration-prompts (decode/calibrate.py)",
+    )
+    p.add_argument(
+        "--calibration-prompts",
+        type=int,
+        default=None,
+        help="--tree auto: calibrate on the last K prompts of --prompts, which are then not evaluated "
+        "(default 4); --num-prompts counts the rest",
     )
     p.add_argument(
         "--temperature",
@@ -526,6 +477,15 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: no CUDA device is available here")
+    if args.calibration_prompts is not None and (args.tree != "auto" or args.calibration_prompts < 1):
+        raise ValueError(
+            f"--calibration-prompts must be >= 1, with --tree auto; got {args.calibration_prompts}"
+        )
+    if args.tree == "auto" and (args.batch_size > 1 or args.temperature > 0):
+        raise ValueError(
+            "--tree auto calibrates greedy decoding one prompt at a time: not with --batch-size > 1 "
+            "or --temperature > 0"
+        )
     if args.out.exists() and not args.out.is_dir():
         raise NotADirectoryError(f"--out {args.out} exists and is not a directory")
     sampling_params(args)
@@ -551,6 +511,7 @@ def build_results(
     target: FrozenTarget,
     tree: dict[str, Any],
     templated: bool,
+    calibration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """results.json: the headline figures first, then what produced them, then the per-prompt records."""
     import transformers
@@ -562,6 +523,7 @@ def build_results(
         "per_category": per_category(records, tree["depth"]),
         "sampling": sampling_record(sampling, args.seed),
         "tree": tree,
+        **({"calibration": calibration} if calibration else {}),
         "heads": {
             "path": str(Path(args.heads).resolve()),
             "method": head_config["method"],
@@ -590,7 +552,7 @@ def build_results(
             "python": platform.python_version(),
         },
         "platform": platform.platform(),
-        "command": command_line(args, tree["name"]),
+        "command": command_line(args, "auto" if calibration else tree["name"]),
         "definitions": DEFINITIONS,
         "per_prompt": records,
     }
@@ -608,6 +570,8 @@ def sampling_record(sampling: SamplingParams | None, seed: int) -> dict[str, Any
 
 def report_text(results: dict[str, Any]) -> str:
     """report.md; sampled runs show "–" for identical (null in results.json) and say what was sampled."""
+    if "calibration" in results:
+        return render_report(results).replace("\nReproduce:", calibration_note(results) + "\nReproduce:", 1)
     if not results["sampling"]["do_sample"]:
         return render_report(results)
     shown = {
@@ -629,7 +593,9 @@ def run(args: argparse.Namespace) -> int:
     """`specheads eval`: check every input, decode every prompt both ways, write the results."""
     _check_args(args)
     head_config = read_head_config(args.heads)  # a missing or foreign checkpoint fails before any loading
-    texts = read_prompts(args.prompts, args.target, args.category, args.num_prompts)
+    texts = read_prompts(args.prompts, args.target, args.category)
+    held_out, texts = hold_out(texts, args.calibration_prompts) if args.tree == "auto" else ([], texts)
+    texts = texts[: args.num_prompts]
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -638,10 +604,19 @@ def run(args: argparse.Namespace) -> int:
     if target.tokenizer is None:
         raise ValueError(f"target {args.target!r} has no tokenizer; eval needs one to encode prompts")
     heads, head_config = load_heads(args.heads, target, device=target.device, dtype=target.dtype)
-    drafter, tree = drafter_for(heads, head_config, target, args.tree)
     prompts, templated = encode_prompts(
         texts, target.tokenizer, not args.no_chat_template, args.prompt_tokens
     )
+    if args.tree == "auto":  # decode/calibrate.py
+        held_out, _ = encode_prompts(
+            held_out, target.tokenizer, not args.no_chat_template, args.prompt_tokens
+        )
+        settings = CalibrationSettings(max_new_tokens=args.max_new_tokens)
+        depth = max_tree_depth(heads, head_config, settings)
+        check_prompt_lengths(prompts + held_out, target.config, args.max_new_tokens, depth)
+        drafter, tree, calibration = calibrated_drafter(heads, head_config, target, held_out, settings)
+    else:
+        (drafter, tree), calibration = drafter_for(heads, head_config, target, args.tree), None
     check_prompt_lengths(prompts, target.config, args.max_new_tokens, tree["depth"])
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -662,7 +637,7 @@ def run(args: argparse.Namespace) -> int:
             sampling=sampling,
             seed=args.seed,
         )
-    results = build_results(args, records, head_config, target, tree, templated)
+    results = build_results(args, records, head_config, target, tree, templated, calibration)
     write_atomic(args.out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
     write_atomic(args.out / REPORT_FILE, report_text(results))
     print(report_text(results), end="")

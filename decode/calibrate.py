@@ -1,0 +1,610 @@
+"""Calibrated trees for `specheads eval --tree auto`: the tree size that decodes fastest on this machine.
+
+A tree is worth what it buys per second on the machine that runs it:
+
+    tokens/s(tree) = τ(tree) / (step(N) + draft(tree))
+
+    τ(tree)    expected tokens per step, bonus included, on calibration prompts kept out of the evaluation.
+    step(N)    one target step over a tree of N nodes (root included) on a cache of realistic length: tree
+               inputs + tree forward + greedy verification + compaction. Flat in N while the forward is
+               bound by reading the weights (a GPU at batch 1, up to some N), then growing.
+    draft(.)   one `propose` of the drafter that makes the tree.
+
+`--tree auto` measures the three for candidate trees of several sizes and keeps the best.
+
+τ is replayed exactly: greedy decoding is deterministic, so what a tree accepts with its root at each
+generated token of a calibration prompt is a fixed number, measured below; the decoder's walk over a prompt
+(root at the first generated token, accept a, next root a + 1 tokens on) gives the τ that decoding the
+calibration prompts with that tree would give. (Averaging over every root instead is biased wherever the
+text is periodic, as a small model's greedy continuations often are: the walk lands on some phases only.)
+
+Medusa (static trees). Each calibration prompt's greedy continuation goes through the target once; with
+the root at generated token t+1, rank_k(t) is the rank of the true token t+2+k among head k's top R
+guesses (R when it is not among them). A tree accepts the longest of its paths that is a prefix of
+(rank_0(t), rank_1(t), ...). The candidate trees come from `build_tree(acc, N - 1)` (each a prefix of the
+next), with the per-head, per-rank acceptance
+
+    acc[k][r] = P(rank_k = r | rank_j < R for every j < k)
+
+the chance that head k's rank-r guess is right given that the path above it can be accepted, which is what
+`build_tree` multiplies along a path.
+
+EAGLE-2 (dynamic trees). The tree of depth D and N nodes keeps the N - 1 most valuable candidates grown to
+depth D, and growing does not depend on N, nor a level on the levels below it. So the calibration decodes
+each prompt one token at a time and, at every root, verifies the tree of *every* candidate at the largest
+depth (top_k + (D - 1)·top_k² nodes): the accepted path and each node's value then give what any smaller
+(D', N) accepts there: keep the N - 1 most valuable nodes no deeper than D' (as `dynamic_tree.rerank` does)
+and count how far the accepted path stays inside them. A node's value is its cumulative draft
+log-probability; the drafter hands out q at every expanded node when asked to sample, so the calibration
+asks at temperature 1, where log q is the draft's log-probability, and sums it along each path.
+
+Timings interleave the candidates (round robin over the repeats), so a change in the machine's speed while
+they run touches every candidate alike, and each keeps the fastest of its repeats after an untimed one: other
+processes only ever slow a run down, so the fastest is the least disturbed (`timeit`'s advice; on a shared
+machine the median of a few runs drifts by tens of percent between candidates of equal cost).
+Candidates of one depth share the fastest draft among them: a draft costs what its depth costs, not what
+it keeps (`timed`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from types import SimpleNamespace
+from typing import Any, Protocol
+
+import torch
+
+from specheads.decode.decoder import SpeculativeDecoder, eos_ids
+from specheads.decode.drafters import DraftContext, Drafter
+from specheads.decode.eagle_drafter import EagleDrafter
+from specheads.decode.eval_drafters import EAGLE_DEPTH, EAGLE_TOP_K, dynamic_drafter, medusa_drafter
+from specheads.decode.kv_cache import compact_cache, new_cache
+from specheads.decode.sampling import SamplingParams
+from specheads.decode.tree_inputs import tree_inputs
+from specheads.decode.trees import DraftTree, StaticTree, build_tree, expected_accept_length
+from specheads.decode.verify import Acceptance, verify_greedy
+from specheads.heads.target import FrozenTarget
+
+# -- calibration: settings, candidates, the choice ------------------------------------------------------
+
+MEDUSA_RANKS = 10  # guesses per head a calibrated Medusa tree may read (Medusa's own trees read 10)
+CALIBRATION_PROMPTS = 4  # prompts held out for calibration unless told otherwise
+
+
+@dataclass
+class CalibrationSettings:
+    """How `--tree auto` calibrates; recorded in results.json.
+
+    max_new_tokens: greedy tokens decoded per calibration prompt.
+    sizes: tree sizes N tried (nodes, root included).
+    repeats: timed runs per measurement, after one untimed; the fastest is kept.
+    medusa_ranks: Medusa: guesses per head a tree may read.
+    top_k, max_depth: EAGLE-2: children per expanded node (fixed), and the deepest tree tried (every depth
+        from 1 up to it is tried).
+    """
+
+    max_new_tokens: int = 128
+    sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+    repeats: int = 10
+    medusa_ranks: int = MEDUSA_RANKS
+    top_k: int = EAGLE_TOP_K
+    max_depth: int = EAGLE_DEPTH
+
+
+@dataclass
+class Candidate:
+    """One tree the calibration tried.
+
+    tree: as results.json records a tree ("name", "nodes", "depth", and "choices" or "top_k").
+    accept_length: expected τ; step_seconds: the target's step over its nodes; draft_seconds: its drafter's
+        propose. extra: further figures for results.json.
+    """
+
+    tree: dict[str, Any]
+    accept_length: float
+    drafter: Drafter | None = field(default=None, repr=False)
+    step_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Expected tokens per second: τ / (step + draft)."""
+        seconds = self.step_seconds + self.draft_seconds
+        return self.accept_length / seconds if seconds > 0 else float("inf")
+
+    def row(self) -> dict[str, Any]:
+        """results.json's row: the tree's name, nodes and depth, then the figures."""
+        return {
+            **{key: self.tree[key] for key in ("name", "nodes", "depth")},
+            "accept_length": self.accept_length,
+            "step_seconds": self.step_seconds,
+            "draft_seconds": self.draft_seconds,
+            "tokens_per_second": self.tokens_per_second,
+            **self.extra,
+        }
+
+
+def choose(candidates: Sequence[Candidate]) -> Candidate:
+    """The candidate with the most expected tokens per second; ties go to the smaller, then shallower tree."""
+    if not candidates:
+        raise ValueError("the calibration tried no tree: every size in `sizes` is too large or below 1")
+    return max(candidates, key=lambda c: (c.tokens_per_second, -c.tree["nodes"], -c.tree["depth"]))
+
+
+def timed(candidates: list[Candidate], timer: Timer) -> list[Candidate]:
+    """The candidates with their step and draft seconds, measured together by `timer`.
+
+    A draft costs what its depth costs, not what it keeps (EAGLE-2 expands top_k nodes a level whatever N;
+    Medusa runs every head), so candidates of one depth share the fastest draft measured among them.
+    """
+    steps, drafts = timer.measure([c.tree["nodes"] for c in candidates], [c.drafter for c in candidates])
+    fastest: dict[int, float] = {}
+    for candidate, draft in zip(candidates, drafts):
+        depth = candidate.tree["depth"]
+        fastest[depth] = min(fastest.get(depth, draft), draft)
+    for candidate, step in zip(candidates, steps):
+        candidate.step_seconds, candidate.draft_seconds = step, fastest[candidate.tree["depth"]]
+    return candidates
+
+
+def hold_out(prompts: list, count: int | None = None) -> tuple[list, list]:
+    """(calibration prompts, evaluation prompts): the last `count` prompts (CALIBRATION_PROMPTS when None)
+    are kept for calibration."""
+    count = CALIBRATION_PROMPTS if count is None else count
+    if not 1 <= count < len(prompts):
+        raise ValueError(
+            f"--calibration-prompts {count} keeps the last {count} prompts out of the evaluation, but --prompts "
+            f"gives {len(prompts)}: at least one must be calibrated and one evaluated"
+        )
+    return prompts[-count:], prompts[:-count]
+
+
+def decode_accept_length(accepted: Sequence[Sequence[int]]) -> float:
+    """τ of greedy decoding replayed: accepted[s][i] candidates are accepted with the root at generated token
+    i of sequence s (i = 0 .. n - 2 of its n). Its first step roots at i = 0 and emits min(a + 1, the tokens
+    left), the next roots at i + a + 1 (module docstring)."""
+    total = steps = 0
+    for sequence in accepted:
+        i = 0
+        while i < len(sequence):
+            total += min(sequence[i] + 1, len(sequence) - i)
+            steps, i = steps + 1, i + sequence[i] + 1
+    if steps == 0:
+        raise ValueError(
+            "calibration: no calibration prompt was continued past its first token; no step to replay"
+        )
+    return total / steps
+
+
+# -- Medusa: per-head, per-rank acceptance ----------------------------------------------------------------
+
+
+@torch.no_grad()
+def greedy_sequence(target: FrozenTarget, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """(1, T + n): the prompt and the target's own greedy continuation (`generate`; it stops at EOS)."""
+    ids = prompt_ids.to(target.device)
+    pad = getattr(target.model.generation_config, "pad_token_id", None)
+    return target.model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad if pad is not None else min(eos_ids(target), default=None),
+    )
+
+
+@torch.no_grad()
+def medusa_ranks(
+    target: FrozenTarget,
+    heads: torch.nn.Module,
+    sequences: Sequence[tuple[torch.Tensor, int]],
+    num_ranks: int,
+) -> list[torch.Tensor]:
+    """Per sequence, (n - 1, K) ranks of the true tokens among each head's top `num_ranks` guesses.
+
+    Args:
+        sequences: (ids (1, T + n), prompt length T): a prompt and its n greedy new tokens.
+
+    Row i has the root at generated token i (position T + i): the heads read position t = T - 1 + i and head
+    k guesses token t + 2 + k. Its rank there, `num_ranks` when it is not among the guesses, -1 past the end.
+    """
+    num_heads = heads.num_heads
+    lm_head = target.lm_head if heads.config.share_lm_head else None
+    weight = next(heads.parameters())
+    tables = []
+    for ids, prompt_len in sequences:
+        ids = ids.to(target.device)
+        t = torch.arange(prompt_len - 1, ids.shape[1] - 2, device=ids.device)  # (n - 1,)
+        ranks = torch.full((t.numel(), num_heads), -1, dtype=torch.long)
+        hidden = target(ids, capture=(-1,), logits=False).hidden[target.layer_id(-1)][0, t]  # (n - 1, H)
+        for k in range(num_heads):
+            there = t + 2 + k < ids.shape[1]  # the true token is in the sequence
+            if there.any():
+                logits = heads.head(k, hidden[there].to(weight.device, weight.dtype), lm_head)
+                hit = logits.topk(num_ranks, dim=-1).indices == ids[0, t[there] + 2 + k, None].to(
+                    weight.device
+                )
+                ranks[there.cpu(), k] = torch.where(hit.any(-1), hit.float().argmax(-1), num_ranks).cpu()
+        tables.append(ranks)
+    return tables
+
+
+def rank_accuracies(ranks: torch.Tensor, num_ranks: int) -> torch.Tensor:
+    """(P, K) ranks -> (K, R) acc[k][r] = P(rank_k = r | rank_j < R for every j < k) (module docstring).
+
+    Rows that run past their sequence's end (a -1) are left out.
+    """
+    ranks = ranks[(ranks >= 0).all(-1)]
+    acc = torch.zeros(ranks.shape[1], num_ranks, dtype=torch.float64)
+    reached = torch.ones(ranks.shape[0], dtype=torch.bool)  # positions whose path so far can be accepted
+    for k in range(ranks.shape[1]):
+        n = int(reached.sum())
+        if n:
+            acc[k] = torch.bincount(ranks[reached, k], minlength=num_ranks + 1)[:num_ranks].double() / n
+        reached &= ranks[:, k] < num_ranks
+    return acc
+
+
+def static_accept_length(choices: Sequence[Sequence[int]], ranks: Sequence[torch.Tensor]) -> float:
+    """τ of greedy decoding with a static tree, replayed on each sequence's ranks (`medusa_ranks`)."""
+    paths = {tuple(p) for p in choices}
+
+    def accepted(row: list[int]) -> int:  # the deepest path of the tree that is a prefix of the row
+        depth = 0
+        while depth < len(row) and tuple(row[: depth + 1]) in paths:
+            depth += 1
+        return depth
+
+    return decode_accept_length([[accepted(row) for row in table.tolist()] for table in ranks])
+
+
+def medusa_candidates(
+    heads: torch.nn.Module,
+    target: FrozenTarget,
+    ranks: Sequence[torch.Tensor],
+    num_ranks: int,
+    sizes: Sequence[int],
+) -> list[Candidate]:
+    """One candidate per size N: `build_tree`'s N - 1 best paths, τ replayed on `ranks` (`medusa_ranks`)."""
+    acc = rank_accuracies(torch.cat(list(ranks)), num_ranks)
+    available = sum(num_ranks**d for d in range(1, heads.num_heads + 1))
+    sizes = [n for n in sizes if 1 <= n <= available + 1]
+    order = build_tree(acc, max(sizes, default=1) - 1)  # every prefix is build_tree's tree of its size
+    candidates = []
+    for n in sizes:
+        tree = StaticTree.from_choices(order[: n - 1], num_heads=heads.num_heads)
+        drafter, record = medusa_drafter(heads, target, tree, f"auto-medusa-{n - 1}")
+        independent = expected_accept_length(tree.choices, acc)  # build_tree's own estimate
+        tau = static_accept_length(tree.choices, ranks)
+        candidates.append(
+            Candidate(record, tau, drafter, extra={"independent_heads_accept_length": independent})
+        )
+    return candidates
+
+
+# -- EAGLE-2: node values and accepted paths of the largest tree, at every root ----------------------------
+
+
+@dataclass
+class DynamicStep:
+    """The tree of every candidate, verified at one root.
+
+    values: (N,) each node's cumulative draft log-probability (0 at the root).
+    depths: (N,) each node's depth; nodes are in creation order, as `dynamic_tree` lays them out.
+    path:   (n,) the accepted path's node ids, root first.
+    """
+
+    values: torch.Tensor
+    depths: torch.Tensor
+    path: torch.Tensor
+
+
+def node_values(tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """(N,) tokens and parents, (N, V) q at each node -> (N,) value[i] = value[parent] + log q[parent, token]."""
+    edges = draft_probs[parents.clamp(min=0), tokens].float().log().cpu()  # (N,); the root's is unused
+    values = torch.zeros(tokens.numel())
+    for i, parent in enumerate(parents.tolist()[1:], start=1):  # parents come first: one pass
+        values[i] = values[parent] + edges[i]
+    return values
+
+
+class _ValueRecorder:
+    """Proposes an EagleDrafter's trees and keeps the last one's node values and depths."""
+
+    def __init__(self, drafter: EagleDrafter):
+        self.drafter, self.capture_layers = drafter, drafter.capture_layers
+        self.last: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def propose(self, context: DraftContext) -> DraftTree:
+        at_t1 = replace(context, sampling=SamplingParams(1.0), generator=torch.Generator())
+        sampled = self.drafter.propose(at_t1)  # the same tree, with q at every expanded node
+        tree = DraftTree(tokens=sampled.tokens, parents=sampled.parents)  # verified greedily
+        values = node_values(sampled.tokens[0], sampled.parents[0], sampled.draft_probs[0])
+        self.last = (values, tree.depths[0].cpu())
+        return tree
+
+
+@torch.no_grad()
+def record_dynamic_steps(
+    target: FrozenTarget,
+    head: torch.nn.Module,
+    prompts: Sequence[torch.Tensor],
+    *,
+    top_k: int,
+    depth: int,
+    max_new_tokens: int,
+) -> tuple[list[list[DynamicStep]], list[tuple[torch.Tensor, int]]]:
+    """Greedy decoding of each prompt (1, T) one token a step, verifying the tree of every candidate of depth
+    `depth` at every root (module docstring).
+
+    Returns per prompt its steps (one per root, n - 1 for n new tokens), and each (prompt + continuation
+    (1, T + n), T) for the timings.
+    """
+    everything = top_k + (depth - 1) * top_k**2 + 1  # every candidate, and the root
+    recorder = _ValueRecorder(EagleDrafter(head, target, top_k=top_k, depth=depth, total_tokens=everything))
+    decoder, eos = SpeculativeDecoder(target, recorder), eos_ids(target)
+    steps, sequences = [], []
+    for prompt_ids in prompts:
+        ids, cache, taken = prompt_ids.to(target.device), new_cache(), []
+        context = decoder.first_context(ids, decoder.prefill(ids, cache))
+        while len(taken) + 1 < max_new_tokens and int(context.tokens[0, -1]) not in eos:
+            past, tree = cache.get_seq_length(), recorder.propose(context)
+            out = decoder.tree_forward(
+                tree, tree_inputs(tree, past, decoder.mask_dtype, decoder.window), cache
+            )
+            accepted = verify_greedy(tree, out.logits)[0]
+            taken.append(DynamicStep(*recorder.last, path=accepted.path.cpu()))
+            one = Acceptance(path=accepted.path[:1], tokens=accepted.tokens[:1])  # only the root's next token
+            compact_cache(cache, past, one.path)
+            context = decoder.next_context(context, one, out)
+        steps.append(taken)
+        sequences.append((context.tokens, ids.shape[1]))
+    return steps, sequences
+
+
+def kept_nodes(step: DynamicStep, depth: int, nodes: int) -> torch.Tensor:
+    """(N,) bool: the root and the nodes - 1 most valuable nodes at depths 1..`depth`, as `rerank` keeps them."""
+    eligible = ((step.depths >= 1) & (step.depths <= depth)).nonzero().squeeze(1)  # in creation order
+    best = eligible[torch.sort(-step.values[eligible], stable=True).indices[: nodes - 1]]
+    kept = torch.zeros(step.values.numel(), dtype=torch.bool)
+    kept[best] = True
+    kept[0] = True
+    return kept
+
+
+def dynamic_accept_length(steps: Sequence[Sequence[DynamicStep]], depth: int, nodes: int) -> float:
+    """τ of greedy decoding with the EAGLE-2 tree of `depth` levels and `nodes` nodes (root included),
+    replayed on each prompt's steps (`record_dynamic_steps`)."""
+
+    def accepted(step: DynamicStep) -> int:  # how far the accepted path stays in the kept tree
+        kept, path = kept_nodes(step, depth, nodes), step.path.tolist()
+        return next((i for i, node in enumerate(path) if not kept[node]), len(path)) - 1
+
+    return decode_accept_length([[accepted(step) for step in taken] for taken in steps])
+
+
+def dynamic_candidates(
+    head: torch.nn.Module,
+    target: FrozenTarget,
+    steps: Sequence[Sequence[DynamicStep]],
+    settings: CalibrationSettings,
+) -> list[Candidate]:
+    """One candidate per (depth 1..max_depth, size N that the depth can fill), τ replayed on `steps`."""
+    top_k, candidates = min(settings.top_k, head.draft_vocab_size), []
+    for depth in range(1, settings.max_depth + 1):
+        for n in [n for n in settings.sizes if 2 <= n <= top_k + (depth - 1) * top_k**2 + 1]:
+            name = f"auto-dynamic-{n}-d{depth}"
+            drafter, record = dynamic_drafter(
+                head, target, top_k=top_k, depth=depth, total_tokens=n, name=name
+            )
+            candidates.append(Candidate(record, dynamic_accept_length(steps, depth, n), drafter))
+    return candidates
+
+
+# -- timings ---------------------------------------------------------------------------------------------
+
+
+class Timer(Protocol):
+    def measure(self, nodes: Sequence[int], drafters: Sequence[Drafter]) -> tuple[list[float], list[float]]:
+        """Seconds of one target step over nodes[i] nodes and of one drafters[i].propose, for every i."""
+        ...
+
+
+class MeasuredTimer:
+    """Times target steps and drafter proposals on this machine, along one calibration sequence.
+
+    Both run on a cache of `start` positions (realistic: a prompt and half its continuation), interleaved
+    over `repeats` rounds after an untimed one; the fastest is kept.
+    """
+
+    def __init__(
+        self,
+        target: FrozenTarget,
+        capture_layers: tuple[int, ...],
+        sequence: torch.Tensor,
+        start: int,
+        repeats: int,
+    ):
+        """
+        Args:
+            capture_layers: the drafters' (features handed to them, and captured on every tree forward).
+            sequence: (1, L) a prompt and its greedy continuation, L >= start + repeats + 2.
+        """
+        if not 1 <= start <= sequence.shape[1] - repeats - 2:
+            raise ValueError(
+                f"timing needs a sequence of at least start + repeats + 2 = {start + repeats + 2} tokens with "
+                f"start >= 1, got {sequence.shape[1]} tokens and start {start}"
+            )
+        self.target, self.start, self.repeats = target, start, repeats
+        self.sequence = sequence.to(target.device)
+        self.decoder = SpeculativeDecoder(target, SimpleNamespace(capture_layers=tuple(capture_layers)))
+        with torch.no_grad():
+            out = target(self.sequence, capture=capture_layers, logits=False)
+        self.hidden = {layer: out.hidden[target.layer_id(layer)] for layer in capture_layers}  # (1, L, H)
+
+    @torch.no_grad()
+    def measure(self, nodes: Sequence[int], drafters: Sequence[Drafter]) -> tuple[list[float], list[float]]:
+        steps = self.target_steps(sorted(set(nodes)))
+        return [steps[n] for n in nodes], self.drafts(drafters)
+
+    def _seconds(self, run: Callable[[], Any]) -> float:
+        _sync(self.target.device)
+        begin = time.perf_counter()
+        run()
+        _sync(self.target.device)
+        return time.perf_counter() - begin
+
+    def target_steps(self, sizes: Sequence[int]) -> dict[int, float]:
+        """Per size N: tree inputs, forward, greedy verification and compaction over a binary tree of N nodes."""
+        cache, past = new_cache(), self.start
+        self.decoder.prefill(self.sequence[:, :past], cache)
+        trees = {}
+        for n in sizes:
+            index = torch.arange(n, device=self.sequence.device)
+            tokens = self.sequence[:, (past + index) % self.sequence.shape[1]]
+            trees[n] = DraftTree(tokens=tokens, parents=((index - 1) // 2)[None])  # node i under (i - 1) // 2
+
+        def step(tree: DraftTree) -> None:
+            inputs = tree_inputs(tree, past, self.decoder.mask_dtype, self.decoder.window)
+            out = self.decoder.tree_forward(tree, inputs, cache)
+            compact_cache(cache, past, verify_greedy(tree, out.logits)[0].path)
+
+        seconds: dict[int, list[float]] = {n: [] for n in sizes}
+        for _ in range(self.repeats + 1):
+            for n, tree in trees.items():
+                seconds[n].append(self._seconds(lambda tree=tree: step(tree)))
+                if cache.get_seq_length() > past:  # back to `past` for the next run
+                    cache.crop(-(cache.get_seq_length() - past))
+        return {n: min(s[1:]) for n, s in seconds.items()}
+
+    def drafts(self, drafters: Sequence[Drafter]) -> list[float]:
+        """Per drafter: `propose`, advancing one token a call from `start` cached positions (a call at step 0,
+        untimed, fills a stateful drafter's cache)."""
+
+        def context(i: int) -> DraftContext:  # i = 0: `start` positions new; then one more per call
+            cached = self.start + i
+            rows = slice(0, cached) if i == 0 else slice(cached - 1, cached)
+            features = {layer: h[:, rows] for layer, h in self.hidden.items()}
+            return DraftContext(self.sequence[:, : cached + 1], features, step=i)
+
+        for drafter in drafters:
+            drafter.propose(context(0))
+        seconds: list[list[float]] = [[] for _ in drafters]
+        for i in range(1, self.repeats + 2):
+            calls = context(i)
+            for drafter, kept in zip(drafters, seconds):
+                kept.append(self._seconds(lambda drafter=drafter, calls=calls: drafter.propose(calls)))
+        return [min(s[1:]) for s in seconds]
+
+
+def measured_timer(
+    target: FrozenTarget,
+    capture_layers: tuple[int, ...],
+    sequences: Sequence[tuple[torch.Tensor, int]],
+    repeats: int,
+) -> MeasuredTimer:
+    """A MeasuredTimer along the longest calibration sequence, its cache halfway through the continuation."""
+    sequence, prompt_len = max(sequences, key=lambda s: s[0].shape[1])
+    length = sequence.shape[1]
+    start = min(prompt_len + (length - prompt_len) // 2, length - repeats - 2)
+    return MeasuredTimer(target, capture_layers, sequence, start, repeats)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -- `--tree auto` -------------------------------------------------------------------------------------
+
+
+def max_tree_depth(heads: torch.nn.Module, config: dict[str, Any], settings: CalibrationSettings) -> int:
+    """The deepest tree the calibration may try or choose (for the prompt-length check)."""
+    return heads.num_heads if config.get("method") == "medusa" else settings.max_depth
+
+
+def calibrated_drafter(
+    heads: torch.nn.Module,
+    config: dict[str, Any],
+    target: FrozenTarget,
+    prompts: Sequence[Any],
+    settings: CalibrationSettings,
+    timer: Timer | None = None,
+) -> tuple[Drafter, dict[str, Any], dict[str, Any]]:
+    """`--tree auto`: measure candidate trees on the calibration prompts, keep the fastest.
+
+    Args:
+        prompts: the calibration prompts (`hold_out`), each with an `id` and `input_ids` (1, T).
+        timer: the timings; None measures them here (`MeasuredTimer`).
+
+    Returns:
+        The chosen tree's drafter, its record (as `drafter_for` returns), and results.json's "calibration":
+        the prompts, settings, acceptance, every candidate's row (nodes, depth, τ, step and draft seconds,
+        tokens/s) and the chosen tree.
+    """
+    begin = time.perf_counter()
+    method, ids = config.get("method"), [p.input_ids for p in prompts]
+    if method == "medusa":
+        num_ranks = min(settings.medusa_ranks, heads.config.vocab_size)
+        sequences = [(greedy_sequence(target, p, settings.max_new_tokens), p.shape[1]) for p in ids]
+        ranks = medusa_ranks(target, heads, sequences, num_ranks)
+        candidates = medusa_candidates(heads, target, ranks, num_ranks, settings.sizes)
+        acceptance = {
+            "roots": sum(len(r) for r in ranks),
+            "per_head_rank": rank_accuracies(torch.cat(ranks), num_ranks).tolist(),
+            "definition": "per_head_rank[k][r] = P(head k's rank-r guess is the target's greedy token | the "
+            f"true tokens of heads 0..k-1 are among their top {num_ranks})",
+        }
+        capture_layers = (-1,)
+    elif method in ("eagle", "eagle3"):
+        top_k, depth = min(settings.top_k, heads.draft_vocab_size), settings.max_depth
+        steps, sequences = record_dynamic_steps(
+            target, heads, ids, top_k=top_k, depth=depth, max_new_tokens=settings.max_new_tokens
+        )
+        candidates = dynamic_candidates(heads, target, steps, settings)
+        everything = top_k + (depth - 1) * top_k**2 + 1
+        acceptance = {
+            "roots": sum(len(s) for s in steps),
+            "full_tree_nodes": everything,
+            "full_tree_accept_length": dynamic_accept_length(steps, depth, everything),
+        }
+        capture_layers = tuple(heads.capture_layers)
+    else:
+        raise ValueError(
+            f"--tree auto has no calibration for heads of method {method!r}; it knows medusa, eagle"
+        )
+    timer = timer or measured_timer(target, capture_layers, sequences, settings.repeats)
+    best = choose(timed(candidates, timer))
+    record = {
+        "prompts": {
+            "which": f"the last {len(prompts)} of --prompts, held out of the evaluation",
+            "ids": [p.id for p in prompts],
+        },
+        "settings": {**asdict(settings), "sizes": list(settings.sizes)},
+        "timing": {
+            "what": "fastest seconds of one target step (tree inputs, forward, greedy verify, compact) and of "
+            "one draft, interleaved over the candidates, after an untimed round",
+            "cache_length": getattr(timer, "start", None),
+        },
+        "acceptance": acceptance,
+        "candidates": [c.row() for c in candidates],
+        "chosen": best.tree,
+        "seconds": time.perf_counter() - begin,
+    }
+    return best.drafter, best.tree, record
+
+
+def calibration_note(results: dict[str, Any]) -> str:
+    """report.md's line on a calibrated tree."""
+    calibration, tree = results["calibration"], results["tree"]
+    best = next(row for row in calibration["candidates"] if row["name"] == tree["name"])
+    return (
+        f"- tree `{tree['name']}` chosen by `--tree auto` out of {len(calibration['candidates'])} candidates, "
+        f"calibrated on {len(calibration['prompts']['ids'])} held-out prompts: expected τ "
+        f"{best['accept_length']:.2f}, step {best['step_seconds'] * 1e3:.2f} ms + draft "
+        f"{best['draft_seconds'] * 1e3:.2f} ms, {best['tokens_per_second']:.1f} tokens/s "
+        f"(results.json: calibration).\n"
+    )

@@ -1,0 +1,88 @@
+"""The drafter `specheads eval` uses for a checkpoint's heads and a named tree (`--tree`).
+
+`drafter_for` is the one place where a method plugs into `eval`; `--tree auto` picks a tree by measuring
+instead (calibrate.py) and builds its drafter with the same helpers, so results.json records every tree alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specheads.decode.drafters import Drafter, MedusaDrafter
+from specheads.decode.eagle_drafter import EagleDrafter
+from specheads.decode.trees import StaticTree, default_tree
+from specheads.heads.target import FrozenTarget
+
+
+def default_tree_name(num_heads: int) -> str:
+    """A default tree for `num_heads` Medusa heads (a heuristic; `--tree` overrides it).
+
+    Few heads cannot fill a deep tree, and Medusa's 63-node tree cut to two heads is 38 nodes of mostly
+    width, paid for in every tree forward; so the tree grows with the heads.
+    """
+    if num_heads <= 2:
+        return "medusa-15"
+    return "medusa-31" if num_heads == 3 else "medusa-63"
+
+
+# EAGLE-2 dynamic trees: children per expanded node, levels below the root, nodes verified per step
+# (root included). Smaller than the paper's (10, 6, 60), which is sized for a GPU's wide forward.
+EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_TOTAL_TOKENS = 8, 5, 32
+
+
+def static_record(name: str, tree: StaticTree) -> dict[str, Any]:
+    """results.json's record of a static tree."""
+    return {"name": name, "nodes": tree.num_nodes, "depth": tree.max_depth, "choices": tree.choices}
+
+
+def medusa_drafter(
+    heads: torch.nn.Module, target: FrozenTarget, tree: StaticTree, name: str
+) -> tuple[MedusaDrafter, dict[str, Any]]:
+    """Medusa heads over a static tree, and results.json's record of the tree."""
+    lm_head = target.lm_head if heads.config.share_lm_head else None
+    return MedusaDrafter(heads, tree, lm_head=lm_head), static_record(name, tree)
+
+
+def dynamic_drafter(
+    head: torch.nn.Module, target: FrozenTarget, *, top_k: int, depth: int, total_tokens: int, name: str
+) -> tuple[EagleDrafter, dict[str, Any]]:
+    """An EAGLE head growing EAGLE-2 dynamic trees, and results.json's record of them."""
+    drafter = EagleDrafter(head, target, top_k=top_k, depth=depth, total_tokens=total_tokens)
+    return drafter, {"name": name, "nodes": total_tokens, "depth": depth, "top_k": top_k}
+
+
+def drafter_for(
+    heads: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | None
+) -> tuple[Drafter, dict[str, Any]]:
+    """The drafter for a checkpoint's heads and a named tree: the one place where a method plugs into `eval`.
+
+    Args:
+        heads: the loaded heads (`load_heads`).
+        config: the checkpoint's config.json; its "method" picks the drafter.
+        target: the frozen target the heads read.
+        tree: the `--tree` name, or None for the method's default.
+
+    Returns:
+        The drafter, and what results.json records of its trees: at least "name", "nodes" and
+        "depth" (the deepest a draft reaches: accept_rate_per_depth has that many entries).
+
+    Raises:
+        ValueError: for a method that has no drafter yet, or a tree it cannot use.
+    """
+    method = config.get("method")
+    if method == "medusa":
+        name = tree or default_tree_name(heads.num_heads)
+        return medusa_drafter(heads, target, default_tree(name, num_heads=heads.num_heads), name)
+    if method in ("eagle", "eagle3"):
+        if tree is not None and not tree.startswith("dynamic"):
+            static = default_tree(tree)  # an EAGLE-1 static tree: ranks of the head's own top-k per depth
+            return EagleDrafter(heads, target, static), static_record(tree, static)
+        total = int(tree.split("-", 1)[1]) if tree and "-" in tree else EAGLE_TOTAL_TOKENS
+        return dynamic_drafter(
+            heads, target, top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, total_tokens=total, name=f"dynamic-{total}"
+        )
+    raise ValueError(
+        f"`specheads eval` has no drafter for heads of method {method!r}; it knows: medusa, eagle, eagle3"
+    )
