@@ -16,7 +16,9 @@ from typing import Any
 
 import yaml
 
-METHODS = ("medusa", "eagle", "eagle3")
+from specheads.train.medusa2 import LAMBDA0_SCHEDULES, LORA_TARGET_MODULES
+
+METHODS = ("medusa", "medusa2", "eagle", "eagle3")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 MODES = ("online", "offline")
 REPORT_TO = ("wandb", "none")
@@ -50,6 +52,17 @@ class TrainConfig:
     share_lm_head: bool = False
     decay: float = 0.8  # loss weight of Medusa head k, and of EAGLE-3 step k, is decay**k
     labels: str = "data"  # "data": the text's tokens; "target": the target's distribution (self-distillation)
+    # Medusa-2 (train/medusa2.py): LoRA adapters on the target, trained with the heads
+    lora_r: int = 32
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: list(LORA_TARGET_MODULES)
+    )  # the last component of the adapted linear layers' names
+    lr_adapter: float = 1e-4  # the adapters' learning rate (the heads take `lr`)
+    lambda0: float = 0.2  # the heads' loss weight at the end of its warm-up (L = KL + λ0 · L_heads)
+    lambda0_schedule: str = "sine"  # "sine", "linear" or "constant"
+    lambda0_warmup: float = 1.0  # fraction of max_steps the λ0 warm-up lasts
     # EAGLE-1/2 (labels are always the target's features and distributions)
     w_feat: float = 1.0  # weight of the feature loss, SmoothL1(f̂_{t+1}, f_{t+1})
     w_tok: float = 0.1  # weight of the token loss, soft cross-entropy against the target
@@ -100,6 +113,18 @@ class TrainConfig:
                 self.mode != "offline" or bool(self.cache_dir),
                 "mode 'offline' reads the hidden-state cache: set cache_dir (written by `specheads cache`)",
             ),
+            (
+                self.method != "medusa2" or self.mode == "online",
+                "method 'medusa2' trains LoRA adapters that change the target's hidden states, so it "
+                "cannot read them from a cache: use mode 'online'",
+            ),
+            (
+                self.lambda0_schedule in LAMBDA0_SCHEDULES,
+                f"lambda0_schedule must be one of {LAMBDA0_SCHEDULES}, got {self.lambda0_schedule!r}",
+            ),
+            (0 < self.lambda0_warmup <= 1, f"lambda0_warmup must be in (0, 1], got {self.lambda0_warmup}"),
+            (0 <= self.lora_dropout < 1, f"lora_dropout must be in [0, 1), got {self.lora_dropout}"),
+            (bool(self.lora_target_modules), "lora_target_modules must name at least one linear layer"),
             (self.report_to in REPORT_TO, f"report_to must be one of {REPORT_TO}, got {self.report_to!r}"),
             (self.save_every >= 0, f"save_every must be >= 0, got {self.save_every}"),
             (self.keep_checkpoints >= 0, f"keep_checkpoints must be >= 0, got {self.keep_checkpoints}"),
@@ -121,6 +146,7 @@ class TrainConfig:
             "topk",
             "draft_vocab_size",
             "ttt_steps",
+            "lora_r",
         ):
             checks.append((getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}"))
         for ok, message in checks:

@@ -418,7 +418,8 @@ class CachedRows(Dataset):
             (TokenMismatchError names the shard and row).
         target: a TargetRecord to check the cache's against (TargetMismatchError).
         layers: the layers to read (default: all cached); each must be cached.
-        verify: checksum every shard now (CacheCorruptError names the shard).
+        verify: check now that `expected` is the data the cache was built from (all its tokens at
+            once, TokenMismatchError), and checksum every shard (CacheCorruptError names the shard).
     """
 
     def __init__(
@@ -456,6 +457,11 @@ class CachedRows(Dataset):
         self.shards = index["shards"]
         self.starts = [s["rows"][0] for s in self.shards]
         if verify:
+            if expected is not None and scan_rows(expected)[1] != index["tokens_sha256"]:
+                raise TokenMismatchError(
+                    f"{self.dir} was built from other rows than the dataset's (their tokens' sha256 "
+                    "differs): other data, max_length, loss_on or tokenizer; rebuild it with `specheads cache`"
+                )
             for shard in self.shards:
                 self.verify_shard(shard)
         self._open: dict[int, tuple[Any, dict[str, Any]]] = {}

@@ -10,8 +10,14 @@ steps, the warmup + cosine schedule advances. Each process takes its slice of ev
 (train/sampler.py); the target is a full copy on each process, or sharded by DeepSpeed ZeRO-3
 (train/distributed.py, recipes/accelerate/).
 
+`mode: offline` reads the target's hidden states from `cache_dir` (written by `specheads cache`,
+train/hidden_cache.py) in place of its forward, and loads only its embedding, final norm and lm_head
+(train/offline_target.py). `method: medusa2` trains LoRA adapters on the target with the heads
+(train/medusa2.py): the adapted target runs inside `Medusa2WithLoss`, the heads' weight λ0 follows its
+warm-up, and the adapter is written beside the heads (`adapter/`, also in every step checkpoint).
+
 Writes to `output_dir`: the final heads (config.json + model.safetensors, so the folder itself is a
-head checkpoint), `checkpoints/step-N/` every `save_every` steps and on SIGTERM (whole, and resumed
+head checkpoint; Medusa-2: and adapter/), `checkpoints/step-N/` every `save_every` steps and on SIGTERM (whole, and resumed
 exactly with `resume=auto`: train/checkpointing.py), `metrics.jsonl` (one JSON object a log or eval),
 `provenance.jsonl` (one line a launch), `train_summary.json`, and a wandb run (train/tracking.py).
 """
@@ -22,6 +28,7 @@ import argparse
 import itertools
 import json
 import math
+import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -69,8 +76,20 @@ from specheads.train.distributed import (
     target_parameter_counts,
 )
 from specheads.train.eagle_losses import DraftMetrics, count_label_tokens
+from specheads.train.hidden_cache import CachedRows, cache_layers, collate_cached
 from specheads.train.losses import HeadMetrics
+from specheads.train.medusa2 import (
+    ADAPTER_DIR,
+    Medusa2WithLoss,
+    gathered_adapter,
+    lambda0,
+    param_groups,
+    register_adapter_state_hooks,
+    save_adapter,
+    wrap_target_with_lora,
+)
 from specheads.train.objective import HeadsWithLoss
+from specheads.train.offline_target import OfflineTarget, target_output
 from specheads.train.provenance import provenance, write_provenance
 from specheads.train.sampler import EpochBatches
 from specheads.train.sources import rows_for
@@ -89,11 +108,15 @@ def resolve_target(name: str) -> str:
     return name
 
 
-def load_target(cfg: TrainConfig, path: str, device: torch.device) -> FrozenTarget:
-    """The frozen target; every process loads it at once (under ZeRO-3 loading is a collective)."""
-    target = FrozenTarget.from_pretrained(
-        path, dtype=cfg.target_dtype, attn_implementation=cfg.attn_implementation
-    )
+def load_target(cfg: TrainConfig, path: str, device: torch.device) -> FrozenTarget | OfflineTarget:
+    """The frozen target; every process loads it at once (under ZeRO-3 loading is a collective).
+    Offline, only its embedding, final norm and lm_head: the cache holds its hidden states."""
+    if cfg.mode == "offline":
+        target = OfflineTarget.from_pretrained(path, dtype=cfg.target_dtype, device=device)
+    else:
+        target = FrozenTarget.from_pretrained(
+            path, dtype=cfg.target_dtype, attn_implementation=cfg.attn_implementation
+        )
     if not is_partitioned(target.model):  # a ZeRO-3 target is placed by its engine (shard_target)
         target.model.to(device)
     if target.tokenizer is None:
@@ -102,7 +125,10 @@ def load_target(cfg: TrainConfig, path: str, device: torch.device) -> FrozenTarg
 
 
 def build_heads(cfg: TrainConfig, target: FrozenTarget, train_rows=None) -> tuple[nn.Module, dict]:
-    """The heads `cfg.method` names, on the target's device, and notes for the training record."""
+    """The heads `cfg.method` names (Medusa-2: Medusa heads), on the target's device, and notes for the
+    training record."""
+    if isinstance(train_rows, CachedRows):  # the heads read tokens only (EAGLE-3's draft vocabulary)
+        train_rows = train_rows.expected
     if cfg.method == "eagle":
         head = EagleHead(EagleConfig(layer_config_from(target.config), fc_bias=cfg.fc_bias))
         return head.to(target.device), {}
@@ -145,21 +171,33 @@ def lr_lambda(step: int, cfg: TrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def make_data(cfg: TrainConfig, tokenizer) -> tuple:
-    """(tokenised training rows, the collate function, the held-out DataLoader or None)."""
+def make_data(cfg: TrainConfig, tokenizer, target: TargetRecord | None = None, verify: bool = True) -> tuple:
+    """(training rows, the collate function, the held-out DataLoader or None).
+
+    Online, the rows are the tokenised data. Offline, they are the cache's rows (`cache_dir/train`,
+    `cache_dir/eval`), each checked against the tokenised row it stands for, and the cache against
+    `target` and the layers the method reads; `verify` also checksums every shard first.
+    """
     train_rows, eval_rows = rows_for(cfg)
     tokenize = partial(
         data_lib.tokenize_rows, tokenizer=tokenizer, max_length=cfg.max_length, loss_on=cfg.loss_on
     )
-    collate = partial(
-        data_lib.collate, pad_token_id=tokenizer.pad_token_id, packing=cfg.packing, max_length=cfg.max_length
-    )
+    layout = dict(pad_token_id=tokenizer.pad_token_id, packing=cfg.packing, max_length=cfg.max_length)
+    collate = partial(data_lib.collate, **layout)
     train_ds = tokenize(train_rows)
     if len(train_ds) == 0:
         raise ValueError(f"training data {cfg.data} gave no rows")
+    eval_ds = tokenize(eval_rows) if eval_rows is not None else None
+    if cfg.mode == "offline":
+        collate = partial(collate_cached, **layout)
+        layers = cache_layers(cfg.method, target.num_layers, cfg.eagle3_layers)  # what the heads read
+        cached = partial(CachedRows, target=target, layers=layers, verify=verify)
+        train_ds = cached(Path(cfg.cache_dir) / "train", expected=train_ds)
+        if eval_ds is not None:
+            eval_ds = cached(Path(cfg.cache_dir) / "eval", expected=eval_ds)
     evaluate = None
-    if eval_rows is not None:
-        evaluate = DataLoader(tokenize(eval_rows), batch_size=cfg.batch_size, collate_fn=collate)
+    if eval_ds is not None:
+        evaluate = DataLoader(eval_ds, batch_size=cfg.batch_size, collate_fn=collate)
     return train_ds, collate, evaluate
 
 
@@ -188,31 +226,38 @@ def train_batches(cfg: TrainConfig, dataset, collate, accelerator, start: int) -
 # -- one step -------------------------------------------------------------------------------------
 
 
-def heads_loss(model, target, batch: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
+def heads_loss(model, target, batch: dict, weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, float]:
     """The frozen target's forward over `batch`, then the heads' loss through `model`.
 
-    This is the loop's one call into the target (an offline target reading cached states stands in
-    here). `model` is the prepared HeadsWithLoss: calling it, not its insides, is what lets DDP and
-    DeepSpeed do their part. Returns (loss, metric sums, target seconds).
+    This is the loop's one call into the target: online it runs, offline (OfflineTarget) it reads the
+    cached states the batch carries. `model` is the prepared HeadsWithLoss: calling it, not its insides,
+    is what lets DDP and DeepSpeed do their part. Medusa-2's Medusa2WithLoss runs the adapted target
+    itself, with `weight` the heads' λ0. Returns (loss, metric sums, target seconds).
     """
     objective = getattr(model, "module", model)  # the HeadsWithLoss inside a DDP / DeepSpeed wrapper
+    if isinstance(objective, Medusa2WithLoss):
+        loss, metrics = model(batch, weight)
+        return loss, metrics, 0.0
     started = time.perf_counter()
-    out = target(
-        batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-        capture=objective.capture_layers,
-        logits=objective.needs_logits,
-    )
+    out = target_output(target, batch, capture=objective.capture_layers, logits=objective.needs_logits)
     target_seconds = time.perf_counter() - started
     loss, metrics = model(batch, out, target)
     return loss, metrics, target_seconds
 
 
+def heads_weight(cfg: TrainConfig, step: int) -> float:
+    """Medusa-2's λ0 at optimizer step `step` (1-based); 0 for the other methods (unused)."""
+    if cfg.method != "medusa2":
+        return 0.0
+    return lambda0(
+        step - 1, cfg.max_steps, peak=cfg.lambda0, schedule=cfg.lambda0_schedule, warmup=cfg.lambda0_warmup
+    )
+
+
 def metric_sums(cfg: TrainConfig) -> torch.Tensor:
     """Zeroed sums of the method's metrics: (rows, heads or draft steps)."""
-    if cfg.method == "medusa":
-        return torch.zeros(4, cfg.num_heads, dtype=torch.float64)
+    if cfg.method in ("medusa", "medusa2"):  # Medusa-2: one more column, the target's KL
+        return torch.zeros(4, cfg.num_heads + (cfg.method == "medusa2"), dtype=torch.float64)
     steps = cfg.ttt_steps if cfg.method == "eagle3" else 1
     return torch.zeros(DraftMetrics.ROWS, steps, dtype=torch.float64)
 
@@ -221,19 +266,24 @@ def summarise(cfg: TrainConfig, sums: torch.Tensor) -> dict[str, float]:
     """Summed metrics -> means, tau_sim and the loss as training weighs it."""
     if cfg.method == "medusa":
         return HeadMetrics.summarise(sums, cfg.decay, cfg.topk)
+    if cfg.method == "medusa2":
+        return Medusa2WithLoss.summarise(sums, cfg.decay, cfg.topk)
     if cfg.method == "eagle":
         return DraftMetrics.summarise(sums, [cfg.w_tok], cfg.topk, w_feat=cfg.w_feat)
     return DraftMetrics.summarise(sums, [cfg.decay**i for i in range(cfg.ttt_steps)], cfg.topk)
 
 
-def train_step(cfg: TrainConfig, accelerator, run: Run, batches, window: torch.Tensor, timing: dict) -> float:
-    """One optimizer step over `grad_accum` micro-batches; adds their metrics to `window`. Returns the
+def train_step(
+    cfg: TrainConfig, accelerator, run: Run, batches, window: torch.Tensor, timing: dict, step: int
+) -> float:
+    """Optimizer step `step` over `grad_accum` micro-batches; adds their metrics to `window`. Returns the
     gradient norm before clipping."""
+    weight = heads_weight(cfg, step)
     for _ in range(cfg.grad_accum):
         batch = next(batches)
         with accelerator.accumulate(run.model):  # gradients sync on the last micro-batch only
             with accelerator.autocast():
-                loss, metrics, target_seconds = heads_loss(run.model, run.target, batch)
+                loss, metrics, target_seconds = heads_loss(run.model, run.target, batch, weight)
             accelerator.backward(loss)  # divided by grad_accum
         window += metrics
         timing["target"] += target_seconds
@@ -260,7 +310,7 @@ def evaluate(cfg: TrainConfig, accelerator, model, target, loader: DataLoader) -
     sums = metric_sums(cfg)
     for i in range(accelerator.process_index, math.ceil(n / procs) * procs, procs):
         batch = {k: v.to(accelerator.device) for k, v in batches[min(i, n - 1)].items()}
-        _, metrics, _ = heads_loss(model, target, batch)
+        _, metrics, _ = heads_loss(model, target, batch, cfg.lambda0)  # metrics do not depend on λ0
         if i < n:
             sums += metrics
     model.train()
@@ -275,10 +325,13 @@ def train_record(
     summary = summarise(cfg, accelerator.reduce(window.to(accelerator.device), "sum").cpu())
     window.zero_()
     seconds, labels = timing["step"] - since[0], timing["labels"] - since[1]
+    lrs = run.scheduler.get_last_lr()  # Medusa-2: (heads, adapters)
+    extra = {"lr_adapter": lrs[-1], "lambda0": heads_weight(cfg, step)} if cfg.method == "medusa2" else {}
     return {
         "step": step,
         "split": "train",
-        "lr": run.scheduler.get_last_lr()[0],
+        "lr": lrs[0],
+        **extra,
         "grad_norm": grad_norm,
         **summary,
         "labels_per_second": accelerator.num_processes * labels / max(seconds, 1e-9),  # all processes
@@ -298,9 +351,9 @@ def stop_requested(accelerator, stop: StopOnSignal) -> bool:
 class Run:
     """What a training run holds from set-up to the end."""
 
-    target: FrozenTarget
+    target: FrozenTarget | OfflineTarget  # Medusa-2: the target with its LoRA adapters
     record: TargetRecord
-    model: nn.Module  # HeadsWithLoss, as accelerate prepared it
+    model: nn.Module  # HeadsWithLoss (Medusa-2: Medusa2WithLoss), as accelerate prepared it
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     train_rows: object  # tokenised rows
@@ -310,15 +363,25 @@ class Run:
     target_engine: object = None  # the ZeRO-3 engine that holds the sharded target
 
 
-def set_up(cfg: TrainConfig, accelerator) -> Run:
-    with accelerator.main_process_first():  # builds the embedded target once
-        path = resolve_target(cfg.target)
-    target = load_target(cfg, path, accelerator.device)
-    with accelerator.main_process_first():  # tokenises once, into the datasets cache
-        train_rows, collate, eval_loader = make_data(cfg, target.tokenizer)
-    with gathered_lm_head(target):
-        record = target.record()
-        heads, notes = build_heads(cfg, target, train_rows)
+def build_objective(
+    cfg: TrainConfig, target, heads: nn.Module
+) -> tuple[nn.Module, torch.optim.Optimizer, object]:
+    """(the module data-parallel wrappers train, its AdamW, the target from here on).
+
+    HeadsWithLoss holds the heads only; the frozen target stays outside it. Medusa-2 puts LoRA adapters
+    on the target and trains them with the heads inside Medusa2WithLoss, at their own learning rate.
+    """
+    if cfg.method == "medusa2":
+        target = wrap_target_with_lora(
+            target,
+            r=cfg.lora_r,
+            alpha=cfg.lora_alpha,
+            dropout=cfg.lora_dropout,
+            target_modules=cfg.lora_target_modules,
+        )
+        model = Medusa2WithLoss(heads, target, decay=cfg.decay, topk=cfg.topk, labels=cfg.labels)
+        groups = param_groups(heads, target, cfg.lr, cfg.lr_adapter, cfg.weight_decay)
+        return model, torch.optim.AdamW(groups), target
     model = HeadsWithLoss(
         heads,
         labels=cfg.labels,
@@ -329,12 +392,33 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
         noise=cfg.noise,
         ttt_steps=cfg.ttt_steps,
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return model, torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay), target
+
+
+def set_up(cfg: TrainConfig, accelerator) -> Run:
+    with accelerator.main_process_first():  # builds the embedded target once
+        path = resolve_target(cfg.target)
+    target = load_target(cfg, path, accelerator.device)
+    record = target.record()
+    with accelerator.main_process_first():  # tokenises once, into the datasets cache
+        train_rows, collate, eval_loader = make_data(
+            cfg,
+            target.tokenizer,
+            record,
+            verify=accelerator.is_local_main_process,  # checksums once
+        )
+    with gathered_lm_head(target):
+        heads, notes = build_heads(cfg, target, train_rows)
+    model, optimizer, target = build_objective(cfg, target, heads)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, cfg=cfg))
     fill_deepspeed_config(accelerator, cfg)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    engine = shard_target(accelerator, target)
+    # Offline there are no decoder layers to shard; Medusa-2's target is inside the prepared model.
+    engine = shard_target(accelerator, target) if cfg.mode == "online" and cfg.method != "medusa2" else None
     register_state_hooks(accelerator)
+    if cfg.method == "medusa2":
+        register_adapter_state_hooks(accelerator, model, target)
+        notes["adapter"] = ADAPTER_DIR  # a peft adapter beside the heads: the target they were trained on
     training = {**cfg.to_dict(), "target_resolved": target.name_or_path, **notes}
     return Run(
         target, record, model, optimizer, scheduler, train_rows, collate, eval_loader, training, engine
@@ -380,7 +464,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     with StopOnSignal() as stop:
         for step in bar:
             started = time.perf_counter()
-            grad_norm = train_step(cfg, accelerator, run, batches, window, timing)
+            grad_norm = train_step(cfg, accelerator, run, batches, window, timing, step)
             timing["step"] += time.perf_counter() - started
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 record = train_record(cfg, accelerator, run, step, window, grad_norm, timing, since)
@@ -419,12 +503,16 @@ def finish(
     """Write the final heads (a whole run) and train_summary.json; returns the summary."""
     accelerator.wait_for_everyone()
     out_dir, completed, steps_run = Path(cfg.output_dir), step >= cfg.max_steps, max(steps_run, 1)
-    if run.target_engine is not None:
-        # ZeRO-3 keeps a gathered weight that the step uses again (the lm_head the loss borrows) until
-        # the step's backward; after the last eval, let go of it so the count below is the resting one.
-        run.target_engine.empty_partition_cache()
+    # ZeRO-3 keeps a gathered weight that the step uses again (the lm_head the loss borrows) until the
+    # step's backward; after the last eval, let go of it so the count below is the resting one. (Medusa-2's
+    # target is inside the heads' engine.)
+    for engine in (run.target_engine, run.model):
+        if hasattr(engine, "empty_partition_cache"):
+            engine.empty_partition_cache()
     total, resident = target_parameter_counts(run.target)
     resident_all = accelerator.gather(torch.tensor([resident], device=accelerator.device)).tolist()
+    memory = memory_per_process(accelerator)
+    inside = cfg.method == "medusa2"  # its target runs inside the objective's forward: not timed apart
     summary = {
         "steps": cfg.max_steps,
         "completed": completed,  # False: stopped by SIGTERM after `last_step`; resume=auto continues
@@ -432,21 +520,41 @@ def finish(
         "resumed_from": resume_from and str(resume_from),
         "wall_seconds": round(time.perf_counter() - timing["started"], 2),
         "step_seconds": timing["step"] / steps_run,
-        "target_forward_seconds": timing["target"] / steps_run,
-        "step_to_target_forward_ratio": timing["step"] / max(timing["target"], 1e-9),
+        "target_forward_seconds": None if inside else timing["target"] / steps_run,
+        "step_to_target_forward_ratio": None if inside else timing["step"] / max(timing["target"], 1e-9),
         "labels_per_second": accelerator.num_processes * timing["labels"] / max(timing["step"], 1e-9),
         "processes": accelerator.num_processes,
         "target_parameters": total,
         "target_resident_parameters": resident_all,  # per process: about total / N under ZeRO-3
+        **memory,  # per process
         "eval": last_eval,
     }
     heads = heads_for_saving(accelerator, run.model) if completed else None
+    if completed and cfg.method == "medusa2":  # before the heads: their config.json is written last
+        with gathered_adapter(run.target):
+            if accelerator.is_main_process:
+                save_adapter(run.target, out_dir)
     if accelerator.is_main_process:
         if completed:
             save_heads(heads, out_dir, run.record, {**run.training, "step": cfg.max_steps, "eval": last_eval})
         (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
     accelerator.end_training()
     return summary
+
+
+def memory_per_process(accelerator) -> dict[str, list]:
+    """Each process's peak resident memory (loading included), its resident memory now, and its
+    accelerator's peak allocation (-1 without one), in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    try:
+        now = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
+    except OSError:  # not Linux
+        now = -1
+    device = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else -1
+    mine = torch.tensor([peak, now, device], dtype=torch.int64, device=accelerator.device)
+    every = accelerator.gather(mine[None]).cpu()  # (processes, 3)
+    names = ("peak_rss_bytes", "rss_bytes_at_end", "peak_accelerator_bytes")
+    return {name: every[:, i].tolist() for i, name in enumerate(names)}
 
 
 def _log(accelerator, path: Path, record: dict) -> None:
@@ -485,7 +593,7 @@ def run(args: argparse.Namespace) -> int:
     ev = summary["eval"]
     if ev:
         accs = " ".join(f"{value:.3f}" for key, value in ev.items() if key.endswith("/top1"))
-        per = "head" if cfg.method == "medusa" else "draft step"
+        per = "head" if cfg.method in ("medusa", "medusa2") else "draft step"
         print(f"held-out top-1 per {per}: {accs}   tau_sim {ev['tau_sim']:.2f}")
     print(f"heads written to {cfg.output_dir} ({summary['wall_seconds']} s)")
     return 0

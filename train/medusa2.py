@@ -36,6 +36,8 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -177,7 +179,7 @@ def medusa2_loss(
         labels: "target" (heads learn the original target's distribution) or "data" (the tokens).
 
     Returns:
-        (loss, the heads' metrics, {"target_kl", "heads_loss", "lambda0"} as floats).
+        (loss, the heads' metrics, {"target_kl", "target_kl_positions", "heads_loss", "lambda0"} as floats).
     """
     teacher = teacher_logits(target, batch)  # (B, T, V), no grad
     out = target(
@@ -186,7 +188,7 @@ def medusa2_loss(
         position_ids=batch["position_ids"],
         capture=(target.num_layers,),
         logits=True,
-        grad=True,
+        grad=torch.is_grad_enabled(),  # gradients to the adapters, except under no_grad (evaluation)
     )
     b, t = shift_loss_mask(batch["loss_mask"], batch["position_ids"], 1).nonzero(as_tuple=True)
     kl = F.kl_div(
@@ -213,7 +215,12 @@ def medusa2_loss(
     hidden = out.hidden[target.num_layers]
     for k in range(max(0, hidden.shape[1] - 2), heads.num_heads):
         loss = loss + heads.head(k, hidden[:0, 0], target.lm_head).sum()
-    parts = {"target_kl": target_loss.item(), "heads_loss": heads_loss.item(), "lambda0": lambda0}
+    parts = {
+        "target_kl": target_loss.item(),
+        "target_kl_positions": float(len(b)),
+        "heads_loss": heads_loss.item(),
+        "lambda0": lambda0,
+    }
     return loss, metrics, parts
 
 
@@ -223,9 +230,13 @@ class Medusa2WithLoss(nn.Module):
     Medusa-2 trains weights inside the target, so, unlike Medusa-1's HeadsWithLoss, the target's
     forward runs inside this module's forward, and the peft model is a submodule: its adapters reach
     the gradient all-reduce. Its base weights stay frozen (requires_grad False), so data-parallel
-    wrappers and `param_groups` leave them alone.
+    wrappers and `param_groups` leave them alone, and its state dict holds only what trains (heads and
+    adapters): a checkpoint (accelerate / DeepSpeed save_state) never copies the frozen base, and
+    loading one does not ask for it.
 
-    forward(batch, lambda0) -> (loss (), metrics (4, K) float64 sums, as HeadMetrics.as_tensor()).
+    forward(batch, lambda0) -> (loss (), metrics (4, K + 1) float64 sums): columns 0..K-1 are the
+    heads' (HeadMetrics.as_tensor()); column K holds the target's KL as (sum, 0, 0, positions), so
+    batches and processes add up before `summarise` divides.
     """
 
     def __init__(self, heads: nn.Module, target: FrozenTarget, *, decay=0.8, topk=5, labels="target"):
@@ -234,9 +245,11 @@ class Medusa2WithLoss(nn.Module):
         self.target_model = _peft_model(target)  # registered: its adapters are this module's parameters
         self.target = target
         self.decay, self.topk, self.labels = decay, topk, labels
+        self.register_state_dict_post_hook(_drop_frozen_base)
+        self.register_load_state_dict_post_hook(_forgive_frozen_base)
 
     def forward(self, batch: dict, lambda0: float) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, metrics, _ = medusa2_loss(
+        loss, metrics, parts = medusa2_loss(
             self.heads,
             self.target,
             batch,
@@ -245,7 +258,32 @@ class Medusa2WithLoss(nn.Module):
             topk=self.topk,
             labels=self.labels,
         )
-        return loss, metrics.as_tensor()
+        n = parts["target_kl_positions"]
+        kl = torch.tensor([[parts["target_kl"] * n], [0.0], [0.0], [n]], dtype=torch.float64)
+        return loss, torch.cat([metrics.as_tensor(), kl], dim=1)
+
+    @staticmethod
+    def summarise(sums: torch.Tensor, decay: float, topk: int) -> dict[str, float]:
+        """(4, K + 1) summed metrics -> the heads' (HeadMetrics.summarise) plus the mean target KL."""
+        out = HeadMetrics.summarise(sums[:, :-1], decay, topk)
+        out["target_kl"] = float(sums[0, -1] / sums[3, -1].clamp_min(1))
+        return out
+
+
+def _is_frozen_base(key: str) -> bool:
+    """A state-dict key of the target's own (frozen) weights, not of an adapter or a head."""
+    return key.startswith("target_model.") and ".lora_" not in key
+
+
+def _drop_frozen_base(module, state_dict, prefix, local_metadata) -> None:
+    for key in [k for k in state_dict if k.startswith(prefix) and _is_frozen_base(k[len(prefix) :])]:
+        del state_dict[key]
+
+
+def _forgive_frozen_base(module, incompatible_keys) -> None:
+    """load_state_dict post-hook: the frozen base is never saved, so its absence is expected."""
+    missing = incompatible_keys.missing_keys  # full keys (under a wrapper: "module.target_model....")
+    missing[:] = [k for k in missing if not ("target_model." in k and ".lora_" not in k)]
 
 
 def save_adapter(target, heads_dir: str | Path) -> Path:
@@ -273,3 +311,77 @@ def load_adapter(target: FrozenTarget, adapter_dir: str | Path, *, merge: bool =
     if merge:
         model = model.merge_and_unload()
     return FrozenTarget(model, target.tokenizer, name_or_path=target.name_or_path)
+
+
+def load_adapter_weights(target, adapter_dir: str | Path) -> None:
+    """Copy a saved adapter's weights (save_adapter) into the wrapped target's adapters, in place."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = Path(adapter_dir) / "adapter_model.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{adapter_dir} holds no adapter (no {path.name}); was it written by save_adapter?"
+        )
+    result = set_peft_model_state_dict(_peft_model(target), load_file(str(path)))
+    missing = [k for k in result.missing_keys if ".lora_" in k]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"{adapter_dir} does not fit the target's adapters (missing {missing[:3]}, "
+            f"unexpected {result.unexpected_keys[:3]}): other lora_r or lora_target_modules?"
+        )
+
+
+def gathered_adapter(target):
+    """A context in which the adapter weights are whole, also under ZeRO-3 (every process enters it)."""
+    params = [p for _, p in adapter_parameters(target)]
+    if not any(hasattr(p, "ds_id") for p in params):
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+
+def register_adapter_state_hooks(accelerator, model, target) -> None:
+    """Step checkpoints carry the adapter as a peft adapter, `step-N/adapter/`, beside the heads, and
+    none of the frozen base.
+
+    accelerate's save_state hands its pre-hooks `step-N(tmp)/accelerate`, so the adapter lands inside
+    the checkpoint before it is renamed into place (whole or not at all). On resume, DeepSpeed's engine
+    restores heads and adapters from its own files; without it, the loop's hooks keep accelerate from
+    loading model weights (train/checkpointing.py), and the adapter is read back here. `model` is the
+    prepared Medusa2WithLoss: its state dict already leaves the base out, and a DeepSpeed engine is told
+    to leave out its own copy of the frozen weights too.
+    """
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        model.save_checkpoint = partial(model.save_checkpoint, exclude_frozen_parameters=True)
+        if getattr(model, "zero_optimization_partition_weights", lambda: False)():
+            _gather_heads_only(model)
+
+    def save(models, weights, output_dir) -> None:
+        with gathered_adapter(target):
+            if accelerator.is_main_process:
+                save_adapter(target, Path(output_dir).parent)
+
+    def load(models, input_dir) -> None:
+        if accelerator.distributed_type not in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+            load_adapter_weights(target, Path(input_dir).parent / ADAPTER_DIR)
+
+    accelerator.register_save_state_pre_hook(save)
+    accelerator.register_load_state_pre_hook(load)
+
+
+def _gather_heads_only(engine) -> None:
+    """Under ZeRO-3, make the engine's whole-weights gather (what `accelerator.get_state_dict` calls,
+    and train/checkpointing.heads_for_saving through it) return the heads alone: gathering the frozen
+    base too would put all of a 70B target on one process at every checkpoint. The adapters are
+    gathered on their own (gathered_adapter)."""
+    consolidated = engine._zero3_consolidated_16bit_state_dict
+
+    def heads_only(exclude_frozen_parameters: bool = True):
+        state = consolidated(exclude_frozen_parameters=True)  # a collective; None off the main process
+        return None if state is None else {k: v for k, v in state.items() if k.startswith("heads.")}
+
+    engine._zero3_consolidated_16bit_state_dict = heads_only

@@ -40,6 +40,10 @@ def test_unknown_keys_are_rejected_with_a_suggestion(tmp_path):
         ("report_to=tensorboard", "report_to must be one of .'wandb', 'none'."),
         ("keep_checkpoints=-1", "keep_checkpoints must be >= 0"),
         ("save_every=-5", "save_every must be >= 0"),
+        ("lambda0_schedule=cosine", "lambda0_schedule must be one of .'sine', 'linear', 'constant'."),
+        ("lambda0_warmup=0", r"lambda0_warmup must be in \(0, 1\], got 0.0"),
+        ("lora_r=0", "lora_r must be >= 1"),
+        ("lora_dropout=1", r"lora_dropout must be in \[0, 1\)"),
     ],
 )
 def test_bad_values_are_clear_errors(override, message):
@@ -68,3 +72,29 @@ def test_run_keys_default_and_parse():
     )
     cfg = load_config(None, ["mode=offline", "cache_dir=/data/cache", "resume=auto", "report_to=none"])
     assert (cfg.mode, cfg.cache_dir, cfg.resume, cfg.report_to) == ("offline", "/data/cache", "auto", "none")
+
+
+def test_medusa2_keys_default_and_parse():
+    cfg = load_config(None, ["method=medusa2"])
+    assert (cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lr_adapter) == (32, 16.0, 0.0, 1e-4)
+    assert (cfg.lambda0, cfg.lambda0_schedule, cfg.lambda0_warmup) == (0.2, "sine", 1.0)
+    assert cfg.lora_target_modules == [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ]
+    cfg = load_config(
+        None, ["method=medusa2", "lora_target_modules=q_proj,v_proj", "lora_alpha=8", "lambda0=0.5"]
+    )
+    assert cfg.lora_target_modules == ["q_proj", "v_proj"] and cfg.lora_alpha == 8.0 and cfg.lambda0 == 0.5
+
+
+def test_medusa2_cannot_train_offline():
+    """The adapters move the hidden states a cache would have frozen."""
+    with pytest.raises(ValueError, match="method 'medusa2' trains LoRA adapters .* use mode 'online'"):
+        load_config(None, ["method=medusa2", "mode=offline", "cache_dir=/data/cache"])
+    assert load_config(None, ["method=medusa", "mode=offline", "cache_dir=/data/cache"]).mode == "offline"

@@ -200,7 +200,9 @@ def test_mismatches_are_errors(llama_dir, rows, tmp_path):
     ids = list(changed[20]["input_ids"])
     ids[3] = (ids[3] + 1) % 256
     changed[20]["input_ids"] = ids
-    cached = CachedRows(tmp_path / "c", expected=changed)
+    with pytest.raises(TokenMismatchError, match="built from other rows than the dataset's"):
+        CachedRows(tmp_path / "c", expected=changed)  # verify: all the tokens, before any row is read
+    cached = CachedRows(tmp_path / "c", expected=changed, verify=False)  # then row by row, as read
     cached[19]  # untouched rows read fine
     shard = next(s["file"] for s in read_index(tmp_path / "c")["shards"] if s["rows"][0] <= 20 < s["rows"][1])
     with pytest.raises(TokenMismatchError, match=rf"row 20 \({shard}, its row \d+\).*input_ids\[3\]"):
@@ -290,3 +292,12 @@ def test_cache_cli(llama_dir, text_data, tmp_path, capsys):
     assert 0 < eval_rows < index["num_rows"]
     assert cache_main(args) == 0  # a second run finds every shard in place
     assert "0 written" in capsys.readouterr().out
+    medusa2 = [
+        str(REPO / "recipes" / "tiny" / "medusa2.yaml"),
+        f"target={llama_dir}",
+        "--out",
+        str(tmp_path / "m2"),
+    ]
+    with pytest.raises(ValueError, match="'medusa2' trains LoRA adapters .* nothing to cache"):
+        cache_main(medusa2)
+    assert not (tmp_path / "m2").exists()

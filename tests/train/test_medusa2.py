@@ -1,9 +1,13 @@
 """Medusa-2 on a tiny llama: only heads and LoRA weights train, the teacher is the un-adapted model,
-the saved adapter is a standard peft adapter that reproduces the adapted logits, λ0 is pinned."""
+the saved adapter is a standard peft adapter that reproduces the adapted logits, λ0 is pinned; and
+through `specheads train recipes/tiny/medusa2.yaml`: the base stays bit-identical, adapter/ and the
+heads load, checkpoints hold heads + adapter only and resume exactly."""
 
 import copy
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -186,9 +190,208 @@ def test_module_form_trains_only_heads_and_adapters(batch):
     trainable = {id(p) for p in model.parameters() if p.requires_grad}
     assert trainable == {id(p) for g in param_groups(heads, wrapped, 1.0, 1.0) for p in g["params"]}
     loss, metrics = model(batch, 0.3)
-    expected, head_metrics, _ = medusa2_loss(heads, wrapped, batch, lambda0=0.3, decay=0.8, topk=3)
-    assert loss.item() == expected.item() and torch.equal(metrics, head_metrics.as_tensor())
-    assert metrics.shape == (4, 2) and metrics[3, 0] > 0
+    expected, head_metrics, parts = medusa2_loss(heads, wrapped, batch, lambda0=0.3, decay=0.8, topk=3)
+    assert loss.item() == expected.item() and torch.equal(metrics[:, :2], head_metrics.as_tensor())
+    assert metrics.shape == (4, 3) and metrics[3, 0] > 0
+    # the last column carries the target's KL as a sum over its positions, so sums add up
+    n = parts["target_kl_positions"]
+    assert n > 0 and metrics[:, 2].tolist() == [parts["target_kl"] * n, 0.0, 0.0, n]
+    summary = Medusa2WithLoss.summarise(metrics + metrics, decay=0.8, topk=3)
+    assert summary["target_kl"] == pytest.approx(parts["target_kl"], abs=1e-12)
+    assert summary["head0/top1"] == head_metrics.top1[0] / head_metrics.count[0]
     short = {k: v[:, :2] for k, v in batch.items()}  # no head has a label: every head still in the graph
     model(short, 0.3)[0].backward()
     assert all(p.grad is not None for p in heads.parameters())
+
+
+# -- through `specheads train` ----------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+CLI_STEPS = 4
+
+
+def medusa2_args(target_dir: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        str(REPO / "recipes" / "tiny" / "medusa2.yaml"),
+        f"target={target_dir}",
+        f"data={data}",
+        "max_length=48",
+        "batch_size=4",
+        "num_heads=2",
+        "lora_r=4",
+        "lora_alpha=8",
+        "lr=0.01",
+        "lr_adapter=0.01",
+        "lambda0=0.5",
+        "warmup_steps=2",
+        f"max_steps={CLI_STEPS}",
+        "eval_fraction=0.1",
+        f"eval_every={CLI_STEPS}",
+        "eval_batches=2",
+        "log_every=1",
+        "save_every=2",
+        "report_to=none",
+        f"output_dir={out}",
+        *extra,
+        "--no-progress",
+    ]
+
+
+@pytest.fixture(scope="module")
+def cli_run(tiny_target_dirs, text_data, tmp_path_factory):
+    """`specheads train recipes/tiny/medusa2.yaml` on the tiny llama; keeps the run's adapted target."""
+    from specheads.train import loop
+
+    out = tmp_path_factory.mktemp("medusa2") / "run"
+    wrapped = []
+
+    def keep(*args, **kwargs):
+        wrapped.append(wrap_target_with_lora(*args, **kwargs))
+        return wrapped[-1]
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(loop, "wrap_target_with_lora", keep)
+    try:
+        assert loop.main(medusa2_args(tiny_target_dirs["llama"], text_data, out)) == 0
+    finally:
+        patch.undo()
+    return out, wrapped[0], tiny_target_dirs["llama"]
+
+
+def test_cli_changes_only_heads_and_adapters(cli_run, batch):
+    from peft import PeftModel
+
+    from specheads.heads import load_heads
+
+    out, wrapped, target_dir = cli_run
+    base = FrozenTarget.from_pretrained(str(target_dir), dtype="float32")
+    original = dict(base.model.named_parameters())
+    adapters = 0
+    for name, p in wrapped.model.named_parameters():
+        if ".lora_" in name:
+            adapters += 1
+            continue
+        plain = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        assert torch.equal(p, original[plain]), name  # the base is bit-identical after training
+    assert adapters == len(adapter_parameters(wrapped)) == 4 * 7 * 2  # every projection: A and B
+    assert all(p.abs().max() > 0 for n, p in adapter_parameters(wrapped) if ".lora_B." in n)  # B left 0
+
+    # adapter/ is a peft adapter that rebuilds the run's adapted target from the base on disk
+    restored = PeftModel.from_pretrained(base.model, str(out / "adapter"))
+    torch.testing.assert_close(
+        logits_of(FrozenTarget(restored), batch), logits_of(wrapped, batch), rtol=0, atol=1e-6
+    )
+    # the heads are native heads for the target, trained off their zero-initialised blocks
+    heads, config = load_heads(out, FrozenTarget.from_pretrained(str(target_dir)))
+    assert isinstance(heads, MedusaHeads) and heads.num_heads == 2
+    assert all(block[0].linear.weight.abs().max() > 0 for block in heads.blocks)
+    assert config["training"]["method"] == "medusa2" and config["training"]["adapter"] == "adapter"
+
+
+def test_cli_logs_medusa_metrics_with_lambda0_and_kl(cli_run):
+    out = cli_run[0]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4] and records[-1]["split"] == "eval"
+    assert [r["lambda0"] for r in train] == [lambda0(s, CLI_STEPS, peak=0.5) for s in range(4)]
+    assert [r["lr_adapter"] for r in train] == [r["lr"] for r in train]  # one schedule, equal rates here
+    assert abs(train[0]["target_kl"]) < 1e-6 < train[-1]["target_kl"]  # B = 0 at first, then it moves
+    for record in records:
+        assert {"head0/top1", "head1/top1", "loss", "tau_sim", "target_kl"} <= record.keys()
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["completed"] and summary["target_forward_seconds"] is None
+
+
+def test_cli_checkpoint_holds_heads_and_adapter_only_and_resumes_exactly(cli_run, text_data, tmp_path):
+    from safetensors.torch import load_file
+
+    from specheads.heads import load_heads
+    from specheads.train import loop
+
+    out, wrapped, target_dir = cli_run
+    step = out / "checkpoints" / "step-2"
+    assert (step / "adapter" / "adapter_model.safetensors").is_file() and (
+        step / "model.safetensors"
+    ).is_file()
+    files = sorted(p.name for p in (step / "accelerate").iterdir())
+    assert not [f for f in files if f.startswith(("model", "pytorch_model"))], files  # no weights here
+    # the optimizer state covers the heads and the adapters, nothing of the base
+    optimizer = torch.load(step / "accelerate" / "optimizer.bin", weights_only=False)
+    heads, _ = load_heads(step)
+    assert [g["name"] for g in optimizer["param_groups"]] == ["heads", "adapter"]
+    assert len(optimizer["state"]) == len(list(heads.parameters())) + len(adapter_parameters(wrapped))
+
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(step, resumed / "checkpoints" / "step-2")
+    assert loop.main(medusa2_args(target_dir, text_data, resumed, "resume=auto")) == 0
+    for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
+        a, b = load_file(str(out / name)), load_file(str(resumed / name))
+        assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_zero3_two_processes_match_one_and_resume_exactly(tiny_target_dirs, tmp_path):
+    """DeepSpeed ZeRO-3 over 2 CPU processes (the target's base, the adapters and the heads all
+    partitioned in one engine) logs the losses of 1 process x the same global batch and ends with the
+    same heads and adapter; its checkpoints hold no frozen weight, and a resumed run ends bit for bit
+    where the uninterrupted one did. Rows of equal length: each process holds as many labels."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from specheads.train import loop
+
+    words = ["abcdefghij", "0123456789", "klmnopqrst", "uvwxyz!?.,"]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"text": (words[i % 4] * 8)[i % 7 :][:32]}) + "\n" for i in range(24)))
+
+    def args(out, *extra):
+        fixed = ("max_length=32", "eval_fraction=0.2", "eval_every=3", "num_heads=3", "max_steps=6")
+        return medusa2_args(tiny_target_dirs["llama"], data, out, *fixed, *extra)
+
+    def launch_two(out, *extra):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--config_file", str(REPO / "recipes" / "accelerate" / "zero3-sharded-target.yaml"),
+            "--num_processes", "2", "--main_process_port", str(port),
+            "-m", "specheads.train", *args(out, "batch_size=1", *extra),
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+        result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+
+    assert loop.main(args(tmp_path / "one", "batch_size=2", "save_every=0")) == 0
+    launch_two(tmp_path / "two", "save_every=3")
+    one, two = (
+        [
+            (r["step"], r["split"], r["loss"], r["target_kl"])
+            for r in map(json.loads, (d / "metrics.jsonl").open())
+        ]
+        for d in (tmp_path / "one", tmp_path / "two")
+    )
+    assert [r[:2] for r in one] == [r[:2] for r in two] and len(one) == 8  # 6 train logs + 2 evals
+    assert all(a[2:] == pytest.approx(b[2:], abs=1e-5) for a, b in zip(one, two)), (one, two)
+    assert one[-1][3] > 0  # the adapters moved the target
+    for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
+        a, b = load_file(str(tmp_path / "one" / name)), load_file(str(tmp_path / "two" / name))
+        assert sorted(a) == sorted(b) and all(torch.allclose(a[k], b[k], rtol=0, atol=1e-4) for k in a)
+
+    # The engine's checkpoint: heads and adapters only (no frozen weight, no copy of the base).
+    states = list((tmp_path / "two/checkpoints/step-3/accelerate").rglob("*model_states.pt"))
+    assert len(states) == 2
+    for path in states:
+        saved = torch.load(path, weights_only=False)
+        assert all(k.startswith("heads.") or ".lora_" in k for k in saved["module"]), list(saved["module"])
+        assert not saved.get("frozen_param_fragments")
+    (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "two/checkpoints/step-3", tmp_path / "resumed/checkpoints/step-3")
+    launch_two(tmp_path / "resumed", "resume=auto")
+    for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
+        a, b = load_file(str(tmp_path / "two" / name)), load_file(str(tmp_path / "resumed" / name))
+        assert all(torch.equal(a[k], b[k]) for k in a), name

@@ -1,0 +1,115 @@
+"""Offline training through the real entry points: `specheads cache RECIPE` then `specheads train RECIPE
+mode=offline cache_dir=...` logs the losses online training logs on the same batches (fp32 cache),
+ends with the same heads, and never loads the target's decoder layers; a cache made for other data or
+another method is refused before any step."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specheads.train.cache_cli import main as cache_main
+from specheads.train.hidden_cache import CacheError, TokenMismatchError
+from specheads.train.loop import main as train_main
+
+REPO = Path(__file__).resolve().parents[2]
+# Clock readings, not results.
+TIMINGS = {"labels_per_second"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices: on a busy 2-core machine a second thread only adds hand-offs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def recipe_args(recipe: str, target: Path, data: Path, *extra: str) -> list[str]:
+    return [
+        str(REPO / "recipes" / "tiny" / recipe),
+        f"target={target}",
+        f"data={data}",
+        "max_length=48",
+        "batch_size=4",
+        "lr=0.01",
+        "warmup_steps=2",
+        "max_steps=4",
+        "eval_fraction=0.1",
+        "eval_every=4",
+        "eval_batches=2",
+        "log_every=1",
+        "report_to=none",
+        *extra,
+    ]
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+METHODS = [
+    # labels=target: the offline target computes the logits from the cached last hidden state
+    ("medusa.yaml", ("num_heads=3", "labels=target")),
+    ("eagle3.yaml", ("eagle3_layers=1,2,3", "ttt_steps=3", "draft_vocab_size=100")),
+]
+
+
+@pytest.mark.parametrize("recipe, extra", METHODS, ids=["medusa", "eagle3"])
+def test_offline_training_logs_the_online_losses(
+    recipe, extra, tiny_target_dirs, text_data, tmp_path, monkeypatch
+):
+    from transformers import AutoModelForCausalLM
+
+    args = recipe_args(recipe, tiny_target_dirs["llama"], text_data, *extra)
+    cache = tmp_path / "cache"
+    assert cache_main([*args, "--out", str(cache), "--dtype", "float32", "--no-progress"]) == 0
+    assert train_main([*args, f"output_dir={tmp_path / 'online'}", "--no-progress"]) == 0
+
+    def refuse(*a, **kw):
+        raise AssertionError("offline training must not load the whole target")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
+    offline_args = [*args, "mode=offline", f"cache_dir={cache}", f"output_dir={tmp_path / 'offline'}"]
+    assert train_main([*offline_args, "--no-progress"]) == 0
+
+    online, offline = records(tmp_path / "online"), records(tmp_path / "offline")
+    assert [(r["step"], r["split"]) for r in online] == [(r["step"], r["split"]) for r in offline]
+    assert [r["split"] for r in online] == ["train"] * 4 + ["eval"]
+    for a, b in zip(online, offline):
+        assert a.keys() == b.keys()
+        for key in a.keys() - TIMINGS:
+            assert b[key] == pytest.approx(a[key], abs=1e-5), (a["step"], a["split"], key)
+    assert online[-1]["tokens"] > 0 and online[0]["loss"] > 1  # real losses over real labels
+    # the same heads at the end (Adam's g / sqrt(v) turns 1e-9 gradient roundings on near-zero
+    # gradients into up to ~1e-5 of weight), and they did move off their start
+    wa, wb = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("online", "offline"))
+    assert sorted(wa) == sorted(wb)
+    assert all(torch.allclose(wa[k], wb[k], rtol=0, atol=1e-4) for k in wa)
+    assert online[1]["grad_norm"] > 0
+    # offline holds the embedding, final norm and lm_head only
+    summaries = [json.loads((tmp_path / d / "train_summary.json").read_text()) for d in ("online", "offline")]
+    on_params, off_params = (s["target_parameters"] for s in summaries)
+    assert off_params < on_params / 2
+    assert json.loads((tmp_path / "offline" / "config.json").read_text())["training"]["mode"] == "offline"
+
+
+def test_a_cache_of_other_data_or_layers_is_refused_before_training(tiny_target_dirs, text_data, tmp_path):
+    medusa = recipe_args("medusa.yaml", tiny_target_dirs["llama"], text_data, "num_heads=2")
+    cache = tmp_path / "cache"
+    assert cache_main([*medusa, "--out", str(cache), "--dtype", "float32", "--no-progress"]) == 0
+    offline = ["mode=offline", f"cache_dir={cache}", "--no-progress"]
+
+    out = tmp_path / "eagle3"
+    eagle3 = recipe_args("eagle3.yaml", tiny_target_dirs["llama"], text_data, "eagle3_layers=1,2,3")
+    with pytest.raises(CacheError, match=r"holds layers \[4\], not \[1, 2, 3\]"):
+        train_main([*eagle3, f"output_dir={out}", *offline])
+    assert not (out / "metrics.jsonl").exists()
+
+    out = tmp_path / "shorter"  # other max_length: other rows than the cache was built from
+    with pytest.raises(TokenMismatchError, match="rebuild it with `specheads cache`"):
+        train_main([*medusa, "max_length=40", f"output_dir={out}", *offline])
+    assert not (out / "metrics.jsonl").exists()

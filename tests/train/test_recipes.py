@@ -1,0 +1,113 @@
+"""Every recipe under recipes/ is read by the trainer's own config reader and is what its header says:
+known keys and values, a launch command that names this very file, an accelerate config that exists,
+as many processes as the GPUs it asks for, EAGLE-3 layers inside the target's depth ((2, L//2, L-3) for
+the real targets); and every accelerate config parses as accelerate reads it, with its DeepSpeed file."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specheads.train.config import METHODS, load_config
+from specheads.train.tiny_target import TinyTargetConfig
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = sorted(p for p in (REPO / "recipes").glob("*/*.yaml") if p.parent.name != "accelerate")
+ACCELERATE = sorted((REPO / "recipes" / "accelerate").glob("*.yaml"))
+# Decoder layers of each target a recipe names (num_hidden_layers of its config.json).
+DEPTHS = {
+    "tiny": TinyTargetConfig.num_layers,
+    "meta-llama/Llama-3.1-8B-Instruct": 32,
+    "meta-llama/Llama-3.3-70B-Instruct": 80,
+    "Qwen/Qwen2.5-7B-Instruct": 28,
+    "Qwen/Qwen3-8B": 36,
+    "mistralai/Mistral-7B-Instruct-v0.3": 32,
+}
+# The families × methods issue 7 asks recipes for.
+REAL = ["llama-3.1-8b", "llama-3.3-70b", "qwen2.5-7b", "qwen3-8b", "mistral-7b"]
+
+
+def header(path: Path) -> str:
+    """The comment lines before the first key."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(REPO).as_posix()
+
+
+def test_every_family_has_every_method():
+    found = {relative(p) for p in RECIPES}
+    missing = [f"recipes/{f}/{m}.yaml" for f in REAL for m in METHODS if f"recipes/{f}/{m}.yaml" not in found]
+    assert not missing
+    assert "recipes/tiny/medusa2.yaml" in found
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=relative)
+def test_recipe_loads_and_its_header_launches_it(path):
+    cfg = load_config(path)  # unknown keys and bad values raise here
+    assert cfg.method in METHODS and path.stem.split("-")[0] == cfg.method
+    assert cfg.data and all(isinstance(d, str) and d for d in cfg.data)
+    text = header(path)
+    launches = re.findall(r"(?:specheads train|-m specheads\.train) (\S+\.yaml)", text)
+    assert launches, f"{relative(path)}: its header gives no launch command"
+    # every command in the header runs this file, not a neighbour it was copied from
+    named = launches + re.findall(r"specheads cache (\S+\.yaml)", text)
+    assert set(named) == {relative(path)}, named
+    for config in re.findall(r"--config_file (\S+)", text):
+        assert (REPO / config).is_file(), f"{relative(path)} launches with {config}, which does not exist"
+
+    assert cfg.target in DEPTHS, f"{relative(path)}: add {cfg.target!r}'s depth to DEPTHS"
+    depth = DEPTHS[cfg.target]
+    if cfg.method == "eagle3":
+        assert len(cfg.eagle3_layers) == 3 and all(0 <= i <= depth for i in cfg.eagle3_layers)
+    if cfg.target == "tiny":
+        return
+    # a real target: launched on the GPUs the header asks for, in bf16, EAGLE-3 on the default layers
+    (gpus,) = re.findall(r"# GPUs: (\d+)× \S+", text)
+    processes = re.findall(
+        r"accelerate launch --config_file \S+ --num_processes (\d+) -m specheads\.train", text
+    )
+    assert processes and set(processes) == {gpus}, (gpus, processes)
+    assert f"({depth} decoder layers" in text
+    assert (cfg.target_dtype, cfg.mixed_precision, cfg.mode) == ("bfloat16", "bf16", "online")
+    if cfg.method == "eagle3":
+        assert cfg.eagle3_layers == [2, depth // 2, depth - 3] and cfg.draft_vocab_size == 32000
+    if cfg.method in ("medusa", "medusa2"):
+        assert (cfg.num_heads, cfg.num_layers, cfg.lr) == (5, 1, 1e-3)
+    if cfg.method in ("eagle", "eagle3"):
+        assert 3e-5 <= cfg.lr <= 1e-4 and cfg.max_length == 2048
+    if depth >= 80:  # a 70B target does not fit whole on one 80 GB GPU: it must be sharded
+        assert "zero3-sharded-target.yaml --num_processes" in text
+
+
+def test_recipes_write_to_their_own_output_dirs():
+    dirs = [load_config(p).output_dir for p in RECIPES]
+    assert len(set(dirs)) == len(dirs)
+
+
+@pytest.mark.parametrize("path", ACCELERATE, ids=relative)
+def test_accelerate_config_parses(path):
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.utils import DistributedType
+
+    config = ClusterConfig.from_yaml_file(str(path))  # what `accelerate launch --config_file` reads
+    assert f"accelerate launch --config_file {relative(path)} " in header(path)
+    raw = yaml.safe_load(path.read_text())
+    if config.distributed_type == DistributedType.DEEPSPEED:
+        ds_file = REPO / raw["deepspeed_config"]["deepspeed_config_file"]
+        ds = json.loads(ds_file.read_text())
+        stage = ds["zero_optimization"]["stage"]
+        assert stage in (2, 3) and ds["train_micro_batch_size_per_gpu"] == "auto"
+        # a ZeRO-3 target is loaded partitioned (never whole on one process) and its heads gathered to save
+        assert raw["deepspeed_config"]["zero3_init_flag"] == (stage == 3)
+        assert stage != 3 or ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"]
+    else:
+        assert config.distributed_type == DistributedType.MULTI_GPU
