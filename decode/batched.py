@@ -40,9 +40,7 @@ dynamic trees). `as_batched` turns a batch-1 drafter into its batched form.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,7 +55,7 @@ from specheads.decode.batched_inputs import (
     prefill_inputs,
     select_cache_rows,
 )
-from specheads.decode.decoder import PHASES, DecodeOutput, eos_ids
+from specheads.decode.decoder import PHASES, DecodeOutput, PhaseClock, eos_ids
 from specheads.decode.drafters import DraftContext, MedusaDrafter
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.kv_cache import new_cache
@@ -185,24 +183,6 @@ class BatchedDecodeOutput:
         return sum(lengths) / len(lengths) if lengths else 1.0
 
 
-class _Clock:
-    """Sums wall time per phase; with `sync`, waits for the accelerator around each phase."""
-
-    def __init__(self, sync: bool):
-        self.sync = sync
-        self.totals: dict[str, float] = defaultdict(float)
-
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        if self.sync:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        yield
-        if self.sync:
-            torch.cuda.synchronize()
-        self.totals[phase] += time.perf_counter() - start
-
-
 class BatchedSpeculativeDecoder:
     """Greedy tree-attention speculative decoding of B left-padded prompts at once."""
 
@@ -247,7 +227,7 @@ class BatchedSpeculativeDecoder:
         if isinstance(eos_token_id, int):
             eos_token_id = [eos_token_id]
         eos = eos_ids(self.target) if eos_token_id is None else {int(e) for e in eos_token_id}
-        clock = _Clock(sync=profile and self.target.device.type == "cuda")
+        clock = PhaseClock(sync=profile and self.target.device.type == "cuda")
         begin = time.perf_counter()
         device = self.target.device
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
@@ -303,13 +283,13 @@ class BatchedSpeculativeDecoder:
         )
 
     def step(
-        self, context: BatchDraftContext, cache, clock: _Clock | None = None
+        self, context: BatchDraftContext, cache, clock: PhaseClock | None = None
     ) -> tuple[list[Acceptance], BatchDraftContext]:
         """One speculative step for every live row: propose → tree inputs → verify → accept → compact.
 
         Returns one Acceptance per live row and the next context (each row's bonus token its next root).
         """
-        clock = clock or _Clock(sync=False)
+        clock = clock or PhaseClock(sync=False)
         layout, past = context.layout, cache.get_seq_length()
         if past != layout.total:
             raise RuntimeError(f"the cache holds {past} slots but the layout's longest row is {layout.total}")

@@ -73,7 +73,7 @@ class DecodeOutput:
         return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 1.0
 
 
-class _Clock:
+class PhaseClock:
     """Sums wall time per phase; with `sync`, waits for the accelerator around each phase."""
 
     def __init__(self, sync: bool):
@@ -159,7 +159,7 @@ class SpeculativeDecoder:
             eos_token_id = [eos_token_id]
         eos = eos_ids(self.target) if eos_token_id is None else {int(e) for e in eos_token_id}
         settings = sampling_settings(do_sample, temperature, top_k, top_p, generator, acceptance)
-        clock = _Clock(sync=profile and self.target.device.type == "cuda")
+        clock = PhaseClock(sync=profile and self.target.device.type == "cuda")
         start = time.perf_counter()
         prompt_ids = prompt_ids.to(self.target.device)
         new: list[int] = []
@@ -208,13 +208,13 @@ class SpeculativeDecoder:
         )
 
     def step(
-        self, context: DraftContext, cache, clock: _Clock | None = None
+        self, context: DraftContext, cache, clock: PhaseClock | None = None
     ) -> tuple[Acceptance, DraftContext]:
         """One speculative step: propose → tree inputs → verify → accept → compact.
 
         Returns the acceptance and the next context (the bonus token appended as the next root).
         """
-        clock = clock or _Clock(sync=False)
+        clock = clock or PhaseClock(sync=False)
         past_len = cache.get_seq_length()
         with clock("draft"):
             tree = self.drafter.propose(context)
