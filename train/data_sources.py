@@ -52,7 +52,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -429,11 +429,21 @@ def _first_kind(reader: dict[str, Any], source: str) -> str:
 
 
 def _streamed_rows(kind: str, max_bad_rows: float | int, source: str, **reader) -> Iterator[dict[str, Any]]:
-    report = RowsReport(source)
-    for row in _raw_rows(kind, **reader):
+    yield from judged_stream(_raw_rows(kind, **reader), RowsReport(source), max_bad_rows, [kind])
+
+
+def judged_stream(
+    rows: Iterable[dict], report: RowsReport, max_bad_rows: float | int, columns: list[str]
+) -> Iterator[dict[str, Any]]:
+    """The good rows of a stream (`_error` None), cut to `columns`; the bad ones counted in `report`.
+
+    Judged as the rows come (a fractional `max_bad_rows` only once STREAM_MIN_ROWS rows are read) and
+    again at the end, so a stream stops at the first row that makes it too bad.
+    """
+    for row in rows:
         report.rows += 1
         if row["_error"] is None:
-            yield {kind: row[kind]}
+            yield {c: row[c] for c in columns}
             continue
         report.add_bad(row["_where"], row["_error"])
         judged = isinstance(max_bad_rows, int) or report.rows >= STREAM_MIN_ROWS

@@ -48,12 +48,10 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 
 from specheads.train.data_sources import (
-    STREAM_MIN_ROWS,
-    BadRowsError,
     RowsReport,
     check_max_bad_rows,
     drop_bad_rows,
-    too_many_bad_rows,
+    judged_stream,
 )
 
 logger = logging.getLogger(__name__)
@@ -253,19 +251,7 @@ def _tokenize_batch(
 def _checked_stream(tokens, max_bad_rows: float | int):
     """The good rows of a streamed, tokenised dataset; bad ones counted as load_rows counts them."""
     report = RowsReport("tokenize_rows", failed="could not be tokenised")
-    for row in tokens:
-        report.rows += 1
-        if row["_error"] is None:
-            yield {"input_ids": row["input_ids"], "loss_mask": row["loss_mask"]}
-            continue
-        report.add_bad(row["_where"], row["_error"])
-        judged = isinstance(max_bad_rows, int) or report.rows >= STREAM_MIN_ROWS
-        if judged and too_many_bad_rows(report, max_bad_rows):
-            raise BadRowsError(report, max_bad_rows)
-    if too_many_bad_rows(report, max_bad_rows):
-        raise BadRowsError(report, max_bad_rows)
-    if report.bad:
-        logger.warning("skipped rows: %s", report.summary(max_bad_rows))
+    yield from judged_stream(tokens, report, max_bad_rows, ["input_ids", "loss_mask"])
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
