@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +78,22 @@ def save_heads(
     )
     _write_atomic(path / CONFIG_FILE, lambda f: Path(f).write_text(json.dumps(config, indent=1, default=str)))
     return path
+
+
+@contextmanager
+def replace_dir(out: str | Path) -> Iterator[Path]:
+    """Yield a temporary directory beside `out` to write into; it replaces `out` whole if the block
+    succeeds, and is removed if it fails, so `out` is always the old folder or the whole new one."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)  # os.replace cannot put a directory over a non-empty one
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _write_atomic(dest: Path, write) -> None:

@@ -32,9 +32,6 @@ target, and `load_adapter(..., merge=True)` folds it into the weights for decodi
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from contextlib import nullcontext
 from functools import partial
@@ -45,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specheads.heads import FrozenTarget
+from specheads.heads.checkpoint import replace_dir
 from specheads.train.losses import HeadMetrics, medusa_loss
 from specheads.train.packing import shift_loss_mask
 
@@ -290,16 +288,9 @@ def save_adapter(target, heads_dir: str | Path) -> Path:
     """Write the target's adapter as a peft adapter into `heads_dir/adapter/` (replaced whole)."""
     model = _peft_model(target)
     out = Path(heads_dir) / ADAPTER_DIR
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{ADAPTER_DIR}.", dir=out.parent))
-    try:
+    with replace_dir(out) as tmp:
         # adapter_config.json + adapter_model.safetensors; the embeddings are never adapted
         model.save_pretrained(tmp, save_embedding_layers=False)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -23,17 +23,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import platform
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
 
+from specheads.heads.checkpoint import replace_dir
 from specheads.heads.target import vocab_hash
 from specheads.train import stdlib_corpus
 from specheads.train.tiny_target import (
@@ -184,10 +182,7 @@ def build(target_dir: Path, cfg: TinyDraftConfig, out: Path, progress: bool = Tr
         "torch": torch.__version__,
         "specheads": __version__,
     }
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with replace_dir(out) as tmp:
         # The target's EOS ids (a list for the tiny target: <|eos|> and <|end|>), so both stop alike.
         eos = tokenizer.eos_token_id
         if (target_dir / "generation_config.json").is_file():
@@ -199,12 +194,6 @@ def build(target_dir: Path, cfg: TinyDraftConfig, out: Path, progress: bool = Tr
         tokenizer.save_pretrained(tmp)
         meta["build_seconds"] = round(time.time() - started, 1)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return meta
 
 

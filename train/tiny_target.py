@@ -20,9 +20,7 @@ import json
 import math
 import os
 import platform
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -31,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from specheads.heads.checkpoint import replace_dir
 from specheads.train import stdlib_corpus
 from specheads.version import __version__
 
@@ -282,10 +281,7 @@ def build(cfg: TinyTargetConfig, out: Path, progress: bool = True) -> dict:
         "torch": torch.__version__,
         "specheads": __version__,
     }
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with replace_dir(out) as tmp:
         model.generation_config = GenerationConfig(
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(END)],
@@ -300,12 +296,6 @@ def build(cfg: TinyTargetConfig, out: Path, progress: bool = True) -> dict:
         )
         meta["build_seconds"] = round(time.time() - started, 1)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return meta
 
 

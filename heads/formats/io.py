@@ -12,8 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from specheads.heads.checkpoint import CAPTURE_LAYERS_INDEXING
+from specheads.heads.checkpoint import CAPTURE_LAYERS_INDEXING, replace_dir
 from specheads.version import __version__
 
 CONFIG_FILE = "config.json"
@@ -152,18 +150,10 @@ def atomic_dir(out: str | Path) -> Iterator[Path]:
     On any error the temporary directory is removed: `out` is either absent or whole.
     """
     out = Path(out)
-    check_out_dir(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    check_out_dir(out)  # absent or empty: replacing it loses nothing
+    with replace_dir(out) as tmp:
         yield tmp
         _default_permissions(tmp)
-        if out.exists():
-            out.rmdir()  # empty (checked above); rename cannot replace a directory on every system
-        os.rename(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
 
 
 def _default_permissions(directory: Path) -> None:
