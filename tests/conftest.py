@@ -31,3 +31,15 @@ def tiny_target_dirs(tmp_path_factory) -> dict:
     """One saved tiny random target per family, shared by the session."""
     root = tmp_path_factory.mktemp("targets")
     return {f: save_tiny_target(f, root / f) for f in FAMILIES}
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test: tiny matrices gain nothing from a second thread, and on a busy
+    2-core machine each op then pays for thread hand-offs (a forward can take ~100x longer).
+
+    Files of tiny-model tests take it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

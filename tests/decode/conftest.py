@@ -1,7 +1,6 @@
 """Fixtures for the decoder tests (helpers live in decode_helpers.py)."""
 
 import pytest
-import torch
 
 from specheads.decode import StaticTree
 
@@ -9,13 +8,9 @@ from decode_helpers import OracleDrafter, greedy_continuation
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Run the decoder tests on one thread: their matrices are tiny, and with two threads each op pays for
-    thread hand-offs (on a busy 2-core machine a forward then takes ~100x longer)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
+    """Every decoder test runs on one thread (tests/conftest.py: one_thread)."""
     yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

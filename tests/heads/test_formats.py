@@ -88,13 +88,7 @@ EAGLE3_SHAPES = {
 # -- fixtures --------------------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: on a busy 2-core machine a second thread only adds hand-off waits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,7 @@ T = 9  # positions in the reference checks
 PROMPT_LEN, NEW_TOKENS = 6, 16
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,7 @@ from specheads.train.config import load_config
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: on a busy 2-core machine a second thread only adds hand-offs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def train(recipe: str, target: Path, data: Path, out: Path, *extra: str) -> list[dict]:

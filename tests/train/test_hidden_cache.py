@@ -37,13 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 MAX_LENGTH = 48
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: on a busy 2-core machine a second thread only adds hand-offs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

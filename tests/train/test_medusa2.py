@@ -29,13 +29,7 @@ from specheads.train.medusa2 import (
 
 from helpers import tiny_model, tiny_tokenizer
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

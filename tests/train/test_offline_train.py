@@ -19,13 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 TIMINGS = {"labels_per_second"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: on a busy 2-core machine a second thread only adds hand-offs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def recipe_args(recipe: str, target: Path, data: Path, *extra: str) -> list[str]:

@@ -23,13 +23,7 @@ from specheads.train.sampler import EpochBatches
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Runs here are compared bit for bit with runs in a subprocess (one thread): same thread count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run_args(recipe: str, target: Path, data: Path, out: Path, *extra: str) -> list[str]:
