@@ -67,7 +67,7 @@ from specheads.decode.calibrate import (
 )
 from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, eos_ids
 from specheads.decode.eval_drafters import EAGLE_TOTAL_TOKENS, drafter_for
-from specheads.decode.report import DEFINITIONS, render_report, summarize
+from specheads.decode.report import DEFINITIONS, per_category, render_report, summarize
 from specheads.decode.sampling import SamplingParams
 from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
@@ -333,30 +333,13 @@ def evaluate(
     bar = tqdm(prompts, desc="eval", unit="prompt", disable=not progress)
     for i, prompt in enumerate(bar):
         records.append(decode_prompt(decoder, target, prompt, max_new_tokens, i % 2 == 0, sampling, seed + i))
-        so_far = summarize_records(records, tree_depth=0)
+        so_far = summarize(records, tree_depth=0)
         bar.set_postfix(tau=_fmt(so_far["mean_accept_length"]), speedup=_fmt(so_far["speedup"]))
     return records
 
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
-
-
-def summarize_records(records: list[dict[str, Any]], tree_depth: int) -> dict[str, Any]:
-    """`report.summarize`, with identical_to_baseline null where the records' are (sampled outputs)."""
-    sampled = any(r["identical_to_baseline"] is None for r in records)
-    figures = summarize(
-        [{**r, "identical_to_baseline": bool(r["identical_to_baseline"])} for r in records], tree_depth
-    )
-    if sampled:
-        figures["identical_to_baseline"] = None
-    return figures
-
-
-def per_category(records: list[dict[str, Any]], tree_depth: int) -> dict[str, dict[str, Any]]:
-    """summarize_records() per category, in order of first appearance; empty when no prompt has one."""
-    categories = dict.fromkeys(r["category"] for r in records if r["category"] is not None)
-    return {c: summarize_records([r for r in records if r["category"] == c], tree_depth) for c in categories}
 
 
 # -- writing ----------------------------------------------------------------------------------------
@@ -519,7 +502,7 @@ def build_results(
     sampling = sampling_params(args)
     return {
         "method": head_config["method"],
-        **summarize_records(records, tree["depth"]),
+        **summarize(records, tree["depth"]),
         "per_category": per_category(records, tree["depth"]),
         "sampling": sampling_record(sampling, args.seed),
         "tree": tree,
@@ -574,19 +557,13 @@ def report_text(results: dict[str, Any]) -> str:
         return render_report(results).replace("\nReproduce:", calibration_note(results) + "\nReproduce:", 1)
     if not results["sampling"]["do_sample"]:
         return render_report(results)
-    shown = {
-        **results,
-        "identical_to_baseline": "–",
-        "per_category": {c: {**f, "identical_to_baseline": "–"} for c, f in results["per_category"].items()},
-    }
     s = results["sampling"]
     note = (
         f"- sampled: temperature {s['temperature']}, top-k {s['top_k']}, top-p {s['top_p']}, seed {s['seed']} "
         f"(prompt i: seed + i); lossless verification; the baseline is `{s['baseline']}`, so outputs differ "
         f"by chance and identical is not measured.\n"
     )
-    text = render_report(shown)
-    return text.replace("\nReproduce:", note + "\nReproduce:", 1)
+    return render_report(results).replace("\nReproduce:", note + "\nReproduce:", 1)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,7 +18,8 @@ DEFINITIONS = {
     "tokens_per_second": "total new tokens / total wall seconds of the decoder's generate calls (prefill included)",
     "baseline_tokens_per_second": "the same for the target's own generate(do_sample=False)",
     "speedup": "tokens_per_second / baseline_tokens_per_second (same prompts, same machine, same run)",
-    "identical_to_baseline": "prompts whose output equals the baseline's token for token / prompts",
+    "identical_to_baseline": "prompts whose output equals the baseline's token for token / prompts; "
+    "null when sampling",
 }
 
 
@@ -37,7 +38,8 @@ def summarize(records: list[dict[str, Any]], tree_depth: int) -> dict[str, Any]:
     baseline_new_tokens = sum(r["baseline_new_tokens"] for r in records)
     tokens_per_second = new_tokens / seconds if seconds > 0 else None
     baseline_tokens_per_second = baseline_new_tokens / baseline_seconds if baseline_seconds > 0 else None
-    identical = sum(r["identical_to_baseline"] for r in records)
+    flags = [r["identical_to_baseline"] for r in records]  # None: sampled, not comparable
+    identical = None if None in flags else f"{sum(flags)}/{len(records)}"
     return {
         "mean_accept_length": sum(accept_lengths) / steps if steps else None,
         "accept_rate_per_depth": [
@@ -56,7 +58,7 @@ def summarize(records: list[dict[str, Any]], tree_depth: int) -> dict[str, Any]:
             if tokens_per_second and baseline_tokens_per_second
             else None
         ),
-        "identical_to_baseline": f"{identical}/{len(records)}",
+        "identical_to_baseline": identical,
         "num_prompts": len(records),
     }
 
@@ -79,7 +81,7 @@ def _row(first: list[str], figures: dict[str, Any]) -> str:
         _num(figures["tokens_per_second"], 1),
         _num(figures["baseline_tokens_per_second"], 1),
         _num(figures["speedup"], 2, "x"),
-        figures["identical_to_baseline"],
+        figures["identical_to_baseline"] or "–",
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -198,7 +200,7 @@ def _compare_row(name: str, figures: dict[str, Any]) -> str:
         _num(figures["draft_tokens_per_step"], 1),
         _num(figures["tokens_per_second"], 1),
         _num(figures["speedup"], 2, "x"),
-        figures["identical_to_baseline"],
+        figures["identical_to_baseline"] or "–",
     ]
     return "| " + " | ".join(cells) + " |"
 
