@@ -10,7 +10,6 @@ so tokens/s and speedup (`report.summarize`) are the batched throughputs.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,8 +18,8 @@ from tqdm.auto import tqdm
 
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
-from specheads.decode.decoder import eos_ids
-from specheads.decode.report import summarize
+from specheads.decode.decoder import eos_ids, timed
+from specheads.decode.report import first_mismatch, summarize
 from specheads.heads.target import FrozenTarget
 
 
@@ -51,24 +50,6 @@ def baseline_generate_batch(
     return rows
 
 
-def first_mismatch(tokens: list[int], reference: list[int]) -> int | None:
-    """Index of the first new token where the two differ (the shorter length if one is a prefix); None if equal."""
-    mismatch = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
-    if mismatch is None and len(tokens) != len(reference):
-        mismatch = min(len(tokens), len(reference))
-    return mismatch
-
-
-def _timed(fn, device: torch.device) -> tuple[Any, float]:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    result = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return result, time.perf_counter() - start
-
-
 def decode_group(
     decoder: BatchedSpeculativeDecoder,
     target: FrozenTarget,
@@ -85,8 +66,8 @@ def decode_group(
         "baseline": lambda: baseline_generate_batch(target, ids, mask, max_new_tokens),
     }
     order = ("method", "baseline") if method_first else ("baseline", "method")
-    timed = {name: _timed(runs[name], target.device) for name in order}
-    (out, seconds), (references, baseline_seconds) = timed["method"], timed["baseline"]
+    measured = {name: timed(runs[name], target.device) for name in order}
+    (out, seconds), (references, baseline_seconds) = measured["method"], measured["baseline"]
     records = []
     for prompt, row, reference in zip(prompts, out.rows, references):
         tokens = row.tokens[0].tolist()

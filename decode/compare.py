@@ -42,7 +42,6 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from specheads.decode import evaluate
 from specheads.decode.conversations import (
     Conversation,
     TurnSettings,
@@ -51,6 +50,7 @@ from specheads.decode.conversations import (
     render_turn,
     select_prompts,
 )
+from specheads.decode.decoder import timed
 from specheads.decode.evaluate import REPORT_FILE, RESULTS_FILE, drafter_for, write_atomic
 from specheads.decode.peers import (
     BASELINE,
@@ -114,9 +114,7 @@ def run_conversation(
                 f"{needed} positions, past the target's max_position_embeddings={settings.limit}"
             )
         ids = ids.to(device)
-        decoded, seconds = evaluate._timed(
-            lambda ids=ids: method.generate(ids, settings.max_new_tokens), device
-        )
+        decoded, seconds = timed(lambda ids=ids: method.generate(ids, settings.max_new_tokens), device)
         run.prompt_tokens.append(ids.shape[1])
         run.decoded.append(decoded)
         run.seconds.append(seconds)

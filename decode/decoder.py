@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import torch
 
@@ -71,6 +72,20 @@ class DecodeOutput:
     def mean_accept_length(self) -> float:
         """τ: mean tokens per speculative step, bonus included (1.0 = autoregressive)."""
         return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 1.0
+
+
+T = TypeVar("T")
+
+
+def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
+    """(fn(), wall seconds), waiting for the accelerator before and after so the time is the work's."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return result, time.perf_counter() - start
 
 
 class PhaseClock:

@@ -47,8 +47,6 @@ import platform
 import shlex
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,9 +63,9 @@ from specheads.decode.calibrate import (
     hold_out,
     max_tree_depth,
 )
-from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, eos_ids
+from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, eos_ids, timed
 from specheads.decode.eval_drafters import EAGLE_TOTAL_TOKENS, drafter_for
-from specheads.decode.report import DEFINITIONS, per_category, render_report, summarize
+from specheads.decode.report import DEFINITIONS, first_mismatch, per_category, render_report, summarize
 from specheads.decode.sampling import SamplingParams
 from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
@@ -228,19 +226,6 @@ def check_prompt_lengths(prompts: list[Prompt], config, max_new_tokens: int, tre
 # -- timing -----------------------------------------------------------------------------------------
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
-    _sync(device)
-    start = time.perf_counter()
-    result = fn()
-    _sync(device)
-    return result, time.perf_counter() - start
-
-
 @torch.no_grad()
 def baseline_generate(
     target: FrozenTarget,
@@ -288,12 +273,10 @@ def decode_prompt(
         "baseline": lambda: baseline_generate(target, ids, max_new_tokens, sampling, seed),
     }
     order = ("method", "baseline") if method_first else ("baseline", "method")
-    timed = {name: _timed(runs[name], target.device) for name in order}
-    out: DecodeOutput = timed["method"][0]
-    tokens, reference = out.tokens[0].tolist(), timed["baseline"][0]
-    mismatch = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
-    if mismatch is None and len(tokens) != len(reference):
-        mismatch = min(len(tokens), len(reference))
+    measured = {name: timed(runs[name], target.device) for name in order}
+    out: DecodeOutput = measured["method"][0]
+    tokens, reference = out.tokens[0].tolist(), measured["baseline"][0]
+    mismatch = first_mismatch(tokens, reference)
     identical = None if sampling is not None else mismatch is None  # sampled outputs differ by chance
     return {
         "id": prompt.id,
@@ -303,9 +286,9 @@ def decode_prompt(
         "steps": out.steps,
         "mean_accept_length": out.mean_accept_length if out.steps else None,
         "accept_lengths": out.accept_lengths,
-        "seconds": timed["method"][1],
+        "seconds": measured["method"][1],
         "baseline_new_tokens": len(reference),
-        "baseline_seconds": timed["baseline"][1],
+        "baseline_seconds": measured["baseline"][1],
         "identical_to_baseline": identical,
         "first_mismatch": None if sampling is not None else mismatch,  # index into the new tokens
     }
