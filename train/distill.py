@@ -1,7 +1,7 @@
 """`specheads distill`: self-distillation, the target rewrites the answers of a dataset in its own words.
 
     specheads distill --source sharegpt.jsonl --target meta-llama/Llama-3.1-8B-Instruct --out data/sd
-    specheads distill --source stdlib --target tiny --out data/stdlib-sd --max-rows 1600 --shuffle
+    specheads distill --source stdlib --target tiny --out data/stdlib-sd --max-rows 960 --shuffle
     specheads train recipes/tiny/medusa.yaml data=data/stdlib-sd              # train on the output
 
 Draft heads are judged on the target's own outputs, so training them on text the target writes itself,
@@ -102,7 +102,9 @@ class DistillConfig:
 
 # The `stdlib-distilled` source (train/sources.py): 255-token windows, so that each row with the BOS
 # that tokenize_rows adds is one 256-token row of the tiny recipes; greedy, as the decoder is measured.
-STDLIB_DISTILLED = DistillConfig(prompt_tokens=32, max_new_tokens=223, batch_size=128, max_rows=1600)
+# max_rows is set per recipe to one epoch of its budget (sources.epoch_rows); 960 = the tiny recipes'
+# 120 steps x batch 8.
+STDLIB_DISTILLED = DistillConfig(prompt_tokens=32, max_new_tokens=223, batch_size=128, max_rows=960)
 
 
 def settings_of(cfg: DistillConfig) -> dict[str, Any]:

@@ -278,10 +278,31 @@ def eagle3_loss(
 
 
 def count_label_tokens(rows, vocab_size: int) -> torch.Tensor:
-    """(V,) int64: how often each token is a label (loss_mask 1) in tokenised rows (tokenize_rows)."""
+    """(V,) int64: how often each token is a label (loss_mask 1) in tokenised rows (tokenize_rows).
+
+    `rows` is a `datasets.Dataset` (read in Arrow batches, without a Python loop over tokens) or a
+    list of dicts.
+    """
     counts = torch.zeros(vocab_size, dtype=torch.long)
-    for row in rows:
-        ids = torch.as_tensor(row["input_ids"], dtype=torch.long)
-        mask = torch.as_tensor(row["loss_mask"], dtype=torch.bool)
-        counts += torch.bincount(ids[mask], minlength=vocab_size)[:vocab_size]
+    for ids, mask in _flat_label_batches(rows):
+        counts += torch.bincount(ids[mask.bool()], minlength=vocab_size)[:vocab_size]
     return counts
+
+
+def _flat_label_batches(rows, batch_size: int = 4096):
+    """Yield (ids, loss_mask) as flat int64 tensors, a batch of rows at a time."""
+    if hasattr(rows, "with_format"):  # a datasets.Dataset: flatten the Arrow list columns
+        import pyarrow.compute as pc
+
+        columns = rows.select_columns(["input_ids", "loss_mask"]).with_format("arrow")
+        for batch in columns.iter(batch_size=batch_size):
+            yield tuple(
+                torch.from_numpy(pc.list_flatten(batch[c]).to_numpy(zero_copy_only=False).astype("int64"))
+                for c in ("input_ids", "loss_mask")
+            )
+        return
+    for row in rows:
+        yield (
+            torch.as_tensor(row["input_ids"], dtype=torch.long),
+            torch.as_tensor(row["loss_mask"], dtype=torch.long),
+        )

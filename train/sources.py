@@ -5,12 +5,13 @@ Built-in:
                       rows from its training files, evaluation rows from its held-out files (one text row
                       a file; tokenize_rows cuts long ones into max_length windows).
     stdlib-distilled  the recipe's target continuing stdlib text (self-distillation, train/distill.py,
-                      settings `distill.STDLIB_DISTILLED`): the first 1600 windows of 255 tokens of the
-                      training files (shuffled, seed 0), each keeping its first 32 tokens and the
-                      target's greedy continuation after them; one 256-token row each once
-                      tokenize_rows adds the BOS, one epoch of the tiny recipes (200 steps x batch 8).
-                      Distilled once per target (about two CPU minutes for the tiny one) and cached;
-                      its evaluation rows are stdlib's held-out files.
+                      settings `distill.STDLIB_DISTILLED`): windows of 255 tokens of the training
+                      files (shuffled, seed 0), each keeping its first 32 tokens and the target's
+                      greedy continuation after them; one 256-token row each once tokenize_rows adds
+                      the BOS. As many windows as one epoch of the recipe needs (max_steps x
+                      batch_size x grad_accum rows: 960 for the tiny recipes). Distilled once per
+                      target and size (about 40 s on 2 CPU cores for the tiny target's 960) and
+                      cached; its evaluation rows are stdlib's held-out files.
 
 Both are built once under the specheads cache (`SPECHEADS_CACHE`, else ~/.cache/specheads) and read
 back from disk afterwards, so their `datasets` fingerprints are stable and tokenize_rows' cache hits
@@ -22,6 +23,7 @@ on every later run (an in-memory dataset is tokenised again each time):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -87,16 +89,26 @@ def target_path(name: str) -> str:
     return name
 
 
-def stdlib_distilled_rows(target: str, progress: bool = True) -> datasets.Dataset:
-    """`stdlib-distilled` for `target` (a recipe's `target`), distilled on first use."""
+def epoch_rows(cfg: TrainConfig) -> int:
+    """Rows one process reads in a run of `cfg`: max_steps x batch_size x grad_accum."""
+    return cfg.max_steps * cfg.batch_size * cfg.grad_accum
+
+
+def stdlib_distilled_rows(
+    target: str, num_rows: int | None = None, progress: bool = True
+) -> datasets.Dataset:
+    """`stdlib-distilled` for `target` (a recipe's `target`): `num_rows` windows (default: the
+    settings' max_rows), distilled on first use."""
     from filelock import FileLock
 
     from specheads.heads import FrozenTarget
     from specheads.train import distill
 
     path = target_path(target)
-    rows = stdlib_rows(heldout=False).shuffle(seed=0)
     cfg = distill.STDLIB_DISTILLED
+    if num_rows is not None:
+        cfg = dataclasses.replace(cfg, max_rows=num_rows)
+    rows = stdlib_rows(heldout=False).shuffle(seed=0)
     record = _target_key(path)
     key = hashlib.sha256(json.dumps([record, distill.settings_of(cfg), rows._fingerprint]).encode())
     out = default_cache_dir() / "stdlib-distilled" / key.hexdigest()[:16]
@@ -122,7 +134,7 @@ def _load(source: str, cfg: TrainConfig, heldout: bool = False) -> datasets.Data
     if source == "stdlib":
         return stdlib_rows(heldout)
     if source == "stdlib-distilled":
-        return stdlib_rows(heldout=True) if heldout else stdlib_distilled_rows(cfg.target)
+        return stdlib_rows(heldout=True) if heldout else stdlib_distilled_rows(cfg.target, epoch_rows(cfg))
     return data_lib.load_rows(source)
 
 

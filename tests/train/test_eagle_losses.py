@@ -1,6 +1,7 @@
 """EAGLE losses: which feature and token go in at t and which are the labels, noise, TTT step masks,
 the draft vocabulary's out-of-vocabulary positions."""
 
+import datasets
 import pytest
 import torch
 from torch import nn
@@ -252,3 +253,7 @@ def test_count_label_tokens():
         {"input_ids": [3, 3], "loss_mask": [1, 0]},
     ]
     assert count_label_tokens(rows, 5).tolist() == [0, 0, 2, 2, 0]
+    # A datasets.Dataset is read in Arrow batches, through its index mapping (select / shuffle).
+    ds = datasets.Dataset.from_list(rows + [{"input_ids": [4, 4, 4], "loss_mask": [1, 1, 1]}])
+    assert count_label_tokens(ds, 5).tolist() == [0, 0, 2, 2, 3]
+    assert count_label_tokens(ds.select([2, 1]), 5).tolist() == [0, 0, 0, 1, 3]

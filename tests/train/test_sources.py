@@ -66,7 +66,8 @@ SMALL = DistillConfig(
 
 def test_stdlib_distilled_is_distilled_once_per_target(fake_stdlib, tiny_target_dirs, monkeypatch):
     monkeypatch.setattr(distill, "STDLIB_DISTILLED", SMALL)
-    cfg = load_config(None, {"target": str(tiny_target_dirs["llama"]), "data": ["stdlib-distilled"]})
+    settings = {"data": ["stdlib-distilled"], "max_steps": 3, "batch_size": 4}  # one epoch: 12 rows
+    cfg = load_config(None, {"target": str(tiny_target_dirs["llama"]), **settings})
     train, evaluate = sources.rows_for(cfg)
     assert train.column_names == ["text"] and 9 <= len(train) <= 12
     assert evaluate["text"] == sources.stdlib_rows(heldout=True)["text"]  # the raw held-out files
@@ -76,28 +77,41 @@ def test_stdlib_distilled_is_distilled_once_per_target(fake_stdlib, tiny_target_
     monkeypatch.setattr(distill, "generate_batch", fail)
     again, _ = sources.rows_for(cfg)
     assert again["text"] == train["text"] and again._fingerprint == train._fingerprint
-    other = load_config(None, {"target": str(tiny_target_dirs["qwen3"]), "data": ["stdlib-distilled"]})
+    other = load_config(None, {"target": str(tiny_target_dirs["qwen3"]), **settings})
     with pytest.raises(AssertionError, match="not cached"):  # another target distills its own
         sources.rows_for(other)
+    longer = load_config(None, {"target": str(tiny_target_dirs["llama"]), **settings, "max_steps": 4})
+    with pytest.raises(AssertionError, match="not cached"):  # a longer run distills its own epoch
+        sources.rows_for(longer)
 
 
-@pytest.mark.parametrize("method", ["medusa", "eagle"])
-def test_distilled_recipes_are_their_raw_recipe_on_distilled_data(method):
-    raw = yaml.safe_load((REPO / "recipes" / "tiny" / f"{method}.yaml").read_text())
-    distilled = yaml.safe_load((REPO / "recipes" / "tiny" / f"{method}-distilled.yaml").read_text())
-    assert distilled.pop("data") == ["stdlib-distilled"] and distilled.pop("eval_data") == ["stdlib"]
-    assert distilled.pop("output_dir") == raw.pop("output_dir") + "-distilled"
-    assert distilled == {k: v for k, v in raw.items() if k != "data"}
-    # one epoch of the raw recipe's rows, each a whole row once tokenize_rows adds the BOS
+def test_stdlib_distilled_is_one_epoch_of_the_recipe(fake_stdlib, tiny_target_dirs, monkeypatch):
+    monkeypatch.setattr(distill, "STDLIB_DISTILLED", SMALL)  # SMALL.max_rows (12) is not what counts
+    settings = {"data": ["stdlib-distilled"], "max_steps": 5, "batch_size": 2, "grad_accum": 2}
+    cfg = load_config(None, {"target": str(tiny_target_dirs["llama"]), **settings})
+    assert sources.epoch_rows(cfg) == 20
+    train, _ = sources.rows_for(cfg)
+    assert 16 <= len(train) <= 20  # a window the target ends at once (EOS) is skipped, not replaced
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
+def test_the_tiny_recipes_train_on_distilled_data_and_their_raw_twins_on_the_source(method):
+    distilled = yaml.safe_load((REPO / "recipes" / "tiny" / f"{method}.yaml").read_text())
+    raw = yaml.safe_load((REPO / "recipes" / "tiny" / f"{method}-raw.yaml").read_text())
+    assert distilled.pop("data") == ["stdlib-distilled"] and raw.pop("data") == ["stdlib"]
+    assert distilled["eval_data"] == raw["eval_data"] == ["stdlib"]  # both judged on the raw held-out files
+    assert raw.pop("output_dir") == distilled.pop("output_dir") + "-raw"
+    assert raw == distilled  # the same budget, the same everything else
+    # each window a whole row once tokenize_rows adds the BOS
     data = distill.STDLIB_DISTILLED
-    assert data.max_rows == raw["max_steps"] * raw["batch_size"]
-    assert data.prompt_tokens + data.max_new_tokens + 1 == raw["max_length"]
+    assert data.prompt_tokens + data.max_new_tokens + 1 == distilled["max_length"]
+    assert data.max_rows == distilled["max_steps"] * distilled["batch_size"]  # the documented default
 
 
-@pytest.mark.parametrize("method", ["medusa", "eagle"])
+@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
 def test_the_distilled_recipes_train(method, fake_stdlib, tiny_target_dirs, tmp_path, monkeypatch):
     monkeypatch.setattr(distill, "STDLIB_DISTILLED", SMALL)
-    recipe = REPO / "recipes" / "tiny" / f"{method}-distilled.yaml"
+    recipe = REPO / "recipes" / "tiny" / f"{method}.yaml"
     out = tmp_path / "run"
     overrides = [f"target={tiny_target_dirs['llama']}", "max_length=16", "max_steps=2", "eval_every=2"]
     overrides += ["eval_batches=1", "warmup_steps=1", f"output_dir={out}"]
