@@ -285,6 +285,52 @@ def _start_index(out_dir: Path, settings: dict, overwrite: bool) -> dict:
     return {**settings, "shards": [], "complete": False}
 
 
+def _cache_settings(
+    target: FrozenTarget,
+    rows,
+    capture_layers: Iterable[int],
+    storage: torch.dtype,
+    max_length: int,
+    pad_token_id: int | None,
+    shard_tokens: int,
+    batch_size: int,
+) -> tuple[dict[str, Any], np.ndarray]:
+    """(the settings a cache is built with and resumed only under, the rows' lengths); checks the
+    inputs before any forward runs."""
+    layers = sorted({target.layer_id(i) for i in capture_layers})
+    if not layers:
+        raise ValueError("capture_layers is empty: name the layers the heads read (cache_layers())")
+    if pad_token_id is None:
+        if target.tokenizer is None or target.tokenizer.pad_token_id is None:
+            raise ValueError("pass pad_token_id: the target has no tokenizer with a pad token")
+        pad_token_id = target.tokenizer.pad_token_id
+    lengths, tokens_sha256, prepacked = scan_rows(rows)
+    if lengths.max() > max_length:
+        row = int(lengths.argmax())
+        raise CacheError(f"row {row} has {lengths[row]} tokens, more than max_length={max_length}")
+    record = target.record()
+    settings = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "target": record.to_dict(),
+        "capture_layers": layers,
+        "dtype": DTYPE_NAMES[storage],
+        "hidden_size": target.hidden_size,
+        "vocab_hash": record.vocab_hash,
+        "dataset_fingerprint": getattr(rows, "_fingerprint", None),
+        "tokens_sha256": tokens_sha256,
+        "num_rows": len(lengths),
+        "num_tokens": int(lengths.sum()),
+        "max_length": max_length,
+        "pad_token_id": pad_token_id,
+        "prepacked": prepacked,
+        "shard_tokens": shard_tokens,
+        "batch_size": batch_size,
+        "plan": plan_shards(lengths, shard_tokens),
+    }
+    return settings, lengths
+
+
 def build_cache(
     target: FrozenTarget,
     rows,
@@ -323,37 +369,9 @@ def build_cache(
     storage = resolve_dtype(dtype)
     if storage not in DTYPE_NAMES:
         raise ValueError(f"cache dtype must be one of {sorted(DTYPE_NAMES.values())}, got {dtype!r}")
-    layers = sorted({target.layer_id(i) for i in capture_layers})
-    if not layers:
-        raise ValueError("capture_layers is empty: name the layers the heads read (cache_layers())")
-    if pad_token_id is None:
-        if target.tokenizer is None or target.tokenizer.pad_token_id is None:
-            raise ValueError("pass pad_token_id: the target has no tokenizer with a pad token")
-        pad_token_id = target.tokenizer.pad_token_id
-    lengths, tokens_sha256, prepacked = scan_rows(rows)
-    if lengths.max() > max_length:
-        row = int(lengths.argmax())
-        raise CacheError(f"row {row} has {lengths[row]} tokens, more than max_length={max_length}")
-    record = target.record()
-    settings = {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        "target": record.to_dict(),
-        "capture_layers": layers,
-        "dtype": DTYPE_NAMES[storage],
-        "hidden_size": target.hidden_size,
-        "vocab_hash": record.vocab_hash,
-        "dataset_fingerprint": getattr(rows, "_fingerprint", None),
-        "tokens_sha256": tokens_sha256,
-        "num_rows": len(lengths),
-        "num_tokens": int(lengths.sum()),
-        "max_length": max_length,
-        "pad_token_id": pad_token_id,
-        "prepacked": prepacked,
-        "shard_tokens": shard_tokens,
-        "batch_size": batch_size,
-        "plan": plan_shards(lengths, shard_tokens),
-    }
+    settings, lengths = _cache_settings(
+        target, rows, capture_layers, storage, max_length, pad_token_id, shard_tokens, batch_size
+    )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     index = _start_index(out_dir, settings, overwrite)
@@ -371,12 +389,12 @@ def build_cache(
             tensors = shard_tensors(
                 target,
                 examples,
-                layers,
+                settings["capture_layers"],
                 dtype=storage,
                 batch_size=batch_size,
-                pad_token_id=pad_token_id,
+                pad_token_id=settings["pad_token_id"],
                 max_length=max_length,
-                prepacked=prepacked,
+                prepacked=settings["prepacked"],
             )
             entry = {"file": path.name, "rows": [start, end], "tokens": int(lengths[start:end].sum())}
             entry["sha256"] = _write_shard(tensors, path, [start, end])
