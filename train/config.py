@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from specheads.train.data_sources import check_max_bad_rows
 from specheads.train.medusa2 import LAMBDA0_SCHEDULES, LORA_TARGET_MODULES
 
 METHODS = ("medusa", "medusa2", "eagle", "eagle3")
@@ -46,6 +47,7 @@ class TrainConfig:
     max_length: int = 512
     packing: bool = False
     loss_on: str = "assistant"  # for chat rows: "assistant", "last_assistant" or "all"
+    max_bad_rows: int | float = 0.01  # rows that cannot be read or masked: a count, or a fraction; more stops
     # Medusa
     num_heads: int = 4
     num_layers: int = 1
@@ -152,6 +154,10 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad recipe value: {message}")
+        try:
+            check_max_bad_rows(self.max_bad_rows)
+        except ValueError as e:
+            raise ValueError(f"bad recipe value: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -172,7 +178,10 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
         except (TypeError, ValueError):
             raise ValueError(f"recipe key {name!r} takes a list of {item.__name__}, got {value!r}") from None
     if origin in (typing.Union, types.UnionType):
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        kinds = [a for a in typing.get_args(hint) if a is not type(None)]
+        if type(value) in kinds:  # already one of them (max_bad_rows: an int count or a float fraction)
+            return value
+        hint = kinds[0]
     if hint is bool:
         if isinstance(value, str):
             if value.lower() in ("true", "1", "yes", "on"):

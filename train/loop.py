@@ -180,7 +180,11 @@ def make_data(cfg: TrainConfig, tokenizer, target: TargetRecord | None = None, v
     """
     train_rows, eval_rows = rows_for(cfg)
     tokenize = partial(
-        data_lib.tokenize_rows, tokenizer=tokenizer, max_length=cfg.max_length, loss_on=cfg.loss_on
+        data_lib.tokenize_rows,
+        tokenizer=tokenizer,
+        max_length=cfg.max_length,
+        loss_on=cfg.loss_on,
+        max_bad_rows=cfg.max_bad_rows,
     )
     layout = dict(pad_token_id=tokenizer.pad_token_id, packing=cfg.packing, max_length=cfg.max_length)
     collate = partial(data_lib.collate, **layout)

@@ -44,11 +44,20 @@ def test_unknown_keys_are_rejected_with_a_suggestion(tmp_path):
         ("lambda0_warmup=0", r"lambda0_warmup must be in \(0, 1\], got 0.0"),
         ("lora_r=0", "lora_r must be >= 1"),
         ("lora_dropout=1", r"lora_dropout must be in \[0, 1\)"),
+        ("max_bad_rows=2.5", r"a float max_bad_rows is a fraction of the rows, in \[0, 1\]; got 2.5"),
+        ("max_bad_rows=-1", "max_bad_rows must be a count"),
     ],
 )
 def test_bad_values_are_clear_errors(override, message):
     with pytest.raises(ValueError, match=message):
         load_config(None, [override])
+
+
+def test_max_bad_rows_keeps_a_count_a_count():
+    assert load_config(None, ["max_bad_rows=5"]).max_bad_rows == 5  # 5 rows, not a fraction 5.0
+    assert isinstance(load_config(None, ["max_bad_rows=5"]).max_bad_rows, int)
+    assert load_config(None, ["max_bad_rows=0.1"]).max_bad_rows == 0.1
+    assert TrainConfig().max_bad_rows == 0.01
 
 
 def test_bad_recipe_files(tmp_path):

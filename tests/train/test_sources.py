@@ -1,6 +1,7 @@
 """Named sources: stdlib rows built once and read from the cache (so tokenisation is cached too), and
 stdlib-distilled, distilled once per target; the tiny recipes that train on it."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,29 @@ def test_the_distilled_recipes_train(method, fake_stdlib, tiny_target_dirs, tmp_
     overrides += ["eval_batches=1", "warmup_steps=1", f"output_dir={out}"]
     assert cli_main(["train", str(recipe), *overrides, "--no-progress"]) == 0
     assert (out / "model.safetensors").is_file() and (out / "train_summary.json").is_file()
+
+
+def test_max_bad_rows_is_a_recipe_key_for_reading_and_for_masking(tmp_path):
+    """A row that cannot be read (bad JSON) and one whose mask is empty (no assistant turn) each count
+    against the recipe's max_bad_rows: at 0 the run stops naming the row, at 1 it skips it."""
+    from specheads.train.data import BadRowsError
+    from specheads.train.loop import make_data
+
+    good = json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hey"}]}
+    )
+    unanswered = json.dumps({"messages": [{"role": "user", "content": "nobody answers"}]})
+    broken, unmaskable = tmp_path / "broken.jsonl", tmp_path / "unmaskable.jsonl"
+    broken.write_text("\n".join([good] * 8 + ["{not json"]) + "\n")
+    unmaskable.write_text("\n".join([good] * 8 + [unanswered]) + "\n")
+    settings = {"eval_fraction": 0, "max_length": 64}
+
+    def config(path, max_bad_rows):
+        return load_config(None, {**settings, "data": [str(path)], "max_bad_rows": max_bad_rows})
+
+    with pytest.raises(BadRowsError, match=r"broken\.jsonl:9"):  # the broken line, by number
+        sources.rows_for(config(broken, 0))
+    assert len(sources.rows_for(config(broken, 1))[0]) == 8
+    with pytest.raises(BadRowsError, match="row 8"):  # its mask would be empty
+        make_data(config(unmaskable, 0), tiny_tokenizer())
+    assert len(make_data(config(unmaskable, 1), tiny_tokenizer())[0]) == 8
