@@ -8,8 +8,8 @@ Built-in:
                       settings `distill.STDLIB_DISTILLED`): windows of 255 tokens of the training
                       files (shuffled, seed 0), each keeping its first 32 tokens and the target's
                       greedy continuation after them; one 256-token row each once tokenize_rows adds
-                      the BOS. As many windows as one epoch of the recipe needs (max_steps x
-                      batch_size x grad_accum rows: 960 for the tiny recipes). Distilled once per
+                      the BOS. As many windows as one epoch of the run needs (max_steps x
+                      batch_size x grad_accum x processes rows: 960 for a tiny recipe on one). Distilled once per
                       target and size (about 40 s on 2 CPU cores for the tiny target's 960) and
                       cached; its evaluation rows are stdlib's held-out files.
 
@@ -89,9 +89,12 @@ def target_path(name: str) -> str:
     return name
 
 
-def epoch_rows(cfg: TrainConfig) -> int:
-    """Rows one process reads in a run of `cfg`: max_steps x batch_size x grad_accum."""
-    return cfg.max_steps * cfg.batch_size * cfg.grad_accum
+def epoch_rows(cfg: TrainConfig, num_processes: int | None = None) -> int:
+    """Rows a run of `cfg` reads, over all its processes (WORLD_SIZE, set by `accelerate launch`, when
+    not given): max_steps x batch_size x grad_accum x processes, as train/sampler.py draws them."""
+    if num_processes is None:
+        num_processes = int(os.environ.get("WORLD_SIZE", "1"))
+    return cfg.max_steps * cfg.batch_size * cfg.grad_accum * num_processes
 
 
 def stdlib_distilled_rows(

@@ -90,7 +90,11 @@ def test_stdlib_distilled_is_one_epoch_of_the_recipe(fake_stdlib, tiny_target_di
     monkeypatch.setattr(distill, "STDLIB_DISTILLED", SMALL)  # SMALL.max_rows (12) is not what counts
     settings = {"data": ["stdlib-distilled"], "max_steps": 5, "batch_size": 2, "grad_accum": 2}
     cfg = load_config(None, {"target": str(tiny_target_dirs["llama"]), **settings})
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert sources.epoch_rows(cfg) == 20
+    monkeypatch.setenv("WORLD_SIZE", "3")  # accelerate launch: each global batch spans the processes
+    assert sources.epoch_rows(cfg) == 60
+    monkeypatch.delenv("WORLD_SIZE")
     train, _ = sources.rows_for(cfg)
     assert 16 <= len(train) <= 20  # a window the target ends at once (EOS) is skipped, not replaced
 
