@@ -74,6 +74,7 @@ from specheads.decode.report import (
 )
 from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
+from specheads.heads.checkpoint import heads_adapter, target_for_heads
 from specheads.heads.target import DTYPES
 from specheads.version import __version__
 
@@ -355,6 +356,24 @@ def head_names(configs: list[dict[str, Any]], dirs: list[str]) -> list[str]:
     return names
 
 
+def adapted_target(target: FrozenTarget, heads_dirs: list[str]) -> FrozenTarget:
+    """`target`, or with the Medusa-2 adapter of the one heads directory that carries one merged in.
+
+    Every method and peer of a comparison decodes one model; an adapted target is another model,
+    so heads that carry an adapter are compared on their own.
+    """
+    adapters = [(path, heads_adapter(path)) for path in heads_dirs]
+    adapters = [(path, adapter) for path, adapter in adapters if adapter is not None]
+    if not adapters:
+        return target
+    if len(heads_dirs) > 1:
+        raise ValueError(
+            f"heads {adapters[0][0]} carry a Medusa-2 adapter, which makes the target another model: "
+            "compare them on their own (one --heads), not beside heads of the plain target"
+        )
+    return target_for_heads(target, heads_dirs[0])
+
+
 def build_methods(
     args: argparse.Namespace, target: FrozenTarget, peers: list[str], configs: list[dict]
 ) -> dict[str, tuple[str, Method]]:
@@ -378,6 +397,8 @@ def build_methods(
         heads, config = load_heads(path, target, device=target.device, dtype=target.dtype)
         drafter, tree_record = drafter_for(heads, config, target, tree)
         record = {"path": str(Path(path).resolve()), "head_config": config["head_config"]}
+        if (adapter := heads_adapter(path)) is not None:
+            record["adapter"] = str(adapter.resolve())  # merged into the target every method decodes
         methods[name] = (config["method"], HeadsMethod(target, drafter, tree_record, record))
     return methods
 
@@ -491,6 +512,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     target = FrozenTarget.from_pretrained(args.target, dtype=args.dtype, attn_implementation=args.attn)
+    target = adapted_target(target, args.heads)
     target.model.to(args.device)
     tokenizer = target.tokenizer
     if tokenizer is None:

@@ -69,6 +69,7 @@ from specheads.decode.report import DEFINITIONS, first_mismatch, per_category, r
 from specheads.decode.sampling import SamplingParams
 from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
+from specheads.heads.checkpoint import heads_adapter, target_for_heads
 from specheads.heads.target import DTYPES
 from specheads.version import __version__
 
@@ -496,6 +497,7 @@ def build_results(
             "head_config": head_config["head_config"],
             "training": head_config.get("training", {}),
             "specheads_version": head_config.get("specheads_version"),
+            "adapter": _path_or_none(heads_adapter(args.heads)),  # Medusa-2: merged into the target
         },
         "target": {**target.record().to_dict(), "path": args.target},
         "prompts": {
@@ -549,6 +551,10 @@ def report_text(results: dict[str, Any]) -> str:
     return render_report(results).replace("\nReproduce:", note + "\nReproduce:", 1)
 
 
+def _path_or_none(path: Path | None) -> str | None:
+    return None if path is None else str(path.resolve())
+
+
 def run(args: argparse.Namespace) -> int:
     """`specheads eval`: check every input, decode every prompt both ways, write the results."""
     _check_args(args)
@@ -560,6 +566,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     target = FrozenTarget.from_pretrained(args.target, dtype=args.dtype, attn_implementation=args.attn)
+    target = target_for_heads(target, args.heads)  # Medusa-2: the adapted target decodes, both ways
     target.model.to(args.device)
     if target.tokenizer is None:
         raise ValueError(f"target {args.target!r} has no tokenizer; eval needs one to encode prompts")

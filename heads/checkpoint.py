@@ -35,6 +35,7 @@ from specheads.version import __version__
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+ADAPTER_DIR = "adapter"  # Medusa-2: the peft adapter trained with the heads (train/medusa2.py)
 # method name -> (head class, its config class)
 HEAD_CLASSES: dict[str, tuple[type[nn.Module], type]] = {
     "medusa": (MedusaHeads, MedusaConfig),
@@ -122,6 +123,20 @@ def read_head_config(path: str | Path) -> dict[str, Any]:
     if config.get("method") not in HEAD_CLASSES:
         raise ValueError(f"{path}: unknown method {config.get('method')!r}; known: {sorted(HEAD_CLASSES)}")
     return config
+
+
+def heads_adapter(path: str | Path) -> Path | None:
+    """The Medusa-2 adapter saved beside the heads in `path` (`adapter/`), or None."""
+    adapter = Path(path) / ADAPTER_DIR
+    return adapter if (adapter / "adapter_config.json").is_file() else None
+
+
+def target_for_heads(target: FrozenTarget, path: str | Path) -> FrozenTarget:
+    """The model that verifies the heads in `path`: `target` itself, or for Medusa-2 heads `target`
+    with the adapter trained beside them merged into its weights (Medusa-2 moves the target's hidden
+    states; its adapted target is what the heads read and what decodes)."""
+    adapter = heads_adapter(path)
+    return target if adapter is None else target.with_adapter(adapter)
 
 
 def load_heads(

@@ -23,6 +23,7 @@ import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -237,6 +238,19 @@ class FrozenTarget:
             else None
         )
         return cls(model, tokenizer, name_or_path=name_or_path)
+
+    def with_adapter(self, adapter_dir: str | Path, *, merge: bool = True) -> FrozenTarget:
+        """A new FrozenTarget: this one's model with a saved peft adapter applied (it wraps this
+        model's modules, so use the result, not this target, afterwards); `merge` folds the adapter
+        into the weights, as decoding wants."""
+        from peft import PeftModel
+
+        if not (Path(adapter_dir) / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"{adapter_dir} holds no peft adapter (no adapter_config.json)")
+        model = PeftModel.from_pretrained(self.model, str(adapter_dir))
+        if merge:
+            model = model.merge_and_unload()
+        return FrozenTarget(model, self.tokenizer, name_or_path=self.name_or_path)
 
     def freeze(self) -> FrozenTarget:
         for p in self.model.parameters():

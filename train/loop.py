@@ -54,6 +54,7 @@ from specheads.heads import (
     layer_config_from,
     save_heads,
 )
+from specheads.heads.checkpoint import ADAPTER_DIR
 from specheads.train import data as data_lib
 from specheads.train.checkpointing import (
     StopOnSignal,
@@ -79,7 +80,6 @@ from specheads.train.eagle_losses import DraftMetrics, count_label_tokens
 from specheads.train.hidden_cache import CachedRows, cache_layers, collate_cached
 from specheads.train.losses import HeadMetrics
 from specheads.train.medusa2 import (
-    ADAPTER_DIR,
     Medusa2WithLoss,
     gathered_adapter,
     lambda0,

@@ -26,7 +26,8 @@ are trainable; the base weights stay bit-identical.
 
 Export: `save_adapter` writes a standard peft adapter (adapter_config.json + adapter_model.safetensors)
 into `adapter/` beside the heads; `PeftModel.from_pretrained(base, DIR/adapter)` restores the adapted
-target, and `load_adapter(..., merge=True)` folds it into the weights for decoding.
+target, and `FrozenTarget.with_adapter(DIR/adapter)` folds it into the weights for decoding
+(`specheads eval` and `compare` do so for heads that carry one: heads.checkpoint.target_for_heads).
 """
 
 from __future__ import annotations
@@ -42,14 +43,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from specheads.heads import FrozenTarget
-from specheads.heads.checkpoint import replace_dir
+from specheads.heads.checkpoint import ADAPTER_DIR, replace_dir
 from specheads.train.losses import HeadMetrics, medusa_loss
 from specheads.train.packing import shift_loss_mask
 
 # The attention and MLP projections of Llama / Qwen / Mistral style decoders.
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LAMBDA0_SCHEDULES = ("sine", "linear", "constant")
-ADAPTER_DIR = "adapter"
 
 
 def lambda0(
@@ -292,16 +292,6 @@ def save_adapter(target, heads_dir: str | Path) -> Path:
         # adapter_config.json + adapter_model.safetensors; the embeddings are never adapted
         model.save_pretrained(tmp, save_embedding_layers=False)
     return out
-
-
-def load_adapter(target: FrozenTarget, adapter_dir: str | Path, *, merge: bool = True) -> FrozenTarget:
-    """The target with a saved adapter applied; `merge` folds it into the weights (for decoding)."""
-    from peft import PeftModel
-
-    model = PeftModel.from_pretrained(target.model, str(adapter_dir))
-    if merge:
-        model = model.merge_and_unload()
-    return FrozenTarget(model, target.tokenizer, name_or_path=target.name_or_path)
 
 
 def load_adapter_weights(target, adapter_dir: str | Path) -> None:

@@ -19,7 +19,6 @@ from specheads.train.medusa2 import (
     Medusa2WithLoss,
     adapter_parameters,
     lambda0,
-    load_adapter,
     medusa2_loss,
     param_groups,
     save_adapter,
@@ -148,7 +147,7 @@ def test_saved_adapter_reproduces_adapted_logits(trained, batch, tmp_path):
     base = tiny_model("llama", seed=0, vocab_size=len(tiny_tokenizer()))  # a fresh copy of the base
     restored = FrozenTarget(PeftModel.from_pretrained(base, str(path)), tiny_tokenizer())
     torch.testing.assert_close(logits_of(restored, batch), adapted, rtol=0, atol=1e-6)
-    merged = load_adapter(fresh_target(), path, merge=True)
+    merged = fresh_target().with_adapter(path)
     assert not any(".lora_" in n for n, _ in merged.model.named_parameters())
     torch.testing.assert_close(logits_of(merged, batch), adapted, rtol=1e-4, atol=1e-4)
 
@@ -389,3 +388,60 @@ def test_zero3_two_processes_match_one_and_resume_exactly(tiny_target_dirs, tmp_
     for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
         a, b = load_file(str(tmp_path / "two" / name)), load_file(str(tmp_path / "resumed" / name))
         assert all(torch.equal(a[k], b[k]) for k in a), name
+
+
+QUESTIONS = [
+    {"question_id": 1, "category": "writing", "turns": ["Write a short note about the sea."]},
+    {"question_id": 2, "category": "writing", "turns": ["Describe a quiet morning."]},
+]
+
+
+def test_eval_decodes_medusa2_heads_with_their_adapter_merged(cli_run, tmp_path, monkeypatch):
+    """`specheads eval` on a Medusa-2 run decodes (and runs generate() on) the adapted target: the
+    base with adapter/ merged in, which is the model the heads were trained to read."""
+    from specheads.cli import main as cli_main
+    from specheads.decode import evaluate
+
+    out, _, target_dir = cli_run
+    seen = []
+    decoder = evaluate.SpeculativeDecoder
+    monkeypatch.setattr(evaluate, "SpeculativeDecoder", lambda t, d: seen.append(t) or decoder(t, d))
+    prompts = tmp_path / "questions.jsonl"
+    prompts.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    args = ["eval", "--target", str(target_dir), "--heads", str(out), "--prompts", str(prompts)]
+    args += ["--out", str(tmp_path / "eval"), "--max-new-tokens", "8", "--warmup", "0", "--no-progress"]
+    assert cli_main(args) == 0
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert results["heads"]["adapter"] == str((out / "adapter").resolve())
+    assert results["identical_to_baseline"] == "2/2"
+    used = dict(seen[0].model.named_parameters())
+    assert not any(".lora_" in name for name in used)  # merged, not wrapped
+    base = FrozenTarget.from_pretrained(str(target_dir), dtype="float32")
+    merged = dict(base.with_adapter(out / "adapter").model.named_parameters())
+    base = dict(FrozenTarget.from_pretrained(str(target_dir), dtype="float32").model.named_parameters())
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(used[name], base[name])  # the adapter moved the weights ...
+    for name, p in used.items():
+        torch.testing.assert_close(p, merged[name], rtol=0, atol=0)  # ... exactly as merging it does
+
+
+def test_compare_keeps_an_adapted_target_to_its_own_heads(cli_run, tmp_path):
+    from specheads.cli import main as cli_main
+
+    out, _, target_dir = cli_run
+    plain = tmp_path / "plain"
+    shutil.copytree(out, plain, ignore=shutil.ignore_patterns("adapter"))
+    prompts = tmp_path / "questions.jsonl"
+    prompts.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    args = [
+        "compare",
+        "--target",
+        str(target_dir),
+        "--heads",
+        str(out),
+        str(plain),
+        "--prompts",
+        str(prompts),
+    ]
+    with pytest.raises(ValueError, match="carry a Medusa-2 adapter, which makes the target another model"):
+        cli_main([*args, "--out", str(tmp_path / "cmp"), "--no-progress"])
