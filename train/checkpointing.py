@@ -129,13 +129,38 @@ def heads_for_saving(accelerator, model) -> nn.Module | None:
     heads = accelerator.unwrap_model(model).heads
     if not weights_sharded(accelerator):
         return heads if accelerator.is_main_process else None
-    state = accelerator.get_state_dict(model)
+    if zero_stage(accelerator) == 3:
+        state = _gathered_state(heads, keep=accelerator.is_main_process)
+    else:  # FSDP
+        state = {k.removeprefix("heads."): v for k, v in accelerator.get_state_dict(model).items()}
     if not accelerator.is_main_process:
         return None
     with torch.random.fork_rng(devices=[]):  # a fresh module's init must not move the run's RNG
         whole = type(heads)(heads.config)
-    whole.load_state_dict({k.removeprefix("heads."): v for k, v in state.items()})
+    whole.load_state_dict(state)
     return whole
+
+
+def _gathered_state(module: nn.Module, keep: bool) -> dict[str, torch.Tensor] | None:
+    """`module`'s whole state under ZeRO-3, gathered from every process (a collective) and kept on
+    this one if `keep`. Only the module's own parameters are gathered, never the rest of the model:
+    a Medusa-2 objective also holds the target, which must not land whole on one process."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if keep else None
+
+
+def _save_state_options(accelerator) -> dict:
+    """accelerator.save_state options: a DeepSpeed engine writes no copy of frozen weights (the
+    Medusa-2 target's base; the heads' objective has none otherwise)."""
+    from accelerate.utils import DistributedType
+
+    return (
+        {"exclude_frozen_parameters": True}
+        if accelerator.distributed_type == DistributedType.DEEPSPEED
+        else {}
+    )
 
 
 def register_state_hooks(accelerator) -> None:
@@ -155,7 +180,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp / ACCELERATE_STATE))
+    accelerator.save_state(str(tmp / ACCELERATE_STATE), **_save_state_options(accelerator))
     heads = heads_for_saving(accelerator, model)
     if accelerator.is_main_process:
         save_heads(heads, tmp, record, training)

@@ -421,7 +421,7 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
     engine = shard_target(accelerator, target) if cfg.mode == "online" and cfg.method != "medusa2" else None
     register_state_hooks(accelerator)
     if cfg.method == "medusa2":
-        register_adapter_state_hooks(accelerator, model, target)
+        register_adapter_state_hooks(accelerator, target)
         notes["adapter"] = ADAPTER_DIR  # a peft adapter beside the heads: the target they were trained on
     training = {**cfg.to_dict(), "target_resolved": target.name_or_path, **notes}
     return Run(

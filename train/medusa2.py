@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from contextlib import nullcontext
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -323,23 +322,18 @@ def gathered_adapter(target):
     return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
-def register_adapter_state_hooks(accelerator, model, target) -> None:
+def register_adapter_state_hooks(accelerator, target) -> None:
     """Step checkpoints carry the adapter as a peft adapter, `step-N/adapter/`, beside the heads, and
     none of the frozen base.
 
     accelerate's save_state hands its pre-hooks `step-N(tmp)/accelerate`, so the adapter lands inside
     the checkpoint before it is renamed into place (whole or not at all). On resume, DeepSpeed's engine
     restores heads and adapters from its own files; without it, the loop's hooks keep accelerate from
-    loading model weights (train/checkpointing.py), and the adapter is read back here. `model` is the
-    prepared Medusa2WithLoss: its state dict already leaves the base out, and a DeepSpeed engine is told
-    to leave out its own copy of the frozen weights too.
+    loading model weights (train/checkpointing.py), and the adapter is read back here. The objective's
+    state dict already leaves the base out, and train/checkpointing.py tells a DeepSpeed engine to
+    leave out its own copy of the frozen weights and gathers the heads alone under ZeRO-3.
     """
     from accelerate.utils import DistributedType
-
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        model.save_checkpoint = partial(model.save_checkpoint, exclude_frozen_parameters=True)
-        if getattr(model, "zero_optimization_partition_weights", lambda: False)():
-            _gather_heads_only(model)
 
     def save(models, weights, output_dir) -> None:
         with gathered_adapter(target):
@@ -352,17 +346,3 @@ def register_adapter_state_hooks(accelerator, model, target) -> None:
 
     accelerator.register_save_state_pre_hook(save)
     accelerator.register_load_state_pre_hook(load)
-
-
-def _gather_heads_only(engine) -> None:
-    """Under ZeRO-3, make the engine's whole-weights gather (what `accelerator.get_state_dict` calls,
-    and train/checkpointing.heads_for_saving through it) return the heads alone: gathering the frozen
-    base too would put all of a 70B target on one process at every checkpoint. The adapters are
-    gathered on their own (gathered_adapter)."""
-    consolidated = engine._zero3_consolidated_16bit_state_dict
-
-    def heads_only(exclude_frozen_parameters: bool = True):
-        state = consolidated(exclude_frozen_parameters=True)  # a collective; None off the main process
-        return None if state is None else {k: v for k, v in state.items() if k.startswith("heads.")}
-
-    engine._zero3_consolidated_16bit_state_dict = heads_only
