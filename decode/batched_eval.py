@@ -57,7 +57,7 @@ def decode_group(
     max_new_tokens: int,
     method_first: bool,
 ) -> list[dict[str, Any]]:
-    """Decode prompts (evaluate.Prompt: id, category, input_ids (1, T)) as one left-padded batch, with the
+    """Decode prompts (prompts.Prompt: id, category, input_ids (1, T)) as one left-padded batch, with the
     decoder and the baseline in the order given; one record per prompt."""
     ids, mask = left_pad([p.input_ids for p in prompts], pad_token_id(target))
     ids, mask = ids.to(target.device), mask.to(target.device)

@@ -17,7 +17,7 @@ Prompts (--prompts):
     *.jsonl                MT-Bench / Spec-Bench questions. Every turn is asked (--max-turns cuts them):
                            turn k goes to each method after that method's own answers to turns 1..k-1,
                            rendered with the target's chat template, as Spec-Bench does
-    heldout, *.json        held-out source files (decode.evaluate.read_prompts): the first
+    heldout, *.json        held-out source files (decode.prompts.read_prompts): the first
                            --prompt-tokens tokens of each, as raw text
 
 Writes to --out: results.json (one entry per method: DESIGN.md's figures, report.py's draft figures,

@@ -47,7 +47,6 @@ import platform
 import shlex
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +64,7 @@ from specheads.decode.calibrate import (
 )
 from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, eos_ids, timed
 from specheads.decode.eval_drafters import EAGLE_TOTAL_TOKENS, drafter_for
+from specheads.decode.prompts import Prompt, check_prompt_lengths, encode_prompts, read_prompts
 from specheads.decode.report import DEFINITIONS, first_mismatch, per_category, render_report, summarize
 from specheads.decode.sampling import SamplingParams
 from specheads.decode.trees import DEFAULT_TREES
@@ -73,155 +73,8 @@ from specheads.heads.checkpoint import heads_adapter, target_for_heads
 from specheads.heads.target import DTYPES
 from specheads.version import __version__
 
-# Written beside the embedded target by `specheads tiny-target` (train/tiny_target.py); decode/ does not
-# import train/, so the name is repeated here.
-HELDOUT_FILE = "heldout_files.json"
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
-
-
-# -- prompts ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class PromptText:
-    """One prompt before tokenization.
-
-    chat: the text is a user turn, rendered with the chat template; False: raw text, cut to the
-        first `--prompt-tokens` tokens when it is a whole file.
-    """
-
-    id: str
-    category: str | None
-    text: str
-    chat: bool
-
-
-@dataclass
-class Prompt:
-    id: str
-    category: str | None
-    input_ids: torch.Tensor  # (1, T)
-
-
-def read_prompts(
-    source: str, target_dir: str, category: str | None = None, num_prompts: int | None = None
-) -> list[PromptText]:
-    """The prompts named by `--prompts`, filtered by category and cut to `num_prompts`.
-
-    Raises:
-        FileNotFoundError: the prompts file (or a listed file) does not exist.
-        ValueError: an unknown format, a malformed or empty file, or no prompt left after filtering.
-    """
-    if source == "heldout":
-        path = Path(target_dir) / HELDOUT_FILE
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"--prompts heldout reads {path}, which does not exist (only `specheads tiny-target` "
-                f"writes one); give a .jsonl of questions instead"
-            )
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"prompts file {source!r} does not exist")
-    if path.suffix == ".jsonl":
-        prompts = _questions(path)
-    elif path.suffix == ".json":
-        prompts = _file_list(path)
-    else:
-        raise ValueError(
-            f"prompts file {source!r} has an unknown format: expected a .jsonl of MT-Bench / Spec-Bench "
-            f"questions, a .json file list like {HELDOUT_FILE}, or `heldout`"
-        )
-    if not prompts:
-        raise ValueError(f"prompts file {path} holds no prompts")
-    if category is not None:
-        known = sorted({p.category for p in prompts if p.category is not None})
-        prompts = [p for p in prompts if p.category == category]
-        if not prompts:
-            raise ValueError(f"no prompt in {path} has category {category!r}; categories there: {known}")
-    return prompts[:num_prompts]
-
-
-def _questions(path: Path) -> list[PromptText]:
-    """MT-Bench / Spec-Bench questions: the first turn of each."""
-    prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            question = json.loads(line)
-            turns = question["turns"]
-            text = turns[0] if isinstance(turns, list) else None
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
-            raise ValueError(
-                f"{path}, line {n}: expected a question like "
-                f'{{"question_id": 81, "category": "writing", "turns": ["..."]}} ({e!r})'
-            ) from e
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"{path}, line {n}: the first turn must be a non-empty string, got {text!r}")
-        question_id = question.get("question_id", n)
-        prompts.append(PromptText(str(question_id), question.get("category"), text, chat=True))
-    return prompts
-
-
-def _file_list(path: Path) -> list[PromptText]:
-    """A held-out file list, {"stdlib": root, "files": [paths relative to root]}: each file's text."""
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        root, files = Path(record.get("stdlib", path.parent)), record["files"]
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(
-            f'{path}: expected a file list like {{"stdlib": "/root", "files": ["a.py"]}} ({e!r})'
-        ) from e
-    prompts = []
-    for name in files:
-        file = root / name
-        if not file.is_file():
-            raise FileNotFoundError(f"{path} lists {name!r}, but {file} does not exist")
-        text = file.read_text(encoding="utf-8", errors="replace")
-        if text.strip():  # an empty module (a bare __init__.py) is no prompt
-            prompts.append(PromptText(str(name), None, text, chat=False))
-    return prompts
-
-
-def encode_prompts(
-    texts: list[PromptText], tokenizer, use_chat_template: bool, prompt_tokens: int
-) -> tuple[list[Prompt], bool]:
-    """Tokenize; returns the prompts and whether the chat template was used for any of them.
-
-    A user turn goes through `apply_chat_template(..., add_generation_prompt=True)` when the tokenizer
-    has a template and `use_chat_template`; otherwise it is tokenized as raw text. Whole files are cut
-    to their first `prompt_tokens` tokens.
-    """
-    templated = use_chat_template and getattr(tokenizer, "chat_template", None) is not None
-    templated = templated and any(p.chat for p in texts)
-    prompts = []
-    for p in texts:
-        if p.chat and templated:
-            messages = [{"role": "user", "content": p.text}]
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template has its BOS
-        else:
-            ids = tokenizer(p.text)["input_ids"]
-            ids = ids if p.chat else ids[:prompt_tokens]
-        prompts.append(Prompt(p.id, p.category, torch.tensor([ids], dtype=torch.long)))
-    return prompts, templated
-
-
-def check_prompt_lengths(prompts: list[Prompt], config, max_new_tokens: int, tree_depth: int) -> None:
-    """Raise if a prompt plus its output (and the draft tree past it) outruns the target's positions."""
-    limit = getattr(config, "max_position_embeddings", None)
-    for p in prompts:
-        if p.input_ids.shape[1] == 0:
-            raise ValueError(f"prompt {p.id!r} is empty after tokenization")
-        needed = p.input_ids.shape[1] + max_new_tokens + tree_depth
-        if limit is not None and needed > limit:
-            raise ValueError(
-                f"prompt {p.id!r} is {p.input_ids.shape[1]} tokens; with --max-new-tokens {max_new_tokens} "
-                f"and a tree {tree_depth} deep it needs {needed} positions, but the target has "
-                f"max_position_embeddings={limit}"
-            )
 
 
 # -- timing -----------------------------------------------------------------------------------------

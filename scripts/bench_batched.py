@@ -31,7 +31,8 @@ from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_eval import baseline_generate_batch, pad_token_id
 from specheads.decode.batched_inputs import left_pad
 from specheads.decode.decoder import PHASES
-from specheads.decode.evaluate import drafter_for, encode_prompts, read_prompts
+from specheads.decode.eval_drafters import drafter_for
+from specheads.decode.prompts import encode_prompts, read_prompts
 from specheads.heads import FrozenTarget, load_heads
 
 DEFAULT_HEADS = Path("runs/quickstart/medusa")

@@ -8,7 +8,7 @@ from specheads.decode import MedusaDrafter, default_tree
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_eval import baseline_generate_batch, evaluate_batched, first_mismatch
 from specheads.decode.batched_inputs import left_pad
-from specheads.decode.evaluate import Prompt
+from specheads.decode.prompts import Prompt
 from specheads.decode.report import summarize
 from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads
 

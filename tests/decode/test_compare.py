@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specheads.decode import compare, evaluate
+from specheads.decode import compare
+from specheads.decode import prompts as prompt_io
 from specheads.decode.conversations import (
     Conversation,
     TurnSettings,
@@ -58,7 +59,7 @@ def setup(tiny_target_dirs, tmp_path_factory) -> dict:
         (root / "sources" / name).parent.mkdir(parents=True, exist_ok=True)
         (root / "sources" / name).write_text(text)
     heldout = {"stdlib": str(root / "sources"), "files": sorted(SOURCES)}
-    (target_dir / evaluate.HELDOUT_FILE).write_text(json.dumps(heldout))
+    (target_dir / prompt_io.HELDOUT_FILE).write_text(json.dumps(heldout))
 
     target = FrozenTarget.from_pretrained(str(target_dir))
     torch.manual_seed(0)
@@ -376,8 +377,8 @@ def test_turns_and_prompt_sets(setup, tmp_path, monkeypatch):
     assert [c.id for c in conversations] == ["81", "121"] and conversations[0].turns == QUESTIONS[0]["turns"]
     assert read_conversations(str(setup["questions"]), "", None, 1, 1)[0].turns == QUESTIONS[0]["turns"][:1]
     # Turn 1 tokenizes as `specheads eval` does.
-    texts = evaluate.read_prompts(str(setup["questions"]), "", num_prompts=1)
-    (first,), _ = evaluate.encode_prompts(texts, tokenizer, use_chat_template=True, prompt_tokens=8)
+    texts = prompt_io.read_prompts(str(setup["questions"]), "", num_prompts=1)
+    (first,), _ = prompt_io.encode_prompts(texts, tokenizer, use_chat_template=True, prompt_tokens=8)
     assert torch.equal(render_turn(tokenizer, conversations[0], [], True, 8), first.input_ids)
 
     monkeypatch.setenv("SPECHEADS_DATA", str(tmp_path))

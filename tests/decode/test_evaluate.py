@@ -15,6 +15,7 @@ import torch
 
 from specheads.cli import main as cli
 from specheads.decode import DecodeOutput, evaluate
+from specheads.decode import prompts as prompt_io
 from specheads.decode.report import summarize
 from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads, TargetMismatchError, save_heads
 
@@ -55,7 +56,7 @@ def setup(tiny_target_dirs, tmp_path_factory) -> dict:
         (root / "sources" / name).parent.mkdir(parents=True, exist_ok=True)
         (root / "sources" / name).write_text(text)
     heldout = {"stdlib": str(root / "sources"), "train_files": 0, "files": sorted(SOURCES)}
-    (target_dir / evaluate.HELDOUT_FILE).write_text(json.dumps(heldout))
+    (target_dir / prompt_io.HELDOUT_FILE).write_text(json.dumps(heldout))
 
     target = FrozenTarget.from_pretrained(str(target_dir))
     heads = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=NUM_HEADS))
@@ -189,9 +190,9 @@ def test_eval_on_heldout_files(setup, tmp_path):
 
 def test_chat_template_and_raw_text(setup):
     tokenizer = FrozenTarget.from_pretrained(str(setup["target"])).tokenizer
-    texts = evaluate.read_prompts(str(setup["questions"]), str(setup["target"]), num_prompts=1)
-    chat, templated = evaluate.encode_prompts(texts, tokenizer, use_chat_template=True, prompt_tokens=4)
-    raw, plain = evaluate.encode_prompts(texts, tokenizer, use_chat_template=False, prompt_tokens=4)
+    texts = prompt_io.read_prompts(str(setup["questions"]), str(setup["target"]), num_prompts=1)
+    chat, templated = prompt_io.encode_prompts(texts, tokenizer, use_chat_template=True, prompt_tokens=4)
+    raw, plain = prompt_io.encode_prompts(texts, tokenizer, use_chat_template=False, prompt_tokens=4)
     rendered = tokenizer.apply_chat_template(
         [{"role": "user", "content": QUESTIONS[0]["turns"][0]}], add_generation_prompt=True, tokenize=False
     )
@@ -202,9 +203,9 @@ def test_chat_template_and_raw_text(setup):
 
 
 def test_category_filter_and_num_prompts(setup):
-    texts = evaluate.read_prompts(str(setup["questions"]), "", category="writing")
+    texts = prompt_io.read_prompts(str(setup["questions"]), "", category="writing")
     assert [t.id for t in texts] == ["81", "121"]
-    assert [t.id for t in evaluate.read_prompts(str(setup["questions"]), "", num_prompts=2)] == ["81", "101"]
+    assert [t.id for t in prompt_io.read_prompts(str(setup["questions"]), "", num_prompts=2)] == ["81", "101"]
 
 
 def test_summary_definitions():
@@ -280,7 +281,7 @@ def test_errors_found_after_loading_the_target(setup, tmp_path):
     with pytest.raises(ValueError, match="unknown tree 'medusa-7'"):
         cli(eval_args(setup, out, setup["questions"], "--tree", "medusa-7"))
     bare = tmp_path / "bare-target"
-    shutil.copytree(setup["target"], bare, ignore=shutil.ignore_patterns(evaluate.HELDOUT_FILE))
+    shutil.copytree(setup["target"], bare, ignore=shutil.ignore_patterns(prompt_io.HELDOUT_FILE))
     args = eval_args(setup, out, "heldout")
     args[args.index("--target") + 1] = str(bare)
     with pytest.raises(FileNotFoundError, match="heldout_files.json"):
@@ -325,9 +326,15 @@ def test_order_alternates_and_warmup_is_untimed(monkeypatch):
 
     monkeypatch.setattr(evaluate, "baseline_generate", lambda *a: calls.append("baseline") or [5, 6])
     target = argparse.Namespace(device=torch.device("cpu"))
-    prompts = [evaluate.Prompt(str(i), None, torch.tensor([[1, 2]])) for i in range(3)]
+    prompts = [prompt_io.Prompt(str(i), None, torch.tensor([[1, 2]])) for i in range(3)]
     records = evaluate.evaluate(Decoder(), target, prompts, max_new_tokens=2, warmup=1, progress=False)
     warmup, timed = calls[:2], calls[2:]
     assert warmup == ["method", "baseline"] and len(records) == 3
     assert timed == ["method", "baseline", "baseline", "method", "method", "baseline"]
     assert all(r["identical_to_baseline"] for r in records)
+
+
+def test_heldout_file_name_is_the_one_tiny_target_writes():
+    from specheads.train.tiny_target import HELDOUT_FILE  # decode/ does not import train/: a copy
+
+    assert prompt_io.HELDOUT_FILE == HELDOUT_FILE
