@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import copy
 import os
+import resource
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 
@@ -142,3 +144,18 @@ def target_parameter_counts(target) -> tuple[int, int]:
         # a partitioned weight's own tensor is empty outside its module's forward; its slice is ds_tensor
         resident += p.numel() + (p.ds_tensor.numel() if hasattr(p, "ds_tensor") else 0)
     return total, resident
+
+
+def memory_per_process(accelerator) -> dict[str, list]:
+    """Each process's peak resident memory (loading included), its resident memory now, and its
+    accelerator's peak allocation (-1 without one), in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    try:
+        now = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
+    except OSError:  # not Linux
+        now = -1
+    device = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else -1
+    mine = torch.tensor([peak, now, device], dtype=torch.int64, device=accelerator.device)
+    every = accelerator.gather(mine[None]).cpu()  # (processes, 3)
+    names = ("peak_rss_bytes", "rss_bytes_at_end", "peak_accelerator_bytes")
+    return {name: every[:, i].tolist() for i, name in enumerate(names)}

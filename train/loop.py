@@ -28,7 +28,6 @@ import argparse
 import itertools
 import json
 import math
-import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -73,6 +72,7 @@ from specheads.train.distributed import (
     gathered_lm_head,
     is_partitioned,
     make_accelerator,
+    memory_per_process,
     shard_target,
     target_parameter_counts,
 )
@@ -93,7 +93,7 @@ from specheads.train.offline_target import OfflineTarget, target_output
 from specheads.train.provenance import provenance, write_provenance
 from specheads.train.sampler import EpochBatches
 from specheads.train.sources import rows_for
-from specheads.train.tracking import new_run_id, start_tracking, track
+from specheads.train.tracking import keep_metrics_until, log_record, new_run_id, start_tracking
 
 # -- set-up ---------------------------------------------------------------------------------------
 
@@ -446,11 +446,11 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     state.update(num_processes=accelerator.num_processes, config=cfg.to_dict())
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        _keep_metrics_until(out_dir / "metrics.jsonl", state["step"])
+        keep_metrics_until(out_dir / "metrics.jsonl", state["step"])
         launch = provenance(cfg.to_dict(), accelerator.num_processes, resume_from and str(resume_from))
         write_provenance(out_dir, launch)
     start_tracking(accelerator, cfg, state["run_id"])
-    log = partial(_log, accelerator, out_dir / "metrics.jsonl")
+    log = partial(log_record, accelerator, out_dir / "metrics.jsonl")
 
     batches = train_batches(cfg, run.train_rows, run.collate, accelerator, start=state["global_batches"])
     # Metric sums since the last train log (a checkpoint keeps all processes' on the main one).
@@ -544,35 +544,6 @@ def finish(
         (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
     accelerator.end_training()
     return summary
-
-
-def memory_per_process(accelerator) -> dict[str, list]:
-    """Each process's peak resident memory (loading included), its resident memory now, and its
-    accelerator's peak allocation (-1 without one), in bytes."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    try:
-        now = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
-    except OSError:  # not Linux
-        now = -1
-    device = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else -1
-    mine = torch.tensor([peak, now, device], dtype=torch.int64, device=accelerator.device)
-    every = accelerator.gather(mine[None]).cpu()  # (processes, 3)
-    names = ("peak_rss_bytes", "rss_bytes_at_end", "peak_accelerator_bytes")
-    return {name: every[:, i].tolist() for i, name in enumerate(names)}
-
-
-def _log(accelerator, path: Path, record: dict) -> None:
-    if accelerator.is_main_process:
-        with path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-    track(accelerator, record["split"], record, record["step"])
-
-
-def _keep_metrics_until(path: Path, step: int) -> None:
-    """A fresh run starts metrics.jsonl empty; a resumed one keeps the records up to its step."""
-    lines = path.read_text().splitlines() if step and path.is_file() else []
-    kept = [line for line in lines if json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

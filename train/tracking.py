@@ -9,8 +9,10 @@ tracking off.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
+from pathlib import Path
 
 from specheads.train.config import TrainConfig
 
@@ -36,3 +38,18 @@ def track(accelerator, split: str, record: dict, step: int) -> None:
     """Log a metrics record's numbers as `split/key`."""
     values = {f"{split}/{k}": v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
     accelerator.log(values, step=step)
+
+
+def log_record(accelerator, path: Path, record: dict) -> None:
+    """Append `record` to metrics.jsonl (main process) and send it to the tracker."""
+    if accelerator.is_main_process:
+        with path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+    track(accelerator, record["split"], record, record["step"])
+
+
+def keep_metrics_until(path: Path, step: int) -> None:
+    """A fresh run starts metrics.jsonl empty; a resumed one keeps the records up to its step."""
+    lines = path.read_text().splitlines() if step and path.is_file() else []
+    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
