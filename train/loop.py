@@ -542,6 +542,10 @@ def finish(
         if completed:
             save_heads(heads, out_dir, run.record, {**run.training, "step": cfg.max_steps, "eval": last_eval})
         (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
+    # Every process tears its process group down together, once the files are written. Twice in one
+    # session a second process that left while the main one still wrote aborted at exit ("terminate
+    # called without an active exception"; 2-process ZeRO-3 launches on CPU, gloo).
+    accelerator.wait_for_everyone()
     accelerator.end_training()
     return summary
 
