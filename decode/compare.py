@@ -362,16 +362,15 @@ def adapted_target(target: FrozenTarget, heads_dirs: list[str]) -> FrozenTarget:
     Every method and peer of a comparison decodes one model; an adapted target is another model,
     so heads that carry an adapter are compared on their own.
     """
-    adapters = [(path, heads_adapter(path)) for path in heads_dirs]
-    adapters = [(path, adapter) for path, adapter in adapters if adapter is not None]
-    if not adapters:
-        return target
-    if len(heads_dirs) > 1:
+    if len(heads_dirs) == 1:
+        return target_for_heads(target, heads_dirs[0])
+    adapted = [path for path in heads_dirs if heads_adapter(path) is not None]
+    if adapted:
         raise ValueError(
-            f"heads {adapters[0][0]} carry a Medusa-2 adapter, which makes the target another model: "
+            f"heads {adapted[0]} carry a Medusa-2 adapter, which makes the target another model: "
             "compare them on their own (one --heads), not beside heads of the plain target"
         )
-    return target_for_heads(target, heads_dirs[0])
+    return target
 
 
 def build_methods(

@@ -30,7 +30,7 @@ from torch import nn
 from specheads.heads.eagle import EagleConfig, EagleHead
 from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
 from specheads.heads.medusa import MedusaConfig, MedusaHeads
-from specheads.heads.target import FrozenTarget, TargetRecord
+from specheads.heads.target import ADAPTER_CONFIG, FrozenTarget, TargetRecord
 from specheads.version import __version__
 
 CONFIG_FILE = "config.json"
@@ -128,7 +128,7 @@ def read_head_config(path: str | Path) -> dict[str, Any]:
 def heads_adapter(path: str | Path) -> Path | None:
     """The Medusa-2 adapter saved beside the heads in `path` (`adapter/`), or None."""
     adapter = Path(path) / ADAPTER_DIR
-    return adapter if (adapter / "adapter_config.json").is_file() else None
+    return adapter if (adapter / ADAPTER_CONFIG).is_file() else None
 
 
 def target_for_heads(target: FrozenTarget, path: str | Path) -> FrozenTarget:

@@ -31,6 +31,7 @@ from torch import nn
 
 # Attention back-ends a target may be loaded with. The tree decoder needs one that honours a custom
 # additive mask (sdpa or eager); flash attention ignores custom masks.
+ADAPTER_CONFIG = "adapter_config.json"  # what marks a directory as a saved peft adapter
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
 DTYPES = {
     "float32": torch.float32,
@@ -245,8 +246,8 @@ class FrozenTarget:
         into the weights, as decoding wants."""
         from peft import PeftModel
 
-        if not (Path(adapter_dir) / "adapter_config.json").is_file():
-            raise FileNotFoundError(f"{adapter_dir} holds no peft adapter (no adapter_config.json)")
+        if not (Path(adapter_dir) / ADAPTER_CONFIG).is_file():
+            raise FileNotFoundError(f"{adapter_dir} holds no peft adapter (no {ADAPTER_CONFIG})")
         model = PeftModel.from_pretrained(self.model, str(adapter_dir))
         if merge:
             model = model.merge_and_unload()

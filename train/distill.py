@@ -102,8 +102,8 @@ class DistillConfig:
 
 # The `stdlib-distilled` source (train/sources.py): 255-token windows, so that each row with the BOS
 # that tokenize_rows adds is one 256-token row of the tiny recipes; greedy, as the decoder is measured.
-# max_rows is set per recipe to one epoch of its budget (sources.epoch_rows); 960 = the tiny recipes'
-# 120 steps x batch 8.
+# max_rows is replaced per run by one epoch of its budget (sources.epoch_rows); 960 is that epoch for
+# the tiny recipes (120 steps x batch 8, one process), the size `specheads distill` users copy.
 STDLIB_DISTILLED = DistillConfig(prompt_tokens=32, max_new_tokens=223, batch_size=128, max_rows=960)
 
 

@@ -9,9 +9,9 @@ Built-in:
                       files (shuffled, seed 0), each keeping its first 32 tokens and the target's
                       greedy continuation after them; one 256-token row each once tokenize_rows adds
                       the BOS. As many windows as one epoch of the run needs (max_steps x
-                      batch_size x grad_accum x processes rows: 960 for a tiny recipe on one). Distilled once per
-                      target and size (about 40 s on 2 CPU cores for the tiny target's 960) and
-                      cached; its evaluation rows are stdlib's held-out files.
+                      batch_size x grad_accum x processes rows: 960 for a tiny recipe on one
+                      process). Distilled once per target and size (29 s on 2 CPU cores for the
+                      tiny target's 960) and cached; its evaluation rows are stdlib's held-out files.
 
 Both are built once under the specheads cache (`SPECHEADS_CACHE`, else ~/.cache/specheads) and read
 back from disk afterwards, so their `datasets` fingerprints are stable and tokenize_rows' cache hits
@@ -97,20 +97,15 @@ def epoch_rows(cfg: TrainConfig, num_processes: int | None = None) -> int:
     return cfg.max_steps * cfg.batch_size * cfg.grad_accum * num_processes
 
 
-def stdlib_distilled_rows(
-    target: str, num_rows: int | None = None, progress: bool = True
-) -> datasets.Dataset:
-    """`stdlib-distilled` for `target` (a recipe's `target`): `num_rows` windows (default: the
-    settings' max_rows), distilled on first use."""
+def stdlib_distilled_rows(target: str, num_rows: int, progress: bool = True) -> datasets.Dataset:
+    """`stdlib-distilled` for `target` (a recipe's `target`): `num_rows` windows, distilled on first use."""
     from filelock import FileLock
 
     from specheads.heads import FrozenTarget
     from specheads.train import distill
 
     path = target_path(target)
-    cfg = distill.STDLIB_DISTILLED
-    if num_rows is not None:
-        cfg = dataclasses.replace(cfg, max_rows=num_rows)
+    cfg = dataclasses.replace(distill.STDLIB_DISTILLED, max_rows=num_rows)
     rows = stdlib_rows(heldout=False).shuffle(seed=0)
     record = _target_key(path)
     key = hashlib.sha256(json.dumps([record, distill.settings_of(cfg), rows._fingerprint]).encode())
