@@ -49,10 +49,9 @@ it keeps (`timed`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from types import SimpleNamespace
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -62,6 +61,7 @@ from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.eval_drafters import EAGLE_DEPTH, EAGLE_TOP_K, dynamic_drafter, medusa_drafter
 from specheads.decode.kv_cache import compact_cache, new_cache
 from specheads.decode.sampling import SamplingParams
+from specheads.decode.step_timing import Timer, measured_timer
 from specheads.decode.tree_inputs import tree_inputs
 from specheads.decode.trees import DraftTree, StaticTree, build_tree, expected_accept_length
 from specheads.decode.verify import Acceptance, verify_greedy
@@ -404,120 +404,6 @@ def dynamic_candidates(
     return candidates
 
 
-# -- timings ---------------------------------------------------------------------------------------------
-
-
-class Timer(Protocol):
-    def measure(self, nodes: Sequence[int], drafters: Sequence[Drafter]) -> tuple[list[float], list[float]]:
-        """Seconds of one target step over nodes[i] nodes and of one drafters[i].propose, for every i."""
-        ...
-
-
-class MeasuredTimer:
-    """Times target steps and drafter proposals on this machine, along one calibration sequence.
-
-    Both run on a cache of `start` positions (realistic: a prompt and half its continuation), interleaved
-    over `repeats` rounds after an untimed one; the fastest is kept.
-    """
-
-    def __init__(
-        self,
-        target: FrozenTarget,
-        capture_layers: tuple[int, ...],
-        sequence: torch.Tensor,
-        start: int,
-        repeats: int,
-    ):
-        """
-        Args:
-            capture_layers: the drafters' (features handed to them, and captured on every tree forward).
-            sequence: (1, L) a prompt and its greedy continuation, L >= start + repeats + 2.
-        """
-        if not 1 <= start <= sequence.shape[1] - repeats - 2:
-            raise ValueError(
-                f"timing needs a sequence of at least start + repeats + 2 = {start + repeats + 2} tokens with "
-                f"start >= 1, got {sequence.shape[1]} tokens and start {start}"
-            )
-        self.target, self.start, self.repeats = target, start, repeats
-        self.sequence = sequence.to(target.device)
-        self.decoder = SpeculativeDecoder(target, SimpleNamespace(capture_layers=tuple(capture_layers)))
-        with torch.no_grad():
-            out = target(self.sequence, capture=capture_layers, logits=False)
-        self.hidden = {layer: out.hidden[target.layer_id(layer)] for layer in capture_layers}  # (1, L, H)
-
-    @torch.no_grad()
-    def measure(self, nodes: Sequence[int], drafters: Sequence[Drafter]) -> tuple[list[float], list[float]]:
-        steps = self.target_steps(sorted(set(nodes)))
-        return [steps[n] for n in nodes], self.drafts(drafters)
-
-    def _seconds(self, run: Callable[[], Any]) -> float:
-        _sync(self.target.device)
-        begin = time.perf_counter()
-        run()
-        _sync(self.target.device)
-        return time.perf_counter() - begin
-
-    def target_steps(self, sizes: Sequence[int]) -> dict[int, float]:
-        """Per size N: tree inputs, forward, greedy verification and compaction over a binary tree of N nodes."""
-        cache, past = new_cache(), self.start
-        self.decoder.prefill(self.sequence[:, :past], cache)
-        trees = {}
-        for n in sizes:
-            index = torch.arange(n, device=self.sequence.device)
-            tokens = self.sequence[:, (past + index) % self.sequence.shape[1]]
-            trees[n] = DraftTree(tokens=tokens, parents=((index - 1) // 2)[None])  # node i under (i - 1) // 2
-
-        def step(tree: DraftTree) -> None:
-            inputs = tree_inputs(tree, past, self.decoder.mask_dtype, self.decoder.window)
-            out = self.decoder.tree_forward(tree, inputs, cache)
-            compact_cache(cache, past, verify_greedy(tree, out.logits)[0].path)
-
-        seconds: dict[int, list[float]] = {n: [] for n in sizes}
-        for _ in range(self.repeats + 1):
-            for n, tree in trees.items():
-                seconds[n].append(self._seconds(lambda tree=tree: step(tree)))
-                if cache.get_seq_length() > past:  # back to `past` for the next run
-                    cache.crop(-(cache.get_seq_length() - past))
-        return {n: min(s[1:]) for n, s in seconds.items()}
-
-    def drafts(self, drafters: Sequence[Drafter]) -> list[float]:
-        """Per drafter: `propose`, advancing one token a call from `start` cached positions (a call at step 0,
-        untimed, fills a stateful drafter's cache)."""
-
-        def context(i: int) -> DraftContext:  # i = 0: `start` positions new; then one more per call
-            cached = self.start + i
-            rows = slice(0, cached) if i == 0 else slice(cached - 1, cached)
-            features = {layer: h[:, rows] for layer, h in self.hidden.items()}
-            return DraftContext(self.sequence[:, : cached + 1], features, step=i)
-
-        for drafter in drafters:
-            drafter.propose(context(0))
-        seconds: list[list[float]] = [[] for _ in drafters]
-        for i in range(1, self.repeats + 2):
-            calls = context(i)
-            for drafter, kept in zip(drafters, seconds):
-                kept.append(self._seconds(lambda drafter=drafter, calls=calls: drafter.propose(calls)))
-        return [min(s[1:]) for s in seconds]
-
-
-def measured_timer(
-    target: FrozenTarget,
-    capture_layers: tuple[int, ...],
-    sequences: Sequence[tuple[torch.Tensor, int]],
-    repeats: int,
-) -> MeasuredTimer:
-    """A MeasuredTimer along the longest calibration sequence, its cache halfway through the continuation."""
-    sequence, prompt_len = max(sequences, key=lambda s: s[0].shape[1])
-    length = sequence.shape[1]
-    start = min(prompt_len + (length - prompt_len) // 2, length - repeats - 2)
-    return MeasuredTimer(target, capture_layers, sequence, start, repeats)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # -- `--tree auto` -------------------------------------------------------------------------------------
 
 
@@ -538,7 +424,7 @@ def calibrated_drafter(
 
     Args:
         prompts: the calibration prompts (`hold_out`), each with an `id` and `input_ids` (1, T).
-        timer: the timings; None measures them here (`MeasuredTimer`).
+        timer: the timings; None measures them here (`step_timing.MeasuredTimer`).
 
     Returns:
         The chosen tree's drafter, its record (as `drafter_for` returns), and results.json's "calibration":

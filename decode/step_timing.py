@@ -1,0 +1,134 @@
+"""Step and draft timings on this machine, for `--tree auto` (decode/calibrate.py).
+
+A target step (tree inputs, the tree forward, greedy verification, compaction) is timed per tree size on a
+binary tree of that many nodes, and a drafter's `propose` per drafter, both on a cache of realistic length,
+interleaved over the repeats after an untimed round; each keeps its fastest run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any, Protocol
+
+import torch
+
+from specheads.decode.decoder import SpeculativeDecoder
+from specheads.decode.drafters import DraftContext, Drafter
+from specheads.decode.kv_cache import compact_cache, new_cache
+from specheads.decode.tree_inputs import tree_inputs
+from specheads.decode.trees import DraftTree
+from specheads.decode.verify import verify_greedy
+from specheads.heads.target import FrozenTarget
+
+
+class Timer(Protocol):
+    def measure(self, nodes: Sequence[int], drafters: Sequence[Drafter]) -> tuple[list[float], list[float]]:
+        """Seconds of one target step over nodes[i] nodes and of one drafters[i].propose, for every i."""
+        ...
+
+
+class MeasuredTimer:
+    """Times target steps and drafter proposals on this machine, along one calibration sequence.
+
+    Both run on a cache of `start` positions (realistic: a prompt and half its continuation), interleaved
+    over `repeats` rounds after an untimed one; the fastest is kept.
+    """
+
+    def __init__(
+        self,
+        target: FrozenTarget,
+        capture_layers: tuple[int, ...],
+        sequence: torch.Tensor,
+        start: int,
+        repeats: int,
+    ):
+        """
+        Args:
+            capture_layers: the drafters' (features handed to them, and captured on every tree forward).
+            sequence: (1, L) a prompt and its greedy continuation, L >= start + repeats + 2.
+        """
+        if not 1 <= start <= sequence.shape[1] - repeats - 2:
+            raise ValueError(
+                f"timing needs a sequence of at least start + repeats + 2 = {start + repeats + 2} tokens with "
+                f"start >= 1, got {sequence.shape[1]} tokens and start {start}"
+            )
+        self.target, self.start, self.repeats = target, start, repeats
+        self.sequence = sequence.to(target.device)
+        self.decoder = SpeculativeDecoder(target, SimpleNamespace(capture_layers=tuple(capture_layers)))
+        with torch.no_grad():
+            out = target(self.sequence, capture=capture_layers, logits=False)
+        self.hidden = {layer: out.hidden[target.layer_id(layer)] for layer in capture_layers}  # (1, L, H)
+
+    @torch.no_grad()
+    def measure(self, nodes: Sequence[int], drafters: Sequence[Drafter]) -> tuple[list[float], list[float]]:
+        steps = self.target_steps(sorted(set(nodes)))
+        return [steps[n] for n in nodes], self.drafts(drafters)
+
+    def _seconds(self, run: Callable[[], Any]) -> float:
+        _sync(self.target.device)
+        begin = time.perf_counter()
+        run()
+        _sync(self.target.device)
+        return time.perf_counter() - begin
+
+    def target_steps(self, sizes: Sequence[int]) -> dict[int, float]:
+        """Per size N: tree inputs, forward, greedy verification and compaction over a binary tree of N nodes."""
+        cache, past = new_cache(), self.start
+        self.decoder.prefill(self.sequence[:, :past], cache)
+        trees = {}
+        for n in sizes:
+            index = torch.arange(n, device=self.sequence.device)
+            tokens = self.sequence[:, (past + index) % self.sequence.shape[1]]
+            trees[n] = DraftTree(tokens=tokens, parents=((index - 1) // 2)[None])  # node i under (i - 1) // 2
+
+        def step(tree: DraftTree) -> None:
+            inputs = tree_inputs(tree, past, self.decoder.mask_dtype, self.decoder.window)
+            out = self.decoder.tree_forward(tree, inputs, cache)
+            compact_cache(cache, past, verify_greedy(tree, out.logits)[0].path)
+
+        seconds: dict[int, list[float]] = {n: [] for n in sizes}
+        for _ in range(self.repeats + 1):
+            for n, tree in trees.items():
+                seconds[n].append(self._seconds(lambda tree=tree: step(tree)))
+                if cache.get_seq_length() > past:  # back to `past` for the next run
+                    cache.crop(-(cache.get_seq_length() - past))
+        return {n: min(s[1:]) for n, s in seconds.items()}
+
+    def drafts(self, drafters: Sequence[Drafter]) -> list[float]:
+        """Per drafter: `propose`, advancing one token a call from `start` cached positions (a call at step 0,
+        untimed, fills a stateful drafter's cache)."""
+
+        def context(i: int) -> DraftContext:  # i = 0: `start` positions new; then one more per call
+            cached = self.start + i
+            rows = slice(0, cached) if i == 0 else slice(cached - 1, cached)
+            features = {layer: h[:, rows] for layer, h in self.hidden.items()}
+            return DraftContext(self.sequence[:, : cached + 1], features, step=i)
+
+        for drafter in drafters:
+            drafter.propose(context(0))
+        seconds: list[list[float]] = [[] for _ in drafters]
+        for i in range(1, self.repeats + 2):
+            calls = context(i)
+            for drafter, kept in zip(drafters, seconds):
+                kept.append(self._seconds(lambda drafter=drafter, calls=calls: drafter.propose(calls)))
+        return [min(s[1:]) for s in seconds]
+
+
+def measured_timer(
+    target: FrozenTarget,
+    capture_layers: tuple[int, ...],
+    sequences: Sequence[tuple[torch.Tensor, int]],
+    repeats: int,
+) -> MeasuredTimer:
+    """A MeasuredTimer along the longest calibration sequence, its cache halfway through the continuation."""
+    sequence, prompt_len = max(sequences, key=lambda s: s[0].shape[1])
+    length = sequence.shape[1]
+    start = min(prompt_len + (length - prompt_len) // 2, length - repeats - 2)
+    return MeasuredTimer(target, capture_layers, sequence, start, repeats)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
