@@ -1,18 +1,20 @@
 """Offline training through the real entry points: `specheads cache RECIPE` then `specheads train RECIPE
 mode=offline cache_dir=...` logs the losses online training logs on the same batches (fp32 cache),
-ends with the same heads, and never loads the target's decoder layers; a cache made for other data or
+ends with the same heads (both within what reordering the online run's sums moves them: its twin, see
+tests/equivalence.py; the rows are cut to max_length, so all hold as many labels), and never loads the target's decoder layers; a cache made for other data or
 another method is refused before any step."""
 
 import json
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from specheads.train.cache_cli import main as cache_main
 from specheads.train.hidden_cache import CacheError, TokenMismatchError
 from specheads.train.loop import main as train_main
+
+from equivalence import assert_same_weights, assert_within_rounding, max_value_gap
 
 REPO = Path(__file__).resolve().parents[2]
 # Clock readings, not results.
@@ -42,6 +44,16 @@ def recipe_args(recipe: str, target: Path, data: Path, *extra: str) -> list[str]
     ]
 
 
+@pytest.fixture(scope="module")
+def equal_rows(tmp_path_factory) -> Path:
+    """64 rows of cyclic text, each exactly max_length (48) byte tokens: every micro-batch of any size
+    holds as many labels, so the twin with smaller micro-batches computes the same losses."""
+    words = ["abcdefghij", "0123456789", "klmnopqrst", "uvwxyz!?.,"]
+    path = tmp_path_factory.mktemp("rows") / "rows.jsonl"
+    path.write_text("".join(json.dumps({"text": (words[i % 4] * 8)[i % 7 :][:48]}) + "\n" for i in range(64)))
+    return path
+
+
 def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -49,20 +61,22 @@ def records(out: Path) -> list[dict]:
 METHODS = [
     # labels=target: the offline target computes the logits from the cached last hidden state
     ("medusa.yaml", ("num_heads=3", "labels=target")),
-    ("eagle3.yaml", ("eagle3_layers=1,2,3", "ttt_steps=3", "draft_vocab_size=100")),
+    ("eagle3.yaml", ("eagle3_layers=1,2,3", "ttt_steps=3", "draft_vocab_size=264")),
 ]
 
 
 @pytest.mark.parametrize("recipe, extra", METHODS, ids=["medusa", "eagle3"])
 def test_offline_training_logs_the_online_losses(
-    recipe, extra, tiny_target_dirs, text_data, tmp_path, monkeypatch
+    recipe, extra, tiny_target_dirs, equal_rows, tmp_path, monkeypatch
 ):
     from transformers import AutoModelForCausalLM
 
-    args = recipe_args(recipe, tiny_target_dirs["llama"], text_data, *extra)
+    args = recipe_args(recipe, tiny_target_dirs["llama"], equal_rows, *extra)
     cache = tmp_path / "cache"
     assert cache_main([*args, "--out", str(cache), "--dtype", "float32", "--no-progress"]) == 0
     assert train_main([*args, f"output_dir={tmp_path / 'online'}", "--no-progress"]) == 0
+    twin = [*args, "batch_size=2", "grad_accum=2", f"output_dir={tmp_path / 'twin'}", "--no-progress"]
+    assert train_main(twin) == 0  # online again, the same rows in micro-batches of 2
 
     def refuse(*a, **kw):
         raise AssertionError("offline training must not load the whole target")
@@ -71,19 +85,32 @@ def test_offline_training_logs_the_online_losses(
     offline_args = [*args, "mode=offline", f"cache_dir={cache}", f"output_dir={tmp_path / 'offline'}"]
     assert train_main([*offline_args, "--no-progress"]) == 0
 
-    online, offline = records(tmp_path / "online"), records(tmp_path / "offline")
+    online, offline, twin = (records(tmp_path / d) for d in ("online", "offline", "twin"))
     assert [(r["step"], r["split"]) for r in online] == [(r["step"], r["split"]) for r in offline]
     assert [r["split"] for r in online] == ["train"] * 4 + ["eval"]
+    assert [r["step"] for r in twin if r["split"] == "train"] == [r["step"] for r in online[:4]]
     for a, b in zip(online, offline):
         assert a.keys() == b.keys()
-        for key in a.keys() - TIMINGS:
-            assert b[key] == pytest.approx(a[key], abs=1e-5), (a["step"], a["split"], key)
+    # Losses and norms move by roundings: within the twin's reordering (its train records alone measure
+    # it: eval rows depend on the batch size). Accuracies move only where a rounding flips a near-tie in
+    # an argmax: at most two labels of a record. Counts, rates and learning rates are exact. tau_sim is
+    # a function of the top-1 accuracies.
+    noises = {
+        key: max_value_gap([r[key] for r in online[:4]], [r[key] for r in twin[:4]])
+        for key in online[0].keys() - TIMINGS - {"step", "split"}
+    }
+    for a, b in zip(online, offline):
+        for key in a.keys() - TIMINGS - {"tau_sim"}:
+            if "top" in key:
+                assert abs(a[key] - b[key]) * a["tokens"] <= 2 + 1e-6, (a["step"], a["split"], key)
+            elif key.endswith(("loss", "grad_norm")):
+                assert_within_rounding(abs(a[key] - b[key]), noises.get(key, noises["loss"]), key)
+            else:
+                assert a[key] == b[key], (a["step"], a["split"], key)
     assert online[-1]["tokens"] > 0 and online[0]["loss"] > 1  # real losses over real labels
-    # the same heads at the end (Adam's g / sqrt(v) turns 1e-9 gradient roundings on near-zero
-    # gradients into up to ~1e-5 of weight), and they did move off their start
-    wa, wb = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("online", "offline"))
-    assert sorted(wa) == sorted(wb)
-    assert all(torch.allclose(wa[k], wb[k], rtol=0, atol=1e-4) for k in wa)
+    # the same heads at the end, and they did move off their start
+    wa, wb, wc = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("online", "offline", "twin"))
+    assert_same_weights(wa, wb, wc)
     assert online[1]["grad_norm"] > 0
     # offline holds the embedding, final norm and lm_head only
     summaries = [json.loads((tmp_path / d / "train_summary.json").read_text()) for d in ("online", "offline")]
