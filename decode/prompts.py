@@ -104,13 +104,17 @@ def _questions(path: Path) -> list[PromptText]:
 
 
 def _file_list(path: Path) -> list[PromptText]:
-    """A held-out file list, {"stdlib": root, "files": [paths relative to root]}: each file's text."""
+    """A held-out file list, {"root": folder, "files": [paths relative to it]}: each file's text.
+
+    A relative root is taken from the list's own folder (a tiny target's `heldout/`); "stdlib" is the
+    older name of "root"."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        root, files = Path(record.get("stdlib", path.parent)), record["files"]
+        root = path.parent / record.get("root", record.get("stdlib", "."))
+        files = record["files"]
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(
-            f'{path}: expected a file list like {{"stdlib": "/root", "files": ["a.py"]}} ({e!r})'
+            f'{path}: expected a file list like {{"root": "heldout", "files": ["a.py"]}} ({e!r})'
         ) from e
     prompts = []
     for name in files:

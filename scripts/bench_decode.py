@@ -44,7 +44,7 @@ def load_prompts(args, tokenizer) -> list[torch.Tensor]:
         if not heldout.is_file():
             sys.exit(f"no --prompts given and {args.target} has no {HELDOUT_FILE} to take prompts from")
         record = json.loads(heldout.read_text())
-        root = Path(record["stdlib"])
+        root = heldout.parent / record.get("root", record.get("stdlib", "."))
         texts = [(root / f).read_text(encoding="utf-8", errors="replace") for f in record["files"]]
     texts = [t for t in texts if t.strip()][: args.num_prompts]
     return [tokenizer(t, return_tensors="pt")["input_ids"][:, : args.prompt_tokens] for t in texts]

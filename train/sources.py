@@ -1,7 +1,7 @@
 """Where a recipe's rows come from: named built-in sources, or anything `data.load_rows` reads.
 
 Built-in:
-    stdlib            the Python standard library's source, split as the tiny target splits it: training
+    stdlib            the pinned standard-library corpus (train/stdlib_corpus.py), split as the tiny target splits it: training
                       rows from its training files, evaluation rows from its held-out files (one text row
                       a file; tokenize_rows cuts long ones into max_length windows).
     stdlib-distilled  the recipe's target continuing stdlib text (self-distillation, train/distill.py,
@@ -17,7 +17,7 @@ Both are built once under the specheads cache (`SPECHEADS_CACHE`, else ~/.cache/
 back from disk afterwards, so their `datasets` fingerprints are stable and tokenize_rows' cache hits
 on every later run (an in-memory dataset is tokenised again each time):
 
-    stdlib-rows/{train,heldout}-KEY/     KEY: Python version, stdlib path, the files with sizes and mtimes
+    stdlib-rows/{train,heldout}-KEY/     KEY: the corpus's content key and the files
     stdlib-distilled/KEY/                KEY: the target, the distillation settings, the stdlib rows
 """
 
@@ -27,7 +27,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import platform
 import shutil
 import tempfile
 from pathlib import Path
@@ -44,26 +43,15 @@ STDLIB_ROWS_VERSION = 1  # bump when the rows stdlib_rows gives change, to inval
 
 def stdlib_rows(heldout: bool) -> datasets.Dataset:
     """The stdlib's training (or held-out) files as text rows, built once and read from the cache."""
-    root = stdlib_corpus.stdlib_root()
-    train_files, heldout_files = stdlib_corpus.split_files(
-        stdlib_corpus.stdlib_files(root), TinyTargetConfig.heldout_fraction
-    )
+    corpus = stdlib_corpus.stdlib_corpus()
+    train_files, heldout_files = stdlib_corpus.split_files(corpus.files, TinyTargetConfig.heldout_fraction)
     files = heldout_files if heldout else train_files
-    path = (
-        default_cache_dir() / "stdlib-rows" / f"{'heldout' if heldout else 'train'}-{_files_key(root, files)}"
-    )
+    key = hashlib.sha256(f"v{STDLIB_ROWS_VERSION}|{corpus.key}|{'|'.join(files)}".encode()).hexdigest()[:16]
+    path = default_cache_dir() / "stdlib-rows" / f"{'heldout' if heldout else 'train'}-{key}"
     if not (path / "dataset_info.json").is_file():
-        texts = [stdlib_corpus.read_source(root, f) for f in files]
+        texts = [corpus.texts[f] for f in files]
         _save_atomic(datasets.Dataset.from_dict({"text": texts}), path)
     return datasets.load_from_disk(str(path))
-
-
-def _files_key(root: Path, files: list[str]) -> str:
-    h = hashlib.sha256(f"v{STDLIB_ROWS_VERSION}|{platform.python_version()}|{root}".encode())
-    for f in files:
-        st = os.stat(root / f)
-        h.update(f"|{f}|{st.st_size}|{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
 
 
 def _save_atomic(dataset: datasets.Dataset, path: Path) -> None:

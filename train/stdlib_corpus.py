@@ -1,37 +1,60 @@
-"""The embedded default's corpus: the Python standard library's own source, which every machine that
-runs Python has. Tests and site-packages are left out; a fixed, hash-chosen slice is held out.
+"""The embedded default's corpus: the Python standard library's own source, pinned.
+
+The corpus is CPython 3.11.7's standard library (tests and site-packages left out), shipped beside this
+file as a tar.xz whose sha256 is pinned below (`scripts/build_stdlib_corpus.py` wrote it). Reading the
+running Python's own library instead made the tiny target, its held-out prompts and every figure built
+on them change with the Python version; the pinned archive is the same bytes on every machine.
+A fixed, hash-chosen slice of the files is held out for evaluation.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
-import sysconfig
+import io
+import tarfile
 import textwrap
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
-# Folders never read: tests (the stdlib ships a large test suite), installed packages, caches.
-_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+ARCHIVE = Path(__file__).with_name("stdlib-corpus-cpython-3.11.7.tar.xz")
+ARCHIVE_SHA256 = "12e6d5bac1e8cd52d3364a138e76ac21a6cc128360ad0c04b560f6d61bd20208"
+NAME = "cpython-3.11.7-stdlib"
 
 
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
+@dataclass(frozen=True)
+class Corpus:
+    """Source files by path. `key` names the content (caches built from it are keyed by it)."""
+
+    key: str
+    texts: dict[str, str]  # relative path -> source text; .py files only, sorted by path
+
+    @property
+    def files(self) -> list[str]:
+        return list(self.texts)
 
 
-def stdlib_files(root: Path | None = None) -> list[str]:
-    """Relative paths of the stdlib's .py files, sorted, tests and site-packages excluded."""
-    root = root or stdlib_root()
-    files = []
-    for path in root.rglob("*.py"):
-        rel = path.relative_to(root)
-        if any(part in _SKIP_DIRS or part.startswith("test_") for part in rel.parts):
-            continue
-        if rel.name.endswith("_test.py"):
-            continue
-        files.append(rel.as_posix())
-    if not files:
-        raise FileNotFoundError(f"no Python sources found under the standard library at {root}")
-    return sorted(files)
+@functools.cache
+def stdlib_corpus() -> Corpus:
+    """The pinned standard-library corpus, read from the archive shipped with specheads (~0.1 s)."""
+    try:
+        data = ARCHIVE.read_bytes()
+    except OSError as e:
+        raise FileNotFoundError(
+            f"the tiny target's corpus {ARCHIVE} is missing: reinstall specheads ({e})"
+        ) from e
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != ARCHIVE_SHA256:
+        raise ValueError(f"{ARCHIVE} has sha256 {digest}, expected {ARCHIVE_SHA256}: the file is damaged")
+    texts = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
+        for member in tar:
+            if member.isfile() and member.name.endswith(".py"):
+                raw = tar.extractfile(member).read()
+                texts[member.name] = raw.decode("utf-8", errors="replace")
+    return Corpus(key=f"{NAME}-{digest[:16]}", texts=dict(sorted(texts.items())))
 
 
 def is_heldout(relpath: str, fraction: float) -> bool:
@@ -48,16 +71,14 @@ def split_files(files: list[str], fraction: float) -> tuple[list[str], list[str]
     return train, heldout
 
 
-def read_source(root: Path, relpath: str) -> str:
-    return (root / relpath).read_text(encoding="utf-8", errors="replace")
-
-
 def function_chats(source: str, per_file: int) -> list[list[dict[str, str]]]:
     """Chat turns made from documented functions: the user gives the signature and docstring, the
     assistant writes the function. Gives the tiny target's chat template real use in training.
     """
     try:
-        tree = ast.parse(source)
+        with warnings.catch_warnings():  # newer Pythons warn of 3.11 sources' invalid escapes
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
     lines = source.splitlines()

@@ -126,9 +126,9 @@ def check_heldout_split(target_dir: Path, heldout_files: list[str]) -> None:
     listed = json.loads(path.read_text())["files"]
     if sorted(listed) != sorted(heldout_files):
         raise ValueError(
-            f"{path} lists {len(listed)} held-out files but this Python's stdlib splits into "
-            f"{len(heldout_files)} others; the draft would train on the target's evaluation prompts "
-            f"(was the target built with another Python?)"
+            f"{path} lists {len(listed)} held-out files but the corpus splits into {len(heldout_files)} "
+            f"others; the draft would train on the target's evaluation prompts (was the target built by "
+            f"another specheads, with another corpus?)"
         )
 
 

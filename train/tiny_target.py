@@ -5,11 +5,15 @@ library's source (DESIGN.md, "The embedded default"). The result is an ordinary 
 
     config.json, generation_config.json, model.safetensors      AutoModelForCausalLM loads it
     tokenizer.json, tokenizer_config.json, chat_template.jinja  AutoTokenizer loads it (BPE + chat template)
-    heldout_files.json                                          the held-out stdlib files (evaluation prompts)
+    heldout_files.json, heldout/                                the held-out corpus files (evaluation prompts)
     specheads_tiny_target.json                                  how it was built and its held-out loss
 
-The training budget is a step count, so a seed gives the same weights on any machine; `--minutes`
-turns minutes into steps at the rate this 2-core reference machine trains (STEPS_PER_MINUTE).
+The corpus is pinned (train/stdlib_corpus.py), so every machine trains on the same bytes. The budget is
+a step count; `--minutes` turns minutes into steps at the rate this 2-core reference machine trains
+(STEPS_PER_MINUTE). A seed gives the same weights on machines whose CPU kernels round alike (the same
+build, instruction set and thread count give the same bytes; tests/train/test_tiny_target.py); on
+others the fp32 roundings differ and training carries them on, so the weights, and every figure measured
+on them, vary: README gives the ranges measured over several builds.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from specheads.version import __version__
 
 META_FILE = "specheads_tiny_target.json"
 HELDOUT_FILE = "heldout_files.json"
+HELDOUT_DIR = "heldout"  # the held-out files' text, so the target carries its own evaluation prompts
 BOS, EOS, PAD, END = "<|bos|>", "<|eos|>", "<|pad|>", "<|end|>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
 # Assistant content is wrapped in {% generation %} so `return_assistant_tokens_mask` finds it.
@@ -86,7 +91,8 @@ class TinyTargetConfig:
         return self.steps if self.steps is not None else max(1, round(self.minutes * STEPS_PER_MINUTE))
 
     def key(self) -> str:
-        payload = {"config": asdict(self), "specheads": __version__, "python": platform.python_version()}
+        corpus = stdlib_corpus.stdlib_corpus().key
+        payload = {"config": asdict(self), "specheads": __version__, "corpus": corpus}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -149,18 +155,16 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 # -- data -----------------------------------------------------------------------------------------
 
 
-def load_corpus(cfg: TinyTargetConfig) -> tuple[Path, list[str], list[str], list[str], list[str]]:
-    """(root, train files, held-out files, train texts, held-out texts)."""
-    root = stdlib_corpus.stdlib_root()
-    train_files, heldout_files = stdlib_corpus.split_files(
-        stdlib_corpus.stdlib_files(root), cfg.heldout_fraction
-    )
+def load_corpus(cfg: TinyTargetConfig) -> tuple[str, list[str], list[str], list[str], list[str]]:
+    """(corpus key, train files, held-out files, train texts, held-out texts)."""
+    corpus = stdlib_corpus.stdlib_corpus()
+    train_files, heldout_files = stdlib_corpus.split_files(corpus.files, cfg.heldout_fraction)
     if cfg.max_files is not None:
         train_files = train_files[: cfg.max_files]
         heldout_files = heldout_files[: max(1, cfg.max_files // 10)]
-    train_texts = [stdlib_corpus.read_source(root, f) for f in train_files]
-    heldout_texts = [stdlib_corpus.read_source(root, f) for f in heldout_files]
-    return root, train_files, heldout_files, train_texts, heldout_texts
+    train_texts = [corpus.texts[f] for f in train_files]
+    heldout_texts = [corpus.texts[f] for f in heldout_files]
+    return corpus.key, train_files, heldout_files, train_texts, heldout_texts
 
 
 def token_stream(tokenizer, texts: list[str], chats: list[list[dict]] = ()) -> torch.Tensor:
@@ -236,7 +240,7 @@ def build(cfg: TinyTargetConfig, out: Path, progress: bool = True) -> dict:
 
     started = time.time()
     torch.manual_seed(cfg.seed)
-    root, train_files, heldout_files, train_texts, heldout_texts = load_corpus(cfg)
+    corpus_key, train_files, heldout_files, train_texts, heldout_texts = load_corpus(cfg)
     tokenizer = train_tokenizer(train_texts, cfg.vocab_size)
     chats = [c for text in train_texts for c in stdlib_corpus.function_chats(text, cfg.chats_per_file)]
     stream = token_stream(tokenizer, train_texts, chats)
@@ -277,6 +281,7 @@ def build(cfg: TinyTargetConfig, out: Path, progress: bool = True) -> dict:
         "heldout_bits_per_char": loss_heldout / (chars_per_token * math.log(2)),
         "heldout_tokens": blocks[:, 1:].numel(),
         "build_seconds": None,
+        "corpus": corpus_key,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "specheads": __version__,
@@ -289,11 +294,17 @@ def build(cfg: TinyTargetConfig, out: Path, progress: bool = True) -> dict:
         )
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / HELDOUT_FILE).write_text(
-            json.dumps(
-                {"stdlib": str(root), "train_files": len(train_files), "files": heldout_files}, indent=1
-            )
-        )
+        for name, text in zip(heldout_files, heldout_texts):
+            (tmp / HELDOUT_DIR / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / HELDOUT_DIR / name).write_text(text, encoding="utf-8")
+        # "root" is relative to this file: the target folder carries its prompts wherever it is moved
+        record = {
+            "root": HELDOUT_DIR,
+            "corpus": corpus_key,
+            "train_files": len(train_files),
+            "files": heldout_files,
+        }
+        (tmp / HELDOUT_FILE).write_text(json.dumps(record, indent=1))
         meta["build_seconds"] = round(time.time() - started, 1)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
     return meta
@@ -333,10 +344,11 @@ def greedy_sample(path: Path, prompt_tokens: int = 48, new_tokens: int = 48) -> 
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     heldout = json.loads((Path(path) / HELDOUT_FILE).read_text())
+    root = Path(path) / heldout["root"]
     # The first held-out module of ordinary size (the largest held-out files are generated tables).
-    sizes = {f: (Path(heldout["stdlib"]) / f).stat().st_size for f in heldout["files"]}
+    sizes = {f: (root / f).stat().st_size for f in heldout["files"]}
     name = next((f for f in heldout["files"] if 4_000 <= sizes[f] <= 100_000), max(sizes, key=sizes.get))
-    text = (Path(heldout["stdlib"]) / name).read_text(encoding="utf-8", errors="replace")
+    text = (root / name).read_text(encoding="utf-8", errors="replace")
     ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :prompt_tokens]
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False)

@@ -19,16 +19,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def fake_stdlib(tmp_path, monkeypatch) -> Path:
-    """A standard library of 100 small modules (one of them, mod080.py, held out) and a private cache."""
-    root = tmp_path / "stdlib"
-    (root / "test").mkdir(parents=True)
-    (root / "test" / "test_skipped.py").write_text("never read\n")
-    for i in range(100):
-        (root / f"mod{i:03d}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * (1 + i % 4))
-    monkeypatch.setattr(stdlib_corpus, "stdlib_root", lambda: root)
+def fake_stdlib(tmp_path, monkeypatch) -> stdlib_corpus.Corpus:
+    """A corpus of 100 small modules (one of them, mod080.py, held out) and a private cache."""
+    texts = {f"mod{i:03d}.py": f"def f{i}(x):\n    return x * {i}\n" * (1 + i % 4) for i in range(100)}
+    corpus = stdlib_corpus.Corpus(key="fake-1", texts=texts)
+    monkeypatch.setattr(stdlib_corpus, "stdlib_corpus", lambda: corpus)
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
-    return root
+    return corpus
 
 
 def fail(*args, **kwargs):
@@ -37,16 +34,17 @@ def fail(*args, **kwargs):
 
 def test_stdlib_rows_are_built_once_then_read_from_disk(fake_stdlib, tmp_path, monkeypatch):
     train, heldout = sources.stdlib_rows(heldout=False), sources.stdlib_rows(heldout=True)
-    assert heldout["text"] == [(fake_stdlib / "mod080.py").read_text()]
-    assert train["text"] == [(fake_stdlib / f"mod{i:03d}.py").read_text() for i in range(100) if i != 80]
+    assert heldout["text"] == [fake_stdlib.texts["mod080.py"]]
+    assert train["text"] == [fake_stdlib.texts[f"mod{i:03d}.py"] for i in range(100) if i != 80]
     cache = tmp_path / "cache" / "stdlib-rows"
     assert all(Path(f["filename"]).is_relative_to(cache) for f in train.cache_files)
     with monkeypatch.context() as m:
-        m.setattr(stdlib_corpus, "read_source", fail)
+        m.setattr(sources.datasets.Dataset, "from_dict", fail)
         again = sources.stdlib_rows(heldout=False)
     assert again._fingerprint == train._fingerprint and again.cache_files == train.cache_files
-    # a changed file changes the key: the rows are built again
-    (fake_stdlib / "mod001.py").write_text("changed = True\n")
+    # another corpus (another key) is built anew
+    changed = {**fake_stdlib.texts, "mod001.py": "changed = True\n"}
+    monkeypatch.setattr(stdlib_corpus, "stdlib_corpus", lambda: stdlib_corpus.Corpus("fake-2", changed))
     assert sources.stdlib_rows(heldout=False)["text"][1] == "changed = True\n"
 
 

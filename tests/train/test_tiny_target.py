@@ -48,16 +48,31 @@ def small_target(tmp_path_factory) -> tuple[Path, dict]:
     return path, meta
 
 
-def test_corpus_excludes_tests_and_site_packages():
-    files = stdlib_corpus.stdlib_files()
-    assert len(files) > 300
+def test_corpus_is_the_pinned_stdlib_without_tests_on_any_python():
+    corpus = stdlib_corpus.stdlib_corpus()
+    files = corpus.files
+    assert corpus.key.startswith("cpython-3.11.7-stdlib-") and len(files) == 734 and files == sorted(files)
+    assert "os.py" in files and "json/decoder.py" in files  # not this Python's library: the archive's
     for f in files:
         parts = Path(f).parts
         assert "test" not in parts and "tests" not in parts and "site-packages" not in parts
         assert not Path(f).name.startswith("test_")
+    assert sum(map(len, corpus.texts.values())) > 10_000_000
     train, heldout = stdlib_corpus.split_files(files, 0.03)
     assert not set(train) & set(heldout) and len(train) + len(heldout) == len(files)
     assert 0.01 < len(heldout) / len(files) < 0.06
+
+
+def test_a_damaged_corpus_archive_is_refused(tmp_path, monkeypatch):
+    damaged = tmp_path / "corpus.tar.xz"
+    damaged.write_bytes(stdlib_corpus.ARCHIVE.read_bytes()[:-1] + b"x")
+    monkeypatch.setattr(stdlib_corpus, "ARCHIVE", damaged)
+    stdlib_corpus.stdlib_corpus.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="corpus.tar.xz has sha256 .* expected .* damaged"):
+            stdlib_corpus.stdlib_corpus()
+    finally:
+        stdlib_corpus.stdlib_corpus.cache_clear()
 
 
 def test_builds_and_loads_with_auto_classes(small_target):
@@ -97,9 +112,11 @@ def test_heldout_files_are_recorded_and_not_trained_on(small_target):
     path, _ = small_target
     heldout = json.loads((path / HELDOUT_FILE).read_text())
     assert heldout["files"]
+    corpus = stdlib_corpus.stdlib_corpus()
+    assert heldout["corpus"] == corpus.key and heldout["root"] == "heldout"
     for f in heldout["files"]:
         assert stdlib_corpus.is_heldout(f, SMALL.heldout_fraction)
-        assert (Path(heldout["stdlib"]) / f).is_file()
+        assert (path / "heldout" / f).read_text(encoding="utf-8") == corpus.texts[f]  # carried with it
 
 
 def test_deterministic_for_a_seed(small_target, tmp_path):
