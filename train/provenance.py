@@ -17,6 +17,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+import torch
+
 PACKAGES = (
     "specheads",
     "torch",
@@ -32,12 +34,16 @@ PROVENANCE_FILE = "provenance.jsonl"
 
 
 def package_versions(names=PACKAGES) -> dict[str, str | None]:
+    """Installed versions. torch's is the running build's own (`2.13.0+cpu`, `2.13.0+cu130`): PyPI's CUDA
+    wheel's metadata says only `2.13.0`, which would hide which build a run used."""
     versions = {}
     for name in names:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
+    if "torch" in versions:
+        versions["torch"] = torch.__version__
     return versions
 
 
