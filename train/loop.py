@@ -68,6 +68,7 @@ from specheads.train.checkpointing import (
 )
 from specheads.train.config import TrainConfig, load_config
 from specheads.train.distributed import (
+    end_launched_process,
     fill_deepspeed_config,
     gathered_lm_head,
     is_partitioned,
@@ -557,6 +558,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    code = train_and_report(args)
+    end_launched_process(code)  # a process of a multi-process launch ends here, its files written
+    return code
+
+
+def train_and_report(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
     cfg = load_config(args.recipe, args.overrides)

@@ -87,7 +87,13 @@ def launch_two(config: str, args: list[str]) -> None:
         "--num_processes", "2", "--main_process_port", str(free_port()),
         "-m", "specheads.train", *args, "--no-progress",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "PYTHONFAULTHANDLER": "1",
+    }
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
 

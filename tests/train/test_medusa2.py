@@ -356,7 +356,13 @@ def test_zero3_two_processes_match_one_and_resume_exactly(tiny_target_dirs, tmp_
             "--num_processes", "2", "--main_process_port", str(port),
             "-m", "specheads.train", *args(out, "batch_size=1", *extra),
         ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "WANDB_MODE": "disabled",
+            "PYTHONFAULTHANDLER": "1",
+        }
         result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
 
