@@ -28,6 +28,25 @@ from specheads.train.tiny_target import TinyTargetConfig, ensure_tiny_target
 
 METHODS = ("medusa", "eagle", "eagle3")
 
+# What the default quickstart gave over fresh builds, each from an empty cache (README "Quickstart
+# figures"): the tiny target's weights depend on the order the CPU's kernels sum in, which moves with
+# the thread count and the instruction set, so τ and speedup move with them; identity with generate()
+# held on every build. Name -> (τ low, τ high, speedup low, speedup high).
+MEASURED_SPREAD = {
+    "builds": 3,
+    "machine": "2-core Xeon (AVX-512), Python 3.11.7, torch 2.13.0+cpu",
+    "settings": "OMP_NUM_THREADS=2; =1; =2 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2)",
+    "ranges": {  # builds: OMP 2 and OMP 1 gave the same figures, AVX2 kernels the high ones
+        "generate": (1.00, 1.00, 1.00, 1.00),
+        "prompt-lookup": (3.29, 4.02, 1.76, 2.57),
+        "medusa": (3.14, 3.50, 0.71, 0.96),
+        "eagle": (3.06, 3.50, 0.55, 0.68),
+        "eagle3": (2.83, 3.11, 0.48, 0.60),
+    },
+}
+# the settings the ranges were measured at (the defaults)
+SPREAD_SETTINGS = ("minutes", "tiny_max_files", "max_steps", "num_prompts", "max_new_tokens")
+
 
 def recipe_for(method: str) -> Path:
     return find_recipe(f"recipes/tiny/{method}.yaml")
@@ -112,6 +131,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false")
 
 
+def spread(methods: list[dict], args: argparse.Namespace) -> str:
+    """The report's paragraph on which figures vary between machines, and by how much."""
+    text = (
+        "## Which figures vary between machines\n\n"
+        "Identity with generate() does not vary: every method must reproduce the target's greedy output on "
+        "any machine. τ and speedup do. The tiny target is trained here, and its weights depend on the order "
+        "in which the CPU's kernels sum (thread count, instruction set), so two machines get two targets and "
+        "two sets of heads. Speedup also moves with the machine's load, since this is wall-clock time. "
+    )
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    defaults = defaults.parse_args([])
+    if any(getattr(args, key) != getattr(defaults, key) for key in SPREAD_SETTINGS):
+        return text + "This run changed the default settings, so the measured ranges below do not apply.\n"
+    ranges = MEASURED_SPREAD["ranges"]
+    lines = [
+        f"Over {MEASURED_SPREAD['builds']} fresh builds at the default settings ({MEASURED_SPREAD['machine']}; "
+        f"{MEASURED_SPREAD['settings']}):\n",
+        "| method | τ here | τ measured | speedup here | speedup measured |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for m in methods:
+        if m["name"] not in ranges:
+            continue
+        tau_lo, tau_hi, sp_lo, sp_hi = ranges[m["name"]]
+        tau, sp = m["mean_accept_length"], m["speedup"]
+        flag = "" if tau_lo - 0.005 <= tau <= tau_hi + 0.005 else " (outside)"
+        lines.append(
+            f"| {m['name']} | {tau:.2f}{flag} | {tau_lo:.2f}-{tau_hi:.2f} | {sp:.2f}x | {sp_lo:.2f}-{sp_hi:.2f}x |"
+        )
+    return text + "\n".join(lines) + "\n"
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = TinyTargetConfig(minutes=args.minutes, max_files=args.tiny_max_files)
     target, meta, reused = ensure_tiny_target(cfg, progress=args.progress)
@@ -125,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         f"Greedy decoding of {args.num_prompts} held-out standard-library files, {args.max_new_tokens} new "
         "tokens each, every method interleaved per prompt with the target's own generate() in one run; "
         "τ counts the bonus token. Per-category tables, acceptance per position, engine metrics and "
-        f"plots: {args.out / 'compare' / REPORT_FILE}\n"
+        f"plots: {args.out / 'compare' / REPORT_FILE}\n\n{spread(results['methods'], args)}"
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / REPORT_FILE).write_text(report)

@@ -1,5 +1,6 @@
 """`specheads quickstart` end to end on a minimal budget: target, heads, one comparison, one table."""
 
+import argparse
 import json
 
 from specheads.cli import main as cli_main
@@ -24,6 +25,7 @@ def test_quickstart_runs_end_to_end_and_reuses_what_it_built(tmp_path, monkeypat
         assert m["identical_to_baseline"] == "2/2" and m["mean_accept_length"] >= 1.0 and m["speedup"] > 0
     for method in METHODS:
         assert f"training {method} heads" in printed
+    assert "## Which figures vary between machines" in report and "do not apply" in report  # not defaults
     for plot in results["plots"].values():
         assert (out / "compare" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # A second run reuses the target, the draft and the heads.
@@ -31,3 +33,38 @@ def test_quickstart_runs_end_to_end_and_reuses_what_it_built(tmp_path, monkeypat
     printed = capsys.readouterr().out
     assert "tiny target reused" in printed and "tiny draft reused" in printed
     assert all(f"reusing {method} heads" in printed for method in METHODS)
+
+
+def test_report_says_which_figures_vary_and_by_how_much(monkeypatch):
+    """At the default settings the report sets each figure beside the range measured over fresh builds
+    (README's table) and marks a τ outside it; at other settings it says the ranges do not apply."""
+    from specheads import quickstart
+
+    defaults = argparse.ArgumentParser()
+    quickstart.add_arguments(defaults)
+    args = defaults.parse_args([])
+    ranges = {"generate": (1.0, 1.0, 1.0, 1.0), "medusa": (2.5, 3.0, 0.9, 1.2)}
+    monkeypatch.setitem(quickstart.MEASURED_SPREAD, "ranges", ranges)
+    methods = [
+        {"name": "generate", "mean_accept_length": 1.0, "speedup": 1.0},
+        {"name": "medusa", "mean_accept_length": 3.4, "speedup": 1.1},
+    ]
+    text = quickstart.spread(methods, args)
+    assert "| generate | 1.00 | 1.00-1.00 | 1.00x | 1.00-1.00x |" in text
+    assert "| medusa | 3.40 (outside) | 2.50-3.00 | 1.10x | 0.90-1.20x |" in text
+    assert f"Over {quickstart.MEASURED_SPREAD['builds']} fresh builds" in text
+    methods[1]["mean_accept_length"] = 2.7
+    assert "| medusa | 2.70 | 2.50-3.00 |" in quickstart.spread(methods, args)
+    args.max_steps = 2
+    assert "do not apply" in quickstart.spread(methods, args) and "| medusa |" not in quickstart.spread(
+        methods, args
+    )
+
+
+def test_measured_ranges_cover_every_method_and_peer():
+    from specheads import quickstart
+
+    ranges = quickstart.MEASURED_SPREAD["ranges"]
+    assert set(ranges) == {"generate", "prompt-lookup", *METHODS}
+    for tau_lo, tau_hi, sp_lo, sp_hi in ranges.values():
+        assert 1.0 <= tau_lo <= tau_hi and 0 < sp_lo <= sp_hi
