@@ -33,7 +33,7 @@ from specheads.heads.formats.io import (
     write_export,
 )
 from specheads.heads.formats.medusa import from_medusa, from_vllm_medusa, to_medusa, to_vllm_medusa
-from specheads.heads.target import FrozenTarget
+from specheads.heads.target import FrozenTarget, TargetMismatchError
 
 # format -> (the head method it holds, exporter, importer)
 FORMATS = {
@@ -80,7 +80,12 @@ def export_heads(
         raise FormatError(
             f"format {fmt!r} holds {method} heads; {heads_dir} holds {native_config['method']} heads"
         )
-    heads, native_config = load_heads(heads_dir, target)
+    try:
+        heads, native_config = load_heads(heads_dir, target)
+    except TargetMismatchError:
+        raise
+    except ValueError as e:  # a head config the heads' own checks refuse (e.g. EAGLE-3 layer order)
+        raise FormatError(f"{heads_dir}: {e}") from None
     options = {k: v for k, v in options.items() if v is not None}
     export = exporter(heads, native_config, target=target, dtype=dtype, **options)
     write_export(export, out)

@@ -44,7 +44,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from specheads.heads.eagle3 import Eagle3Config, Eagle3Head, default_eagle3_layers, vocab_maps
+from specheads.heads.eagle3 import (
+    Eagle3Config,
+    Eagle3Head,
+    check_ascending_layers,
+    default_eagle3_layers,
+    vocab_maps,
+)
 from specheads.heads.formats.eagle import (
     LLAMA_LAYER,
     READ_WEIGHTS,
@@ -92,7 +98,8 @@ SPECULATORS_KEYS: KeyTable = _table("layers.0.")  # speculators Eagle3 draft mod
 
 
 def check_layer_ids(ids: list[int], num_layers: int, what: str) -> list[int]:
-    """EAGLE-3 fuses 3 pre-norm residual streams, HF ids 1..L-1 (what the engines can capture)."""
+    """EAGLE-3 fuses 3 pre-norm residual streams, HF ids 1..L-1 (what the engines can capture), distinct
+    and ascending (the engines capture each layer once, in order, and concatenate them so)."""
     ids = [int(i) for i in ids]
     if len(ids) != 3 or not all(1 <= i <= num_layers - 1 for i in ids):
         raise FormatError(
@@ -100,6 +107,10 @@ def check_layer_ids(ids: list[int], num_layers: int, what: str) -> list[int]:
             "SGLang and vLLM capture the residual stream entering decoder layers 1..L-1, not the embeddings "
             f"(0) nor the output after the final norm ({num_layers})"
         )
+    try:
+        check_ascending_layers(ids, what)
+    except ValueError as e:
+        raise FormatError(str(e)) from None
     return ids
 
 

@@ -1,0 +1,90 @@
+"""Defects a consumer's own loader found in our exports (issue 19), each pinned here.
+
+- EAGLE-3 layer ids: engines capture each layer once, ascending; the default must give three distinct
+  ascending ids even on shallow targets, and anything else is refused (recipe, head config, export).
+"""
+
+import json
+
+import pytest
+
+from specheads.heads import (
+    Eagle3Config,
+    Eagle3Head,
+    FrozenTarget,
+    default_eagle3_layers,
+    layer_config_from,
+    save_heads,
+)
+from specheads.heads.formats import FormatError, export_heads
+from specheads.heads.formats.eagle3 import check_layer_ids
+from specheads.train.config import TrainConfig
+
+from helpers import tiny_config, tiny_model, tiny_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def target():
+    tokenizer = tiny_tokenizer()
+    return FrozenTarget(tiny_model("llama", vocab_size=len(tokenizer)), tokenizer, name_or_path="org/tiny")
+
+
+# -- EAGLE-3 layer ids -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "num_layers, expected",
+    [(4, (1, 2, 3)), (5, (1, 2, 4)), (6, (1, 3, 5)), (7, (2, 3, 4)), (8, (2, 4, 5)), (32, (2, 16, 29))],
+)
+def test_default_layers_are_distinct_ascending_and_capturable(num_layers, expected):
+    """(2, L//2, L-3) (vLLM, SGLang, SpecForge) from L = 7; below it repeats a layer, so (1, L//2, L-1)."""
+    layers = default_eagle3_layers(num_layers)
+    assert layers == expected
+    assert list(layers) == sorted(set(layers)) and 1 <= layers[0] and layers[-1] <= num_layers - 1
+    assert check_layer_ids(list(layers), num_layers, "default") == list(layers)  # exportable as it is
+
+
+def test_default_layers_refuse_a_target_too_shallow():
+    with pytest.raises(ValueError, match="3-layer target"):
+        default_eagle3_layers(3)
+
+
+def test_the_tiny_target_default_head_exports(tmp_path, target):
+    """The 4-layer tiny target's default head once fused (2, 2, 1); now it exports as it trains."""
+    head = Eagle3Head(Eagle3Config(layer_config_from(target.config), draft_vocab_size=100))
+    assert head.capture_layers == (1, 2, 3)
+    save_heads(head, tmp_path / "native", target.record())
+    export_heads(tmp_path / "native", "eagle3", tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("layers", [(3, 1, 2), (1, 2, 2), (2, 1, 3)])
+def test_unordered_or_repeated_layers_are_refused_everywhere(tmp_path, target, layers):
+    with pytest.raises(ValueError, match=r"eagle3_layers \[.*\] must be distinct and ascending"):
+        TrainConfig(method="eagle3", eagle3_layers=list(layers))
+    bad = rf"EAGLE-3 layer ids \[{layers[0]}, {layers[1]}, {layers[2]}\] must be distinct and ascending"
+    with pytest.raises(ValueError, match=bad):
+        Eagle3Config(layer_config_from(tiny_config("llama")), draft_vocab_size=10, target_layers=layers)
+    with pytest.raises(FormatError, match=bad):
+        check_layer_ids(list(layers), 4, "export")
+    # a checkpoint written before the check (its config edited here) is refused by the export too
+    save_heads(
+        Eagle3Head(Eagle3Config(layer_config_from(target.config), draft_vocab_size=100)),
+        tmp_path / "native",
+        target.record(),
+    )
+    config_file = tmp_path / "native" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["head_config"]["target_layers"] = list(layers)
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(FormatError, match=bad):
+        export_heads(tmp_path / "native", "eagle3", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_mixed_sign_recipe_ids_wait_for_the_target():
+    """[2, 16, -3] names ascending layers of a 32-layer target: the recipe cannot tell before the target."""
+    assert TrainConfig(method="eagle3", eagle3_layers=[2, 16, -3]).eagle3_layers == [2, 16, -3]
