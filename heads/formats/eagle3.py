@@ -2,7 +2,7 @@
 
 `eagle3` (SGLang python/sglang/srt/models/llama_eagle3.py `LlamaForCausalLMEagle3`; vLLM
 vllm/model_executor/models/llama_eagle3.py `Eagle3LlamaForCausalLM`, registered under that name too):
-    config.json   Llama config of the draft layer + draft_vocab_size, target_hidden_size,
+    config.json   Llama config of the draft layer + draft_vocab_size,
                   eagle_config.eagle_aux_hidden_state_layer_ids (SGLang), eagle_aux_hidden_state_layer_ids (vLLM)
     weights       fc.weight (H, 3H), midlayer.* (q/k/v read 2H; input_layernorm and hidden_norm),
                   norm.weight, lm_head.weight (Vd, H), d2t (Vd,) int64, t2d (V,) bool
@@ -35,6 +35,12 @@ Conventions, and which way each engine reads them:
   * lm_head over the draft vocabulary is stored; the embedding is the target's (both engines share it)
     and is not written. `tie_word_embeddings: false` is explicit: SGLang ties lm_head to embed_tokens
     when it is true.
+  * `eagle3` has no `target_hidden_size` (our draft is always as wide as its target, and SGLang, vLLM
+    and the EAGLE repo all fall back to hidden_size): the EAGLE repo's cnets.py `Model` loads the
+    target's embedding only when that key is absent (`if load_emb and not hasattr(config,
+    "target_hidden_size")`), and with it set expects the draft's own embed_tokens.weight, which we do
+    not write, so it would draft from a random embedding. `speculators` keeps the key (its config
+    model reads it; vLLM's speculators loader shares the verifier's embedding).
 """
 
 from __future__ import annotations
@@ -164,7 +170,7 @@ def to_eagle3(
         "architectures": ["LlamaForCausalLMEagle3"],
         **llama_draft_config(layer_config),
         "draft_vocab_size": draft_vocab,
-        "target_hidden_size": layer_config["hidden_size"],
+        # no target_hidden_size: see the module docstring (the EAGLE repo would skip the embedding)
         "norm_before_residual": False,
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],

@@ -2,11 +2,14 @@
 
 - EAGLE-3 layer ids: engines capture each layer once, ascending; the default must give three distinct
   ascending ids even on shallow targets, and anything else is refused (recipe, head config, export).
+- `eagle3` config without `target_hidden_size`: with it, the EAGLE repo's cnets.py `Model` skips loading
+  the target's embedding and expects the draft's own, which the export does not carry.
 """
 
 import json
 
 import pytest
+from safetensors.torch import load_file
 
 from specheads.heads import (
     Eagle3Config,
@@ -88,3 +91,20 @@ def test_unordered_or_repeated_layers_are_refused_everywhere(tmp_path, target, l
 def test_mixed_sign_recipe_ids_wait_for_the_target():
     """[2, 16, -3] names ascending layers of a 32-layer target: the recipe cannot tell before the target."""
     assert TrainConfig(method="eagle3", eagle3_layers=[2, 16, -3]).eagle3_layers == [2, 16, -3]
+
+
+# -- eagle3 and the EAGLE repo's embedding -----------------------------------------------------------
+
+
+def test_eagle3_export_leaves_target_hidden_size_out(tmp_path, target):
+    """SafeAILab/EAGLE eagle/model/cnets.py: `if load_emb and not hasattr(config, "target_hidden_size")`
+    loads the target's embed_tokens; with the key it keeps a random one unless the checkpoint has
+    embed_tokens.weight. Our export has no embedding, so the key must be absent (the engines and cnets fall
+    back to hidden_size, which is the target's: check_flags refuses any other width on import)."""
+    head = Eagle3Head(Eagle3Config(layer_config_from(target.config), draft_vocab_size=100))
+    save_heads(head, tmp_path / "native", target.record())
+    export_heads(tmp_path / "native", "eagle3", tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert "target_hidden_size" not in config and config["hidden_size"] == target.hidden_size
+    weights = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert not any("embed_tokens" in k for k in weights)  # hence: cnets must load the target's

@@ -299,7 +299,9 @@ def test_eagle3_layouts(tmp_path, target, fmt):
         1,
         False,
     )
-    assert config["draft_vocab_size"] == VD and config["target_hidden_size"] == H
+    assert config["draft_vocab_size"] == VD
+    # eagle3: absent, or the EAGLE repo skips loading the target's embedding (test_export_defects.py)
+    assert config.get("target_hidden_size") == (None if fmt == "eagle3" else H)
     assert config["norm_before_residual"] is False  # vLLM's speculators loader defaults it to true
     # HF hidden_states ids (1, 2, 3): vLLM reads them as they are, SGLang adds one to its own
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
