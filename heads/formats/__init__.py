@@ -65,7 +65,7 @@ def export_heads(
         target: needed only for Medusa heads that share the target's lm_head; when given, the heads'
             target record is checked against it first.
         dtype: cast floating point weights (None keeps the checkpoint's).
-        options: format-specific (`speculative_tokens` for speculators).
+        options: format-specific (`speculative_tokens` for speculators, `fc_bias` for eagle).
 
     Raises:
         FormatError: the heads cannot be expressed in `fmt` (nothing is written).

@@ -4,22 +4,28 @@
   ascending ids even on shallow targets, and anything else is refused (recipe, head config, export).
 - `eagle3` config without `target_hidden_size`: with it, the EAGLE repo's cnets.py `Model` skips loading
   the target's embedding and expects the draft's own, which the export does not carry.
+- `eagle` with a nonzero fc bias: vLLM's EAGLE layer has no fc bias and silently skips it, so the export
+  refuses such heads (naming the recipe key) unless told to keep the bias (SGLang only) or drop it.
 """
 
 import json
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from specheads.heads import (
     Eagle3Config,
     Eagle3Head,
+    EagleConfig,
+    EagleHead,
     FrozenTarget,
     default_eagle3_layers,
     layer_config_from,
     save_heads,
 )
-from specheads.heads.formats import FormatError, export_heads
+from specheads.heads.formats import FormatError, export_heads, import_heads
+from specheads.heads.formats.cli import main
 from specheads.heads.formats.eagle3 import check_layer_ids
 from specheads.train.config import TrainConfig
 
@@ -108,3 +114,72 @@ def test_eagle3_export_leaves_target_hidden_size_out(tmp_path, target):
     assert "target_hidden_size" not in config and config["hidden_size"] == target.hidden_size
     weights = load_file(str(tmp_path / "out" / "model.safetensors"))
     assert not any("embed_tokens" in k for k in weights)  # hence: cnets must load the target's
+
+
+# -- eagle and vLLM's missing fc bias ----------------------------------------------------------------
+
+
+def biased_eagle(tmp_path, target):
+    head = EagleHead(EagleConfig(layer_config_from(target.config), fc_bias=True))  # the tiny recipe's
+    with torch.no_grad():
+        head.fc.bias.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+    save_heads(head, tmp_path / "native", target.record())
+    return head, tmp_path / "native"
+
+
+def test_eagle_refuses_a_nonzero_fc_bias_naming_the_recipe_key(tmp_path, target, capsys):
+    _, src = biased_eagle(tmp_path, target)
+    with pytest.raises(FormatError, match=r"recipe key fc_bias: true.*vLLM.*--fc-bias keep.*--fc-bias drop"):
+        export_heads(src, "eagle", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert main(["export", "--heads", str(src), "--format", "eagle", "--out", str(tmp_path / "cli")]) == 1
+    assert "fc_bias" in capsys.readouterr().err and not (tmp_path / "cli").exists()
+    args = [
+        "export",
+        "--heads",
+        str(src),
+        "--format",
+        "eagle3",
+        "--out",
+        str(tmp_path / "x"),
+        "--fc-bias",
+        "keep",
+    ]
+    assert main(args) == 2  # eagle only
+
+
+def test_eagle_keeps_the_bias_for_sglang_only(tmp_path, target):
+    """Kept: SGLang's architecture name alone, which vLLM's EAGLEConfig turns into an unknown
+    EagleLlamaForCausalLMEagle, so vLLM refuses the directory instead of dropping the bias."""
+    head, src = biased_eagle(tmp_path, target)
+    export_heads(src, "eagle", tmp_path / "out", fc_bias="keep")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle"]
+    assert torch.equal(
+        load_file(str(tmp_path / "out" / "model.safetensors"))["fc.bias"], head.fc.bias.detach()
+    )
+    back = import_heads(tmp_path / "out", "eagle", target, tmp_path / "back")
+    assert torch.equal(back.fc.bias, head.fc.bias)
+
+
+def test_eagle_drops_the_bias_when_told(tmp_path, target):
+    _, src = biased_eagle(tmp_path, target)
+    assert (
+        main(
+            [
+                "export",
+                "--heads",
+                str(src),
+                "--format",
+                "eagle",
+                "--out",
+                str(tmp_path / "out"),
+                "--fc-bias",
+                "drop",
+            ]
+        )
+        == 0
+    )
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle", "LlamaForCausalLM"]  # every engine
+    assert not load_file(str(tmp_path / "out" / "model.safetensors"))["fc.bias"].any()
