@@ -3,6 +3,8 @@
 `medusa`:
     config.json                   medusa_num_heads, medusa_num_layers, base_model_name_or_path
     medusa_lm_head.safetensors    {h}.{l}.linear.weight (H, H), {h}.{l}.linear.bias (H,), {h}.{L}.weight (V, H)
+    medusa_lm_head.pt             the same tensors, torch.save'd: FasterDecoding's own
+                                  `MedusaModel.from_pretrained` reads only this file
 
   FasterDecoding/Medusa medusa/model/medusa_model.py: head h is
   `nn.Sequential(*[ResBlock(H)] * L, nn.Linear(H, V, bias=False))`, so block l is `{h}.{l}` and the
@@ -64,6 +66,7 @@ VLLM_MEDUSA_KEYS: KeyTable = (
     row("lm_heads.{h}.weight", "lm_heads.{h}.weight", ("V", "H")),
 )
 MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
+MEDUSA_TORCH_WEIGHTS = "medusa_lm_head.pt"  # medusa_model.py v0.1 from_pretrained: torch.load of this name
 READ_MEDUSA = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 VLLM_WEIGHTS = "model.safetensors"
 READ_VLLM = ("model.safetensors", "*.safetensors", "pytorch_model.bin")
@@ -117,7 +120,7 @@ def to_medusa(
         "base_model_name_or_path": (native_config.get("target") or {}).get("name_or_path"),
         "specheads_provenance": provenance(native_config, "medusa", share_lm_head=cfg.share_lm_head),
     }
-    return Export(config, MEDUSA_WEIGHTS, cast_floats(tensors, dtype), notes)
+    return Export(config, MEDUSA_WEIGHTS, cast_floats(tensors, dtype), notes, torch_copy=MEDUSA_TORCH_WEIGHTS)
 
 
 def to_vllm_medusa(

@@ -6,6 +6,7 @@
   the target's embedding and expects the draft's own, which the export does not carry.
 - `eagle` with a nonzero fc bias: vLLM's EAGLE layer has no fc bias and silently skips it, so the export
   refuses such heads (naming the recipe key) unless told to keep the bias (SGLang only) or drop it.
+- `medusa` writes medusa_lm_head.pt too: FasterDecoding's `MedusaModel.from_pretrained` reads only it.
 """
 
 import json
@@ -20,6 +21,8 @@ from specheads.heads import (
     EagleConfig,
     EagleHead,
     FrozenTarget,
+    MedusaConfig,
+    MedusaHeads,
     default_eagle3_layers,
     layer_config_from,
     save_heads,
@@ -183,3 +186,29 @@ def test_eagle_drops_the_bias_when_told(tmp_path, target):
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle", "LlamaForCausalLM"]  # every engine
     assert not load_file(str(tmp_path / "out" / "model.safetensors"))["fc.bias"].any()
+
+
+# -- medusa: FasterDecoding reads a .pt ------------------------------------------------------------
+
+
+def test_medusa_export_writes_the_torch_file_fasterdecoding_reads(tmp_path, target):
+    """medusa_model.py v0.1 `from_pretrained`: torch.load(DIR/medusa_lm_head.pt), then
+    `medusa_head.load_state_dict(..., strict=False)`: the same tensors as the safetensors file."""
+    heads = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=2, num_layers=1))
+    save_heads(heads, tmp_path / "native", target.record())
+    export_heads(tmp_path / "native", "medusa", tmp_path / "out")
+    pt = torch.load(tmp_path / "out" / "medusa_lm_head.pt", map_location="cpu", weights_only=True)
+    st = load_file(str(tmp_path / "out" / "medusa_lm_head.safetensors"))
+    assert (
+        pt.keys()
+        == st.keys()
+        == {
+            "0.0.linear.weight",
+            "0.0.linear.bias",
+            "0.1.weight",
+            "1.0.linear.weight",
+            "1.0.linear.bias",
+            "1.1.weight",
+        }
+    )
+    assert all(torch.equal(pt[k], st[k]) for k in st)
