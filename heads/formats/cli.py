@@ -29,8 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target",
         default=None,
-        help="the heads' target (HF directory or hub id): needed for Medusa heads that share its lm_head; "
-        "when given, the heads' target record is checked against it",
+        help="the heads' target (HF directory or hub id): needed for Medusa heads that share its lm_head, "
+        "and for the embedding `speculators` checkpoints carry; when given, the heads' target record is "
+        "checked against it",
     )
     p.add_argument(
         "--dtype",

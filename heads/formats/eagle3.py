@@ -12,7 +12,12 @@ vllm/transformers_utils/configs/speculators/{base,algos}.py):
     config.json   speculators_model_type "eagle3", transformer_layer_config, draft_vocab_size,
                   norm_before_residual, target_hidden_size, eagle_aux_hidden_state_layer_ids,
                   speculators_config {algorithm, proposal_methods, default_proposal_method, verifier}
-    weights       as above with layers.0.* in place of midlayer.* (vLLM renames midlayer. to layers.0.)
+    weights       as above with layers.0.* in place of midlayer.* (vLLM renames midlayer. to layers.0.),
+                  and embed_tokens.weight (V, H), the target's, when the export is given the target:
+                  speculators' own checkpoints carry it, and its Eagle3DraftModel.from_pretrained (0.9.0,
+                  transformers 5.19 and 5.24) leaves a missing one uninitialised (its NaN "load from the
+                  verifier" sentinel does not survive transformers' loading); vLLM loads it or, equal to
+                  the target's, shares the target's
 
 Conventions, and which way each engine reads them:
   * Layer ids. We store Hugging Face `hidden_states` indexing (FrozenTarget's). SGLang adds one to
@@ -258,7 +263,24 @@ def to_speculators(
             norm_before_residual=False,
         ),
     }
-    return Export(config, WEIGHTS_FILE, cast_floats(tensors, dtype))
+    notes = []
+    if target is not None:
+        tensors["embed_tokens.weight"] = _target_embedding(target, layer_config)
+    else:
+        notes.append(
+            "no embed_tokens.weight (pass --target to include the target's): vLLM shares the verifier's "
+            "embedding, but the speculators library's Eagle3DraftModel.from_pretrained (0.9.0) leaves a "
+            "missing one uninitialised"
+        )
+    return Export(config, WEIGHTS_FILE, cast_floats(tensors, dtype), notes)
+
+
+def _target_embedding(target: FrozenTarget, layer_config: dict[str, Any]) -> torch.Tensor:
+    weight = target.embed_tokens.weight.detach().to("cpu")
+    expected = (layer_config["vocab_size"], layer_config["hidden_size"])
+    if tuple(weight.shape) != expected:
+        raise FormatError(f"the target's embedding is {tuple(weight.shape)}, the head expects {expected}")
+    return weight.clone()
 
 
 # -- import ----------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@
   the target's embedding and expects the draft's own, which the export does not carry.
 - `eagle` with a nonzero fc bias: vLLM's EAGLE layer has no fc bias and silently skips it, so the export
   refuses such heads (naming the recipe key) unless told to keep the bias (SGLang only) or drop it.
+- `speculators` carries the target's embedding when given the target: speculators 0.9.0's from_pretrained
+  leaves a missing one uninitialised (tests/consumers/ loads it with the library itself).
 - `medusa` writes medusa_lm_head.pt too: FasterDecoding's `MedusaModel.from_pretrained` reads only it.
 """
 
@@ -212,3 +214,15 @@ def test_medusa_export_writes_the_torch_file_fasterdecoding_reads(tmp_path, targ
         }
     )
     assert all(torch.equal(pt[k], st[k]) for k in st)
+
+
+def test_speculators_carries_the_target_embedding_when_given_the_target(tmp_path, target):
+    head = Eagle3Head(Eagle3Config(layer_config_from(target.config), draft_vocab_size=100))
+    save_heads(head, tmp_path / "native", target.record())
+    with_target = export_heads(tmp_path / "native", "speculators", tmp_path / "a", target=target)
+    assert with_target.notes == []
+    written = load_file(str(tmp_path / "a" / "model.safetensors"))
+    assert torch.equal(written["embed_tokens.weight"], target.embed_tokens.weight)
+    without = export_heads(tmp_path / "native", "speculators", tmp_path / "b")
+    assert "embed_tokens.weight" not in load_file(str(tmp_path / "b" / "model.safetensors"))
+    assert "pass --target" in without.notes[0]
