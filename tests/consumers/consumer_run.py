@@ -1,0 +1,162 @@
+"""Load one of our exports with a consumer's own code and run its forward (run in the consumer env).
+
+    python consumer_run.py JOBS.json      # [{"kind", "export", "target", "inputs", "out"}, ...]
+
+Runs with PYTHONPATH at the consumer packages (speculators, eagle-llm, medusa-llm, installed apart by
+tests/consumers/consumer_env.py); torch and transformers are the project's. It imports nothing of
+specheads: each job's inputs (the target's hidden states, token ids) come in its inputs file, computed by
+the test, and its out file holds the consumer's outputs and what its loader left missing or unused. One
+process runs every job, so torch and transformers are imported once.
+
+KIND:
+  speculators   speculators 0.9.0 `Eagle3DraftModel.from_pretrained(EXPORT_DIR)` (a `speculators` export);
+                one step of its own forward (ttt_steps=1); logits read off its lm_head
+  eagle         eagle-llm 1.2.1 `eagle.model.cnets.Model` (EAGLE-1/2) built from EXPORT_DIR/config.json
+                as `EaModel.__init__` builds it (`EConfig`, `bias` key of config.json, default true), its
+                state dict loaded from our weights plus the target's embedding (what EaModel reads from an
+                official checkpoint; the export, like SGLang's and vLLM's, shares the target's); it
+                reads no rope_theta (always 10000, the tiny target's)
+  medusa        medusa-llm 0.1 `MedusaModel.from_pretrained(EXPORT_DIR)`, its own loader of
+                medusa_lm_head.pt; its KV-cache Llama fork is replaced by transformers' LlamaForCausalLM
+                (the fork predates transformers 5; the heads never touch it)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+
+def run_speculators(export: Path, target: Path, inputs: dict) -> dict:
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    config = Eagle3SpeculatorConfig.from_pretrained(export)
+    config.transformer_layer_config._attn_implementation = "eager"  # flex attention wants a GPU compile
+    # (output_loading_info breaks its from_pretrained, which expects a model back: compare by hand)
+    model = Eagle3DraftModel.from_pretrained(export, config=config, dtype=torch.float32)
+    model.eval()
+    seen = {}
+    model.lm_head.register_forward_hook(lambda m, i, o: seen.setdefault("logits", o.detach()))
+    T = inputs["input_ids"].shape[1]
+    ids = list(model.config.eagle_aux_hidden_state_layer_ids)  # captured as vLLM does: HF ids
+    hidden = torch.cat([inputs["every_layer"][i] for i in ids], dim=-1)  # (1, T, 3H)
+    with torch.no_grad():
+        model(
+            hidden_states=hidden,
+            input_ids=inputs["input_ids"],
+            document_ids=torch.zeros(1, T, dtype=torch.long),
+            position_ids=inputs["position_ids"],
+            ttt_steps=1,
+        )
+    logits = seen["logits"]  # (1, T, Vd)
+    draft = logits.argmax(-1)
+    return {
+        "logits": logits,
+        "target_ids": draft + model.d2t[draft],  # the consumer's own vocabulary map
+        "layer_ids": ids,
+        **loading_report(model.state_dict(), load_file(str(export / "model.safetensors")), VERIFIER_OWNED),
+        "embed_matches_target": bool(torch.equal(model.embed_tokens.weight, _target_tensor(target, "embed"))),
+    }
+
+
+# Filled from the verifier (our target) by speculators' load_verifier_weights, not from the draft's file.
+VERIFIER_OWNED = ("embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight")
+
+
+def loading_report(state: dict, ours: dict, owned_elsewhere: tuple[str, ...]) -> dict:
+    """What the loader left out: keys of ours it has no place for (unexpected), parameters of its own not
+    in our file (missing), and ours it holds with other values (mismatched)."""
+    return {
+        "unexpected": sorted(set(ours) - set(state)),
+        "missing": sorted(set(state) - set(ours) - set(owned_elsewhere)),
+        "mismatched": sorted(k for k in set(ours) & set(state) if not torch.equal(state[k], ours[k])),
+    }
+
+
+def _target_tensor(target: Path, which: str) -> torch.Tensor:
+    weights = {}
+    for f in sorted(target.glob("*.safetensors")):
+        weights.update(load_file(str(f)))
+    return weights["model.embed_tokens.weight"]
+
+
+def run_eagle(export: Path, target: Path, inputs: dict) -> dict:
+    from eagle.model.cnets import Model
+    from eagle.model.configs import EConfig
+
+    config = EConfig.from_pretrained(export)
+    written = json.loads((export / "config.json").read_text())
+    # transformers 5 rewrites the file's `rope_scaling: null` as {"rope_type": "default", ...}, which
+    # cnets (written for transformers 4) takes for a scaling spec; give it back what the file says.
+    config.rope_scaling = written["rope_scaling"]
+    bias = written.get("bias", True)  # as EaModel.__init__ reads it
+    model = Model(config, bias=bias)
+    state = load_file(str(export / "model.safetensors"))
+    state["embed_tokens.weight"] = _target_tensor(target, "embed")
+    info = model.load_state_dict(state, strict=False)
+    model.eval()
+    with torch.no_grad():
+        features = model(inputs["features"], input_ids=inputs["input_ids"])
+    return {
+        "features": features,
+        "missing": sorted(info.missing_keys),
+        "unexpected": sorted(info.unexpected_keys),
+    }
+
+
+def run_medusa(export: Path, target: Path, inputs: dict) -> dict:
+    import transformers
+    from medusa.model import medusa_model
+
+    medusa_model.KVLlamaForCausalLM = transformers.LlamaForCausalLM
+    loaded = {}
+    original = torch.nn.Module.load_state_dict
+
+    def recording(self, state_dict, strict=True, **kw):  # note what from_pretrained's own call left over
+        result = original(self, state_dict, strict=strict, **kw)
+        if self is getattr(recording, "heads", None):
+            loaded.update(missing=sorted(result.missing_keys), unexpected=sorted(result.unexpected_keys))
+        return result
+
+    init = medusa_model.MedusaModel.__init__
+
+    def init_and_mark(self, *a, **kw):
+        init(self, *a, **kw)
+        recording.heads = self.medusa_head
+
+    medusa_model.MedusaModel.__init__ = init_and_mark
+    torch.nn.Module.load_state_dict = recording
+    try:
+        model = medusa_model.MedusaModel.from_pretrained(str(export), dtype=torch.float32)
+    finally:
+        torch.nn.Module.load_state_dict = original
+    model.eval()
+    with torch.no_grad():
+        logits = torch.stack([head(inputs["hidden"]) for head in model.medusa_head])  # (K, B, T, V)
+    return {"logits": logits, **loaded}
+
+
+RUNNERS = {"speculators": run_speculators, "eagle": run_eagle, "medusa": run_medusa}
+
+
+def main(argv: list[str]) -> int:
+    """Run every job of JOBS.json (a list of {kind, export, target, inputs, out}) in this one process;
+    a job that raises leaves {"error": its traceback} in its out file, and the others still run."""
+    import traceback
+
+    for job in json.loads(Path(argv[0]).read_text()):
+        try:
+            inputs = torch.load(job["inputs"], weights_only=True)
+            result = RUNNERS[job["kind"]](Path(job["export"]), Path(job["target"]), inputs)
+        except Exception:
+            result = {"error": traceback.format_exc()}
+        torch.save(result, job["out"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
