@@ -19,6 +19,9 @@ KIND:
   medusa        medusa-llm 0.1 `MedusaModel.from_pretrained(EXPORT_DIR)`, its own loader of
                 medusa_lm_head.pt; its KV-cache Llama fork is replaced by transformers' LlamaForCausalLM
                 (the fork predates transformers 5; the heads never touch it)
+  write-medusa, write-eagle
+                the other direction: heads built by the consumer's own classes, saved into EXPORT_DIR as
+                its trainer / official checkpoints save them, with the consumer's outputs on the inputs
 """
 
 from __future__ import annotations
@@ -140,7 +143,65 @@ def run_medusa(export: Path, target: Path, inputs: dict) -> dict:
     return {"logits": logits, **loaded}
 
 
-RUNNERS = {"speculators": run_speculators, "eagle": run_eagle, "medusa": run_medusa}
+def _perturb(params, seed: int = 0) -> None:
+    """Move freshly built weights off their initialisation, as training would."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in params:
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+
+def write_medusa(export: Path, target: Path, inputs: dict) -> dict:
+    """Heads built by medusa-llm's MedusaModel and saved as its trainer saves them (train/train.py: the
+    MedusaConfig's save_pretrained, then torch.save(medusa_head.state_dict(), "medusa_lm_head.pt"))."""
+    import transformers
+    from medusa.model.medusa_model import MedusaConfig, MedusaModel
+
+    torch.manual_seed(0)
+    base = transformers.LlamaForCausalLM.from_pretrained(target, dtype=torch.float32)
+    model = MedusaModel(base, medusa_num_heads=3, medusa_num_layers=1, base_model_name_or_path=str(target))
+    _perturb(model.medusa_head.parameters())
+    MedusaConfig(
+        medusa_num_heads=3, medusa_num_layers=1, base_model_name_or_path=str(target)
+    ).save_pretrained(export)
+    torch.save(model.medusa_head.state_dict(), export / "medusa_lm_head.pt")
+    with torch.no_grad():
+        logits = torch.stack([head(inputs["hidden"]) for head in model.medusa_head])
+    return {"logits": logits}
+
+
+def write_eagle(export: Path, target: Path, inputs: dict) -> dict:
+    """An EAGLE-1 head built by eagle-llm's cnets.Model from a one-layer Llama config of the target (what
+    its trainer, train/main.py, reads as --configpath), the target's embedding copied in as load_emb does,
+    saved as the official checkpoints are (config.json + pytorch_model.bin of the whole state dict)."""
+    from eagle.model.cnets import Model
+    from eagle.model.configs import EConfig
+
+    config = json.loads((target / "config.json").read_text())
+    config.update(num_hidden_layers=1, architectures=["LlamaForCausalLM"])
+    export.mkdir(parents=True, exist_ok=True)
+    (export / "config.json").write_text(json.dumps(config))
+    econfig = EConfig.from_pretrained(export)
+    econfig.rope_scaling = None  # transformers 5 rewrites the default rope as a dict cnets cannot read
+    torch.manual_seed(0)
+    model = Model(econfig, bias=True)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(_target_tensor(target, "embed"))
+    _perturb(p for n, p in model.named_parameters() if not n.startswith("embed_tokens"))
+    torch.save(model.state_dict(), export / "pytorch_model.bin")
+    model.eval()
+    with torch.no_grad():
+        features = model(inputs["features"], input_ids=inputs["input_ids"])
+    return {"features": features}
+
+
+RUNNERS = {
+    "speculators": run_speculators,
+    "eagle": run_eagle,
+    "medusa": run_medusa,
+    "write-medusa": write_medusa,
+    "write-eagle": write_eagle,
+}
 
 
 def main(argv: list[str]) -> int:

@@ -28,6 +28,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from specheads.decode import EagleDrafter, MedusaDrafter, SpeculativeDecoder, default_tree
 from specheads.heads import (
     Eagle3Config,
     Eagle3Head,
@@ -39,6 +40,7 @@ from specheads.heads import (
     layer_config_from,
     save_heads,
 )
+from specheads.heads.checkpoint import load_heads
 from specheads.heads.formats.cli import main as formats_cli
 
 from consumer_env import run_consumers
@@ -203,6 +205,8 @@ CASES = {
     "eagle-drop_fc_bias": ("eagle-bias", "eagle", "eagle", ("--fc-bias", "keep"), drop_fc_bias),
     "medusa-rename_key": ("medusa", "medusa", "medusa", (), rename_medusa_key),
 }
+# The other direction: (consumer job writing the checkpoint, our format, heads whose inputs it gets)
+WRITTEN = {"medusa-llm": ("write-medusa", "medusa", "medusa"), "eagle-llm": ("write-eagle", "eagle", "eagle")}
 WORKING = [name for name, case in CASES.items() if case[-1] is None]
 BROKEN = [name for name, case in CASES.items() if case[-1] is not None]
 
@@ -240,16 +244,31 @@ def consumed(consumer_env, tiny_target_dirs, tmp_path_factory) -> dict:
                 "out": str(work / "out.pt"),
             }
         )
+    for name, (job, _, heads_kind) in WRITTEN.items():
+        _, inputs, _ = builders[heads_kind]()
+        work = root / f"written-{name}"
+        work.mkdir()
+        torch.save(inputs, work / "inputs.pt")
+        jobs.append(
+            {
+                "kind": job,
+                "export": str(work / "checkpoint"),
+                "target": str(target_dir),
+                "inputs": str(work / "inputs.pt"),
+                "out": str(work / "out.pt"),
+            }
+        )
+        expected[name] = inputs
     run_consumers(consumer_env, jobs, root)
     return {
-        name: (torch.load(job["out"], weights_only=False), expected[name])
-        for name, job in zip(CASES, jobs, strict=True)
+        name: (torch.load(job["out"], weights_only=False), expected[name], Path(job["export"]))
+        for name, job in zip([*CASES, *WRITTEN], jobs, strict=True)
     }
 
 
 @pytest.mark.parametrize("name", WORKING)
 def test_the_consumer_loads_our_export_and_computes_what_our_heads_do(consumed, name):
-    got, expected = consumed[name]
+    got, expected, _ = consumed[name]
     assert "error" not in got, got.get("error")
     diff = CHECKS[CASES[name][1]](got, expected)
     print(f"{name}: max |diff| {diff:.2e}")
@@ -257,8 +276,47 @@ def test_the_consumer_loads_our_export_and_computes_what_our_heads_do(consumed, 
 
 @pytest.mark.parametrize("name", BROKEN)
 def test_the_check_fails_on_an_export_broken_on_purpose(consumed, name):
-    got, expected = consumed[name]
+    got, expected, _ = consumed[name]
     assert "error" not in got, got.get("error")  # the consumer still loads it: only the check can tell
     with pytest.raises(AssertionError) as failed:
         CHECKS[CASES[name][1]](got, expected)
     print(f"{name}: {str(failed.value).splitlines()[0][:160]}")
+
+
+# -- the other direction: checkpoints the consumers' own code wrote, imported and decoded ---------
+
+
+def greedy_equals_generate(target, drafter, seed=0):
+    prompt = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(seed))
+    out = SpeculativeDecoder(target, drafter).generate(prompt, max_new_tokens=20)
+    reference = target.model.generate(prompt, max_new_tokens=20, do_sample=False)[:, 6:]
+    assert torch.equal(out.tokens, reference), (out.tokens.tolist(), reference.tolist())
+
+
+@pytest.mark.parametrize("name", list(WRITTEN))
+def test_a_checkpoint_the_consumer_wrote_imports_and_decodes_as_generate(
+    consumed, tiny_target_dirs, tmp_path, name
+):
+    """medusa-llm's MedusaModel saved as its trainer saves (medusa_lm_head.pt), eagle-llm's cnets.Model as
+    the official EAGLE-1 checkpoints are (pytorch_model.bin): `import-heads` gives heads that compute what
+    the consumer computed, and our decoder's greedy output equals the target's generate()."""
+    got, inputs, checkpoint = consumed[name]
+    assert "error" not in got, got.get("error")
+    _, fmt, _ = WRITTEN[name]
+    target_dir = tiny_target_dirs["llama"]
+    args = ["import-heads", "--format", fmt, "--checkpoint", str(checkpoint), "--target", str(target_dir)]
+    assert formats_cli([*args, "--out", str(tmp_path / "native")]) == 0
+    target = FrozenTarget.from_pretrained(str(target_dir), dtype="float32")
+    heads, _ = load_heads(tmp_path / "native", target)
+    with torch.no_grad():
+        if fmt == "medusa":
+            diff = max_diff(heads(inputs["hidden"]), got["logits"])
+            drafter = MedusaDrafter(heads, default_tree("medusa-15", num_heads=3))
+        else:
+            embeds = target.embed_tokens(inputs["input_ids"])
+            ours = heads(inputs["features"], embeds, torch.arange(T)[None], causal_mask(T))
+            diff = max_diff(ours, got["features"])
+            drafter = EagleDrafter(heads, target, default_tree("medusa-15"))
+    assert diff <= TOL, f"imported {name} heads differ from the consumer's by {diff}"
+    print(f"{name} checkpoint imported: max |diff| {diff:.2e}")
+    greedy_equals_generate(target, drafter)
