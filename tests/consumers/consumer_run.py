@@ -11,6 +11,9 @@ process runs every job, so torch and transformers are imported once.
 KIND:
   speculators   speculators 0.9.0 `Eagle3DraftModel.from_pretrained(EXPORT_DIR)` (a `speculators` export);
                 one step of its own forward (ttt_steps=1); logits read off its lm_head
+  speculators-converter
+                an `eagle3` export converted by speculators 0.9.0's own `Eagle3Converter` (layer ids and
+                norm_before_residual from our config.json), then loaded as above
   eagle         eagle-llm 1.2.1 `eagle.model.cnets.Model` (EAGLE-1/2) built from EXPORT_DIR/config.json
                 as `EaModel.__init__` builds it (`EConfig`, `bias` key of config.json, default true), its
                 state dict loaded from our weights plus the target's embedding (what EaModel reads from an
@@ -34,13 +37,17 @@ import torch
 from safetensors.torch import load_file
 
 
-def run_speculators(export: Path, target: Path, inputs: dict) -> dict:
+def run_speculators(export: Path, target: Path, inputs: dict, ours: dict | None = None) -> dict:
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     config = Eagle3SpeculatorConfig.from_pretrained(export)
     config.transformer_layer_config._attn_implementation = "eager"  # flex attention wants a GPU compile
     # (output_loading_info breaks its from_pretrained, which expects a model back: compare by hand)
     model = Eagle3DraftModel.from_pretrained(export, config=config, dtype=torch.float32)
+    if "embed_tokens.weight" not in load_file(str(export / "model.safetensors")):
+        # a checkpoint without the embedding: speculators' from_pretrained leaves it uninitialised (its
+        # NaN sentinel does not survive transformers' loading); fill it with its own verifier loader
+        model._load_verifier_weights(overwrite_embed_tokens=True)
     model.eval()
     seen = {}
     model.lm_head.register_forward_hook(lambda m, i, o: seen.setdefault("logits", o.detach()))
@@ -61,7 +68,9 @@ def run_speculators(export: Path, target: Path, inputs: dict) -> dict:
         "logits": logits,
         "target_ids": draft + model.d2t[draft],  # the consumer's own vocabulary map
         "layer_ids": ids,
-        **loading_report(model.state_dict(), load_file(str(export / "model.safetensors")), VERIFIER_OWNED),
+        **loading_report(
+            model.state_dict(), ours or load_file(str(export / "model.safetensors")), VERIFIER_OWNED
+        ),
         "embed_matches_target": bool(torch.equal(model.embed_tokens.weight, _target_tensor(target, "embed"))),
     }
 
@@ -143,6 +152,27 @@ def run_medusa(export: Path, target: Path, inputs: dict) -> dict:
     return {"logits": logits, **loaded}
 
 
+def run_speculators_converter(export: Path, target: Path, inputs: dict) -> dict:
+    """An `eagle3` export through speculators' own EAGLE-3 converter (`speculators convert`), with the
+    layer ids and norm placement our config.json states, then loaded as run_speculators loads."""
+    from speculators.convert.eagle.eagle3_converter import Eagle3Converter
+
+    written = json.loads((export / "config.json").read_text())
+    converted = export.parent / f"{export.name}-speculators"
+    Eagle3Converter().convert(
+        export,
+        converted,
+        base_model=str(target),
+        norm_before_residual=written["norm_before_residual"],
+        eagle_aux_hidden_state_layer_ids=written["eagle_aux_hidden_state_layer_ids"],
+    )
+    ours = {
+        k.replace("midlayer.", "layers.0."): v
+        for k, v in load_file(str(export / "model.safetensors")).items()
+    }
+    return run_speculators(converted, target, inputs, ours)
+
+
 def _perturb(params, seed: int = 0) -> None:
     """Move freshly built weights off their initialisation, as training would."""
     g = torch.Generator().manual_seed(seed)
@@ -197,6 +227,7 @@ def write_eagle(export: Path, target: Path, inputs: dict) -> dict:
 
 RUNNERS = {
     "speculators": run_speculators,
+    "speculators-converter": run_speculators_converter,
     "eagle": run_eagle,
     "medusa": run_medusa,
     "write-medusa": write_medusa,

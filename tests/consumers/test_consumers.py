@@ -8,6 +8,7 @@ inputs our heads see, and compares:
 | format        | consumer (pinned)                              | compared                                  |
 | ------------- | ---------------------------------------------- | ----------------------------------------- |
 | `speculators` | speculators 0.9.0 `Eagle3DraftModel`           | draft logits; target ids via its own d2t  |
+| `eagle3`      | speculators 0.9.0 `Eagle3Converter`, then the above | the same                             |
 | `eagle`       | eagle-llm 1.2.1 `eagle.model.cnets.Model`      | predicted features                        |
 | `medusa`      | medusa-llm 0.1 `MedusaModel.from_pretrained`   | every head's logits                       |
 
@@ -149,7 +150,12 @@ def check_medusa(got: dict, expected: dict) -> float:
     return diff
 
 
-CHECKS = {"speculators": check_speculators, "eagle": check_eagle, "medusa": check_medusa}
+CHECKS = {
+    "speculators": check_speculators,
+    "speculators-converter": check_speculators,
+    "eagle": check_eagle,
+    "medusa": check_medusa,
+}
 
 
 # -- breakages -------------------------------------------------------------------------------------
@@ -190,6 +196,7 @@ def rename_medusa_key(path: Path) -> None:
 # (case, consumer, format, export flags, breakage or None)
 CASES = {
     "speculators": ("eagle3", "speculators", "speculators", ("--target", "TARGET"), None),
+    "eagle3-via-speculators-converter": ("eagle3", "speculators-converter", "eagle3", (), None),
     "eagle-no-fc-bias": ("eagle", "eagle", "eagle", (), None),
     "eagle-fc-bias-kept": ("eagle-bias", "eagle", "eagle", ("--fc-bias", "keep"), None),
     "medusa": ("medusa", "medusa", "medusa", (), None),
@@ -201,6 +208,7 @@ CASES = {
         shift_layer_id,
     ),
     "speculators-swap_norms": ("eagle3", "speculators", "speculators", ("--target", "TARGET"), swap_norms),
+    "eagle3-shift_layer_id": ("eagle3", "speculators-converter", "eagle3", (), shift_layer_id),
     "eagle-rename_key": ("eagle-bias", "eagle", "eagle", ("--fc-bias", "keep"), rename_eagle_key),
     "eagle-drop_fc_bias": ("eagle-bias", "eagle", "eagle", ("--fc-bias", "keep"), drop_fc_bias),
     "medusa-rename_key": ("medusa", "medusa", "medusa", (), rename_medusa_key),
