@@ -22,7 +22,7 @@ KIND:
   medusa        medusa-llm 0.1 `MedusaModel.from_pretrained(EXPORT_DIR)`, its own loader of
                 medusa_lm_head.pt; its KV-cache Llama fork is replaced by transformers' LlamaForCausalLM
                 (the fork predates transformers 5; the heads never touch it)
-  write-medusa, write-eagle
+  write-medusa, write-eagle, write-speculators
                 the other direction: heads built by the consumer's own classes, saved into EXPORT_DIR as
                 its trainer / official checkpoints save them, with the consumer's outputs on the inputs
 """
@@ -49,6 +49,22 @@ def run_speculators(export: Path, target: Path, inputs: dict, ours: dict | None 
         # NaN sentinel does not survive transformers' loading); fill it with its own verifier loader
         model._load_verifier_weights(overwrite_embed_tokens=True)
     model.eval()
+    logits, ids = _speculators_step(model, inputs)
+    draft = logits.argmax(-1)
+    return {
+        "logits": logits,
+        "target_ids": draft + model.d2t[draft],  # the consumer's own vocabulary map
+        "layer_ids": ids,
+        **loading_report(
+            model.state_dict(), ours or load_file(str(export / "model.safetensors")), VERIFIER_OWNED
+        ),
+        "embed_matches_target": bool(torch.equal(model.embed_tokens.weight, _target_tensor(target, "embed"))),
+    }
+
+
+def _speculators_step(model, inputs: dict) -> tuple[torch.Tensor, list[int]]:
+    """One step of the model's own forward (ttt_steps=1) on the layers its config names; the logits are
+    read off its lm_head."""
     seen = {}
     model.lm_head.register_forward_hook(lambda m, i, o: seen.setdefault("logits", o.detach()))
     T = inputs["input_ids"].shape[1]
@@ -62,17 +78,7 @@ def run_speculators(export: Path, target: Path, inputs: dict, ours: dict | None 
             position_ids=inputs["position_ids"],
             ttt_steps=1,
         )
-    logits = seen["logits"]  # (1, T, Vd)
-    draft = logits.argmax(-1)
-    return {
-        "logits": logits,
-        "target_ids": draft + model.d2t[draft],  # the consumer's own vocabulary map
-        "layer_ids": ids,
-        **loading_report(
-            model.state_dict(), ours or load_file(str(export / "model.safetensors")), VERIFIER_OWNED
-        ),
-        "embed_matches_target": bool(torch.equal(model.embed_tokens.weight, _target_tensor(target, "embed"))),
-    }
+    return seen["logits"], ids  # (1, T, Vd)
 
 
 # Filled from the verifier (our target) by speculators' load_verifier_weights, not from the draft's file.
@@ -225,6 +231,46 @@ def write_eagle(export: Path, target: Path, inputs: dict) -> dict:
     return {"features": features}
 
 
+def write_speculators(export: Path, target: Path, inputs: dict) -> dict:
+    """An Eagle3DraftModel built from speculators' own config classes (as its converter builds them), its
+    vocabulary maps and verifier weights loaded by its own methods, saved with its save_pretrained."""
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import AutoConfig
+
+    layer = AutoConfig.from_pretrained(target)
+    layer.num_hidden_layers = 1
+    layer._attn_implementation = "eager"
+    verifier = VerifierConfig(name_or_path=str(target), architectures=["LlamaForCausalLM"])
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer,
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(proposal_type="greedy", speculative_tokens=3)],
+            default_proposal_method="greedy",
+            verifier=verifier,
+        ),
+        draft_vocab_size=100,
+        norm_before_residual=False,
+        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
+    )
+    torch.manual_seed(0)
+    model = Eagle3DraftModel(config)
+    vocab = layer.vocab_size
+    draft_ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(1))[:100].sort().values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[draft_ids] = True
+    model.load_vocab_mappings(t2d, draft_ids - torch.arange(100))
+    model.load_verifier_weights()
+    _perturb(p for n, p in model.named_parameters() if not n.startswith(("embed_tokens", "verifier_")))
+    model.save_pretrained(export)
+    model.eval()
+    logits, _ = _speculators_step(model, inputs)
+    draft = logits.argmax(-1)
+    return {"logits": logits, "target_ids": draft + model.d2t[draft]}
+
+
 RUNNERS = {
     "speculators": run_speculators,
     "speculators-converter": run_speculators_converter,
@@ -232,6 +278,7 @@ RUNNERS = {
     "medusa": run_medusa,
     "write-medusa": write_medusa,
     "write-eagle": write_eagle,
+    "write-speculators": write_speculators,
 }
 
 

@@ -214,7 +214,11 @@ CASES = {
     "medusa-rename_key": ("medusa", "medusa", "medusa", (), rename_medusa_key),
 }
 # The other direction: (consumer job writing the checkpoint, our format, heads whose inputs it gets)
-WRITTEN = {"medusa-llm": ("write-medusa", "medusa", "medusa"), "eagle-llm": ("write-eagle", "eagle", "eagle")}
+WRITTEN = {
+    "written-by-medusa-llm": ("write-medusa", "medusa", "medusa"),
+    "written-by-eagle-llm": ("write-eagle", "eagle", "eagle"),
+    "written-by-speculators": ("write-speculators", "speculators", "eagle3"),
+}
 WORKING = [name for name, case in CASES.items() if case[-1] is None]
 BROKEN = [name for name, case in CASES.items() if case[-1] is not None]
 
@@ -254,7 +258,7 @@ def consumed(consumer_env, tiny_target_dirs, tmp_path_factory) -> dict:
         )
     for name, (job, _, heads_kind) in WRITTEN.items():
         _, inputs, _ = builders[heads_kind]()
-        work = root / f"written-{name}"
+        work = root / name
         work.mkdir()
         torch.save(inputs, work / "inputs.pt")
         jobs.append(
@@ -306,8 +310,9 @@ def test_a_checkpoint_the_consumer_wrote_imports_and_decodes_as_generate(
     consumed, tiny_target_dirs, tmp_path, name
 ):
     """medusa-llm's MedusaModel saved as its trainer saves (medusa_lm_head.pt), eagle-llm's cnets.Model as
-    the official EAGLE-1 checkpoints are (pytorch_model.bin): `import-heads` gives heads that compute what
-    the consumer computed, and our decoder's greedy output equals the target's generate()."""
+    the official EAGLE-1 checkpoints are (pytorch_model.bin), speculators' Eagle3DraftModel by its
+    save_pretrained: `import-heads` gives heads that compute what the consumer computed, and our decoder's
+    greedy output equals the target's generate()."""
     got, inputs, checkpoint = consumed[name]
     assert "error" not in got, got.get("error")
     _, fmt, _ = WRITTEN[name]
@@ -320,11 +325,20 @@ def test_a_checkpoint_the_consumer_wrote_imports_and_decodes_as_generate(
         if fmt == "medusa":
             diff = max_diff(heads(inputs["hidden"]), got["logits"])
             drafter = MedusaDrafter(heads, default_tree("medusa-15", num_heads=3))
-        else:
+        elif fmt == "eagle":
             embeds = target.embed_tokens(inputs["input_ids"])
             ours = heads(inputs["features"], embeds, torch.arange(T)[None], causal_mask(T))
             diff = max_diff(ours, got["features"])
             drafter = EagleDrafter(heads, target, default_tree("medusa-15"))
+        else:
+            assert heads.capture_layers == (1, 2, 3)
+            hidden = {i: inputs["every_layer"][i] for i in heads.capture_layers}
+            embeds = target.embed_tokens(inputs["input_ids"])
+            h = heads(heads.input_hidden(hidden), embeds, torch.arange(T)[None], causal_mask(T))
+            logits = heads.logits(h)
+            diff = max_diff(logits, got["logits"])
+            assert torch.equal(heads.to_target_ids(logits.argmax(-1)), got["target_ids"])
+            drafter = EagleDrafter(heads, target, top_k=4, depth=3, total_tokens=12)
     assert diff <= TOL, f"imported {name} heads differ from the consumer's by {diff}"
     print(f"{name} checkpoint imported: max |diff| {diff:.2e}")
     greedy_equals_generate(target, drafter)
