@@ -241,10 +241,14 @@ def audit(fmt, engine, model_file, architecture, rules, wheel, export: Path) -> 
     }
     if text is None:
         registry = source(wheel, VLLM_MODELS + "registry.py") or ""
+        methods = source(wheel, "vllm/config/speculative.py") or ""
+        in_registry, method_known = f'"{architecture}"' in registry, '"medusa"' in methods
         record.update(
             ok=False,
-            verdict=f"{model_file} is not in {engine} {ENGINES[engine]}, and its registry names no "
-            f"{architecture!r} ({architecture in registry}): this engine version cannot load the format",
+            registered={"architectures": [architecture], "resolved": [architecture] if in_registry else []},
+            speculative_method_known=method_known,
+            verdict=f"{model_file} is not in {engine} {ENGINES[engine]} (registry names {architecture!r}: "
+            f"{in_registry}; SpeculativeMethod has 'medusa': {method_known}): this version cannot load it",
         )
         return record
     registry = source(wheel, VLLM_MODELS + "registry.py") if engine == "vllm" else text

@@ -3,7 +3,7 @@
 | format        | heads   | read by                                        | module            |
 | ------------- | ------- | ---------------------------------------------- | ----------------- |
 | `medusa`      | Medusa  | TGI, TensorRT-LLM (FasterDecoding v0.1)        | formats/medusa.py |
-| `vllm-medusa` | Medusa  | vLLM MedusaModel                               | formats/medusa.py |
+| `vllm-medusa` | Medusa  | vLLM MedusaModel (absent from vLLM 0.33.0)     | formats/medusa.py |
 | `eagle`       | EAGLE   | SGLang LlamaForCausalLMEagle, vLLM, EAGLE repo | formats/eagle.py  |
 | `eagle3`      | EAGLE-3 | SGLang / vLLM LlamaForCausalLMEagle3           | formats/eagle3.py |
 | `speculators` | EAGLE-3 | vLLM (speculators library format)              | formats/eagle3.py |

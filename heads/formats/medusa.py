@@ -21,7 +21,8 @@
                          num_heads, num_hidden_layers, medusa_fc_bias
     model.safetensors    blocks.{h}.layers.{l}.weight / .bias, lm_heads.{h}.weight
 
-  vLLM vllm/model_executor/models/medusa.py: `ResidualBlock.layers[l]` is
+  vLLM vllm/model_executor/models/medusa.py (gone by vLLM 0.33.0: neither the file nor a MedusaModel
+  registry entry ships in its wheel; scripts/check_engines.py): `ResidualBlock.layers[l]` is
   Linear(H, H, bias=medusa_fc_bias) (default False, so true is written), x + SiLU(W x + b) per layer;
   one lm_head per head unless `original_lm_head`. vllm/transformers_utils/configs/medusa.py renames any
   top-level key holding "num" and "heads" / "layers", so no other top-level key holds "num" (our
@@ -141,7 +142,11 @@ def to_vllm_medusa(
         "truncated_vocab_size": cfg.vocab_size,
         "specheads_provenance": provenance(native_config, "vllm-medusa", share_lm_head=cfg.share_lm_head),
     }
-    return Export(config, VLLM_WEIGHTS, cast_floats(tensors, dtype))
+    notes = [
+        "vLLM 0.33.0 ships no MedusaModel (model_executor/models/medusa.py is gone): this layout loads in the "
+        "vLLM releases that still have it; for current engines export --format medusa (TGI, TensorRT-LLM)"
+    ]
+    return Export(config, VLLM_WEIGHTS, cast_floats(tensors, dtype), notes)
 
 
 # -- import ----------------------------------------------------------------------------------------

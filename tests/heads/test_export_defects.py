@@ -8,6 +8,7 @@
   refuses such heads (naming the recipe key) unless told to keep the bias (SGLang only) or drop it.
 - `speculators` carries the target's embedding when given the target: speculators 0.9.0's from_pretrained
   leaves a missing one uninitialised (tests/consumers/ loads it with the library itself).
+- `vllm-medusa` says that vLLM 0.33.0 has no MedusaModel (scripts/check_engines.py audits its wheel).
 - `medusa` writes medusa_lm_head.pt too: FasterDecoding's `MedusaModel.from_pretrained` reads only it.
 """
 
@@ -226,3 +227,10 @@ def test_speculators_carries_the_target_embedding_when_given_the_target(tmp_path
     without = export_heads(tmp_path / "native", "speculators", tmp_path / "b")
     assert "embed_tokens.weight" not in load_file(str(tmp_path / "b" / "model.safetensors"))
     assert "pass --target" in without.notes[0]
+
+
+def test_vllm_medusa_export_says_current_vllm_cannot_load_it(tmp_path, target):
+    heads = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=2, num_layers=1))
+    save_heads(heads, tmp_path / "native", target.record())
+    export = export_heads(tmp_path / "native", "vllm-medusa", tmp_path / "out")
+    assert "vLLM 0.33.0 ships no MedusaModel" in export.notes[0]
