@@ -8,8 +8,9 @@ EAGLE-3 drops feature regression: it fuses three of the target's layers and pred
     logits_t = lm_head(norm(h_t))                         # over the draft vocabulary; predicts x_{t+2}
 
 Layer ids are FrozenTarget's, i.e. Hugging Face `hidden_states` indexing (0 = embeddings, i = output
-of decoder layer i-1, L = after the final norm). The default (2, L//2, L-3) is the reference's choice;
-SGLang and ModelOpt number the same layers (1, L//2-1, L-4), counting decoder-layer outputs from 0.
+of decoder layer i-1, L = after the final norm). The default (2, L//2, L-3) is the reference's choice
+(targets of 4-6 layers take (1, L//2, L-1): see default_eagle3_layers); SGLang and ModelOpt number the
+same layers (1, L//2-1, L-4), counting decoder-layer outputs from 0. Ids are distinct and ascending.
 
 Training-time test (train/eagle_losses.py) unrolls the head: step i >= 1 feeds back h from step i-1
 in place of g, so the head learns from its own features as it will meet them when drafting deeper
@@ -34,8 +35,33 @@ _PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
 def default_eagle3_layers(num_layers: int) -> tuple[int, int, int]:
-    """(low, mid, high) = (2, L//2, L-3) in HF hidden_states indexing (SGLang: (1, L//2-1, L-4))."""
-    return (2, num_layers // 2, num_layers - 3)
+    """(low, mid, high) in HF hidden_states indexing: distinct, ascending, each one an engine can capture.
+
+    The reference's (2, L//2, L-3) (vLLM `get_eagle3_aux_hidden_state_layers`, SGLang
+    `set_eagle3_layers_to_capture`, SpecForge's (1, L//2-1, L-4) counted from 0) is ascending only from
+    L = 7: for L = 4, 5, 6 it repeats a layer ((2, 2, 1), (2, 2, 2), (2, 3, 3)), and the engines, which
+    capture each layer once, would feed 2H or H features into a 3H fc. Shallower targets take
+    (1, L//2, L-1) instead: the streams entering the second, middle and last decoder layers.
+    """
+    if num_layers < 4:
+        raise ValueError(
+            f"EAGLE-3 fuses 3 distinct layers an engine can capture (HF ids 1..L-1); a {num_layers}-layer "
+            "target has fewer"
+        )
+    reference = (2, num_layers // 2, num_layers - 3)
+    if reference[0] < reference[1] < reference[2]:
+        return reference
+    return (1, num_layers // 2, num_layers - 1)
+
+
+def check_ascending_layers(layers: tuple[int, ...] | list[int], what: str) -> None:
+    """Refuse captured layer ids that repeat or are out of order (engines capture each once, ascending)."""
+    layers = [int(i) for i in layers]
+    if any(b <= a for a, b in zip(layers, layers[1:])):
+        raise ValueError(
+            f"{what}: EAGLE-3 layer ids {layers} must be distinct and ascending (low, mid, high): SGLang and "
+            f"vLLM capture each layer once, in ascending order, so fc would read them as {sorted(set(layers))}"
+        )
 
 
 def draft_vocab_from_counts(counts: torch.Tensor, size: int) -> torch.Tensor:
@@ -76,7 +102,7 @@ class Eagle3Config:
 
     layer_config: dict[str, Any] = field(default_factory=dict)  # from layer_config_from(target.config)
     draft_vocab_size: int = 32000
-    # (low, mid, high) in HF hidden_states indexing; empty: (2, L//2, L-3)
+    # (low, mid, high) in HF hidden_states indexing, ascending; empty: default_eagle3_layers(L)
     target_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
@@ -90,6 +116,7 @@ class Eagle3Config:
                 f"EAGLE-3 fuses 3 target layers with ids in 0..{num_layers} (HF hidden_states indexing), "
                 f"got {list(layers)}"
             )
+        check_ascending_layers(layers, "Eagle3Config")
         object.__setattr__(self, "target_layers", layers)
         if not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(

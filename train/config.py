@@ -73,7 +73,7 @@ class TrainConfig:
     # EAGLE-3
     eagle3_layers: list[int] = field(
         default_factory=list
-    )  # target layers fused, HF hidden_states indexing; empty: (2, L//2, L-3)
+    )  # target layers fused, HF hidden_states indexing, ascending; empty: (2, L//2, L-3), (1, L//2, L-1) for L < 7
     draft_vocab_size: int = 32000  # most frequent label tokens of the data; capped at the target's vocab
     ttt_steps: int = 7  # training-time-test steps
     # optimisation
@@ -137,6 +137,11 @@ class TrainConfig:
                 len(self.eagle3_layers) in (0, 3),
                 f"eagle3_layers takes 3 layer ids (low, mid, high) or none, got {self.eagle3_layers}",
             ),
+            (
+                _ascending_or_mixed(self.eagle3_layers),
+                f"eagle3_layers {self.eagle3_layers} must be distinct and ascending (low, mid, high): SGLang "
+                "and vLLM capture each layer once, in ascending order",
+            ),
         ]
         for name in (
             "num_heads",
@@ -161,6 +166,14 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _ascending_or_mixed(layers: list[int]) -> bool:
+    """Ids of one sign must ascend strictly; mixed signs (e.g. [2, 16, -3]) are checked against the
+    target's depth when the head is built (Eagle3Config)."""
+    if not (all(i >= 0 for i in layers) or all(i < 0 for i in layers)):
+        return True
+    return all(a < b for a, b in zip(layers, layers[1:]))
 
 
 def _coerce(name: str, value: Any, annotation: Any) -> Any:

@@ -3,7 +3,7 @@
 | format        | heads   | read by                                        | module            |
 | ------------- | ------- | ---------------------------------------------- | ----------------- |
 | `medusa`      | Medusa  | TGI, TensorRT-LLM (FasterDecoding v0.1)        | formats/medusa.py |
-| `vllm-medusa` | Medusa  | vLLM MedusaModel                               | formats/medusa.py |
+| `vllm-medusa` | Medusa  | vLLM MedusaModel (absent from vLLM 0.33.0)     | formats/medusa.py |
 | `eagle`       | EAGLE   | SGLang LlamaForCausalLMEagle, vLLM, EAGLE repo | formats/eagle.py  |
 | `eagle3`      | EAGLE-3 | SGLang / vLLM LlamaForCausalLMEagle3           | formats/eagle3.py |
 | `speculators` | EAGLE-3 | vLLM (speculators library format)              | formats/eagle3.py |
@@ -33,7 +33,7 @@ from specheads.heads.formats.io import (
     write_export,
 )
 from specheads.heads.formats.medusa import from_medusa, from_vllm_medusa, to_medusa, to_vllm_medusa
-from specheads.heads.target import FrozenTarget
+from specheads.heads.target import FrozenTarget, TargetMismatchError
 
 # format -> (the head method it holds, exporter, importer)
 FORMATS = {
@@ -65,7 +65,7 @@ def export_heads(
         target: needed only for Medusa heads that share the target's lm_head; when given, the heads'
             target record is checked against it first.
         dtype: cast floating point weights (None keeps the checkpoint's).
-        options: format-specific (`speculative_tokens` for speculators).
+        options: format-specific (`speculative_tokens` for speculators, `fc_bias` for eagle).
 
     Raises:
         FormatError: the heads cannot be expressed in `fmt` (nothing is written).
@@ -80,7 +80,12 @@ def export_heads(
         raise FormatError(
             f"format {fmt!r} holds {method} heads; {heads_dir} holds {native_config['method']} heads"
         )
-    heads, native_config = load_heads(heads_dir, target)
+    try:
+        heads, native_config = load_heads(heads_dir, target)
+    except TargetMismatchError:
+        raise
+    except ValueError as e:  # a head config the heads' own checks refuse (e.g. EAGLE-3 layer order)
+        raise FormatError(f"{heads_dir}: {e}") from None
     options = {k: v for k, v in options.items() if v is not None}
     export = exporter(heads, native_config, target=target, dtype=dtype, **options)
     write_export(export, out)

@@ -29,14 +29,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target",
         default=None,
-        help="the heads' target (HF directory or hub id): needed for Medusa heads that share its lm_head; "
-        "when given, the heads' target record is checked against it",
+        help="the heads' target (HF directory or hub id): needed for Medusa heads that share its lm_head, "
+        "and for the embedding `speculators` checkpoints carry; when given, the heads' target record is "
+        "checked against it",
     )
     p.add_argument(
         "--dtype",
         default=None,
         choices=["float32", "bfloat16", "float16"],
         help="cast the weights (default: keep)",
+    )
+    p.add_argument(
+        "--fc-bias",
+        default=None,
+        choices=["keep", "drop"],
+        help="eagle only, for heads trained with a nonzero fc bias (which vLLM's EAGLE layer lacks, so the "
+        "export refuses them by default): keep it (SGLang and the EAGLE repo; vLLM then refuses the "
+        "checkpoint) or drop it (every engine reads a zero bias)",
     )
     p.add_argument(
         "--num-speculative-tokens",
@@ -51,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
     if args.num_speculative_tokens is not None and args.format != "speculators":
         print("error: --num-speculative-tokens applies to --format speculators only", file=sys.stderr)
         return 2
+    if args.fc_bias is not None and args.format != "eagle":
+        print("error: --fc-bias applies to --format eagle only", file=sys.stderr)
+        return 2
     try:
         target = FrozenTarget.from_pretrained(args.target) if args.target else None
         export = export_heads(
@@ -60,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
             target=target,
             dtype=resolve_dtype(args.dtype),
             speculative_tokens=args.num_speculative_tokens,
+            fc_bias=args.fc_bias,
         )
     except _ERRORS as e:
         print(f"error: {e}", file=sys.stderr)

@@ -21,7 +21,14 @@ Where each convention comes from:
 Hence what we write: `architectures: [LlamaForCausalLMEagle, LlamaForCausalLM]` (SGLang's and vLLM's
 registries each take the first name they know), no `bias` key and `attention_bias: false`, and always an
 `fc.bias` tensor (zeros for a head trained without one: identical outputs, and SGLang's always-present fc
-bias gets a value). A nonzero fc bias is dropped by vLLM; the export says so in its notes.
+bias gets a value).
+
+A *nonzero* fc bias (recipe key `fc_bias: true`) would be silently dropped by vLLM, so the export refuses
+it unless told what to do (`fc_bias` option, CLI `--fc-bias`):
+  * "keep": write it, and name SGLang's architecture only. vLLM's EAGLEConfig renames each architecture A
+    to `EagleA` (transformers_utils/configs/eagle.py), and `EagleLlamaForCausalLMEagle` is no vLLM model,
+    so vLLM refuses the checkpoint instead of drafting with a different head.
+  * "drop": write a zero bias: every engine reads the same head, which is no longer the trained one.
 """
 
 from __future__ import annotations
@@ -214,29 +221,68 @@ def check_shared_weights(tensors: dict[str, torch.Tensor], target: FrozenTarget,
 # -- EAGLE-1/2 -------------------------------------------------------------------------------------
 
 
+FC_BIAS_CHOICES = ("keep", "drop")
+SGLANG_ONLY = ["LlamaForCausalLMEagle"]
+EVERY_ENGINE = ["LlamaForCausalLMEagle", "LlamaForCausalLM"]  # SGLang's name, then vLLM's
+
+
+def _fc_bias_for_engines(
+    state: dict[str, torch.Tensor], hidden_size: int, fc_bias: str | None
+) -> tuple[list[str], list[str]]:
+    """Put the fc bias the engines will read into `state`; return (architectures, notes).
+
+    A nonzero bias is refused unless `fc_bias` says to keep it (SGLang / EAGLE repo only) or drop it.
+    """
+    if fc_bias not in (None, *FC_BIAS_CHOICES):
+        raise FormatError(f"fc_bias option must be one of {FC_BIAS_CHOICES} or unset, got {fc_bias!r}")
+    bias = state.get("fc.bias")
+    if bias is None or not bias.any():
+        state["fc.bias"] = torch.zeros(hidden_size, dtype=state["fc.weight"].dtype)
+        return EVERY_ENGINE, []
+    largest = float(bias.abs().max())
+    if fc_bias is None:
+        raise FormatError(
+            f"format 'eagle': these heads were trained with a nonzero fc bias (recipe key fc_bias: true; "
+            f"max |bias| {largest:.3g}). vLLM's EagleLlamaForCausalLM (llama_eagle.py) builds fc without a "
+            "bias and skips fc.bias, so vLLM would draft with another head than this one. Train with "
+            "fc_bias=false for a head every engine reads alike, or export with --fc-bias keep (SGLang and "
+            "the EAGLE repo apply it; vLLM then refuses the checkpoint) or --fc-bias drop (a zero bias: "
+            "every engine reads the same head, no longer the trained one)"
+        )
+    if fc_bias == "drop":
+        state["fc.bias"] = torch.zeros_like(bias)
+        return EVERY_ENGINE, [
+            f"fc bias dropped (max |bias| {largest:.3g}): drafts differ from the trained head's"
+        ]
+    return SGLANG_ONLY, [
+        "fc bias kept: architectures names SGLang's LlamaForCausalLMEagle only, so vLLM (no fc bias) "
+        "refuses the checkpoint rather than drop the bias"
+    ]
+
+
 def to_eagle(
-    heads: nn.Module, native_config: dict[str, Any], target: FrozenTarget | None = None, dtype=None
+    heads: nn.Module,
+    native_config: dict[str, Any],
+    target: FrozenTarget | None = None,
+    dtype=None,
+    fc_bias: str | None = None,
 ) -> Export:
-    """An EagleHead as an `eagle` checkpoint (EAGLE repo names, SGLang / vLLM loadable)."""
+    """An EagleHead as an `eagle` checkpoint (EAGLE repo names, SGLang / vLLM loadable).
+
+    Args:
+        fc_bias: what to do with a nonzero fc bias, which vLLM cannot hold: None refuses it, "keep" writes
+            it for SGLang and the EAGLE repo only, "drop" writes a zero bias (see the module docstring).
+    """
     state = head_state(heads, "eagle", "eagle")
     layer_config = heads.config.layer_config
     check_llama_layer(layer_config, "eagle")
-    notes = []
-    fc_bias = state.get("fc.bias")
-    if fc_bias is None:
-        state["fc.bias"] = torch.zeros(heads.config.hidden_size, dtype=state["fc.weight"].dtype)
-    elif fc_bias.any():
-        notes.append(
-            "fc has a nonzero bias: SGLang and the EAGLE repo apply it; vLLM's EagleLlamaForCausalLM "
-            "(llama_eagle.py) builds fc without a bias and skips fc.bias, so vLLM drafts differ slightly "
-            "(outputs stay lossless). Train with fc_bias: false for an exact vLLM head."
-        )
+    architectures, notes = _fc_bias_for_engines(state, heads.config.hidden_size, fc_bias)
     tensors = to_engine(state, EAGLE_KEYS, layer_sizes(layer_config, 1), "eagle export")
     config = {
-        "architectures": ["LlamaForCausalLMEagle", "LlamaForCausalLM"],
+        "architectures": architectures,
         **llama_draft_config(layer_config),
         "specheads_provenance": provenance(
-            native_config, "eagle", fc_bias=heads.config.fc_bias, notes=list(notes)
+            native_config, "eagle", fc_bias=heads.config.fc_bias, fc_bias_export=fc_bias, notes=list(notes)
         ),
     }
     return Export(config, WEIGHTS_FILE, cast_floats(tensors, dtype), notes)

@@ -2,7 +2,7 @@
 
 `eagle3` (SGLang python/sglang/srt/models/llama_eagle3.py `LlamaForCausalLMEagle3`; vLLM
 vllm/model_executor/models/llama_eagle3.py `Eagle3LlamaForCausalLM`, registered under that name too):
-    config.json   Llama config of the draft layer + draft_vocab_size, target_hidden_size,
+    config.json   Llama config of the draft layer + draft_vocab_size,
                   eagle_config.eagle_aux_hidden_state_layer_ids (SGLang), eagle_aux_hidden_state_layer_ids (vLLM)
     weights       fc.weight (H, 3H), midlayer.* (q/k/v read 2H; input_layernorm and hidden_norm),
                   norm.weight, lm_head.weight (Vd, H), d2t (Vd,) int64, t2d (V,) bool
@@ -12,7 +12,12 @@ vllm/transformers_utils/configs/speculators/{base,algos}.py):
     config.json   speculators_model_type "eagle3", transformer_layer_config, draft_vocab_size,
                   norm_before_residual, target_hidden_size, eagle_aux_hidden_state_layer_ids,
                   speculators_config {algorithm, proposal_methods, default_proposal_method, verifier}
-    weights       as above with layers.0.* in place of midlayer.* (vLLM renames midlayer. to layers.0.)
+    weights       as above with layers.0.* in place of midlayer.* (vLLM renames midlayer. to layers.0.),
+                  and embed_tokens.weight (V, H), the target's, when the export is given the target:
+                  speculators' own checkpoints carry it, and its Eagle3DraftModel.from_pretrained (0.9.0,
+                  transformers 5.19 and 5.24) leaves a missing one uninitialised (its NaN "load from the
+                  verifier" sentinel does not survive transformers' loading); vLLM loads it or, equal to
+                  the target's, shares the target's
 
 Conventions, and which way each engine reads them:
   * Layer ids. We store Hugging Face `hidden_states` indexing (FrozenTarget's). SGLang adds one to
@@ -35,6 +40,12 @@ Conventions, and which way each engine reads them:
   * lm_head over the draft vocabulary is stored; the embedding is the target's (both engines share it)
     and is not written. `tie_word_embeddings: false` is explicit: SGLang ties lm_head to embed_tokens
     when it is true.
+  * `eagle3` has no `target_hidden_size` (our draft is always as wide as its target, and SGLang, vLLM
+    and the EAGLE repo all fall back to hidden_size): the EAGLE repo's cnets.py `Model` loads the
+    target's embedding only when that key is absent (`if load_emb and not hasattr(config,
+    "target_hidden_size")`), and with it set expects the draft's own embed_tokens.weight, which we do
+    not write, so it would draft from a random embedding. `speculators` keeps the key (its config
+    model reads it; vLLM's speculators loader shares the verifier's embedding).
 """
 
 from __future__ import annotations
@@ -44,7 +55,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from specheads.heads.eagle3 import Eagle3Config, Eagle3Head, default_eagle3_layers, vocab_maps
+from specheads.heads.eagle3 import (
+    Eagle3Config,
+    Eagle3Head,
+    check_ascending_layers,
+    default_eagle3_layers,
+    vocab_maps,
+)
 from specheads.heads.formats.eagle import (
     LLAMA_LAYER,
     READ_WEIGHTS,
@@ -92,7 +109,8 @@ SPECULATORS_KEYS: KeyTable = _table("layers.0.")  # speculators Eagle3 draft mod
 
 
 def check_layer_ids(ids: list[int], num_layers: int, what: str) -> list[int]:
-    """EAGLE-3 fuses 3 pre-norm residual streams, HF ids 1..L-1 (what the engines can capture)."""
+    """EAGLE-3 fuses 3 pre-norm residual streams, HF ids 1..L-1 (what the engines can capture), distinct
+    and ascending (the engines capture each layer once, in order, and concatenate them so)."""
     ids = [int(i) for i in ids]
     if len(ids) != 3 or not all(1 <= i <= num_layers - 1 for i in ids):
         raise FormatError(
@@ -100,6 +118,10 @@ def check_layer_ids(ids: list[int], num_layers: int, what: str) -> list[int]:
             "SGLang and vLLM capture the residual stream entering decoder layers 1..L-1, not the embeddings "
             f"(0) nor the output after the final norm ({num_layers})"
         )
+    try:
+        check_ascending_layers(ids, what)
+    except ValueError as e:
+        raise FormatError(str(e)) from None
     return ids
 
 
@@ -153,7 +175,7 @@ def to_eagle3(
         "architectures": ["LlamaForCausalLMEagle3"],
         **llama_draft_config(layer_config),
         "draft_vocab_size": draft_vocab,
-        "target_hidden_size": layer_config["hidden_size"],
+        # no target_hidden_size: see the module docstring (the EAGLE repo would skip the embedding)
         "norm_before_residual": False,
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
@@ -241,7 +263,24 @@ def to_speculators(
             norm_before_residual=False,
         ),
     }
-    return Export(config, WEIGHTS_FILE, cast_floats(tensors, dtype))
+    notes = []
+    if target is not None:
+        tensors["embed_tokens.weight"] = _target_embedding(target, layer_config)
+    else:
+        notes.append(
+            "no embed_tokens.weight (pass --target to include the target's): vLLM shares the verifier's "
+            "embedding, but the speculators library's Eagle3DraftModel.from_pretrained (0.9.0) leaves a "
+            "missing one uninitialised"
+        )
+    return Export(config, WEIGHTS_FILE, cast_floats(tensors, dtype), notes)
+
+
+def _target_embedding(target: FrozenTarget, layer_config: dict[str, Any]) -> torch.Tensor:
+    weight = target.embed_tokens.weight.detach().to("cpu")
+    expected = (layer_config["vocab_size"], layer_config["hidden_size"])
+    if tuple(weight.shape) != expected:
+        raise FormatError(f"the target's embedding is {tuple(weight.shape)}, the head expects {expected}")
+    return weight.clone()
 
 
 # -- import ----------------------------------------------------------------------------------------

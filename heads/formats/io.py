@@ -128,6 +128,7 @@ class Export:
     weights_file: str
     tensors: dict[str, torch.Tensor]
     notes: list[str] = field(default_factory=list)  # what a user should know (printed by the CLI)
+    torch_copy: str | None = None  # the same tensors also torch.save'd here, for readers of .pt files only
 
 
 def cast_floats(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
@@ -168,10 +169,12 @@ def _default_permissions(directory: Path) -> None:
 
 
 def write_export(export: Export, out: str | Path) -> Path:
-    """Write config.json and the weights file into a new directory `out`, atomically."""
+    """Write config.json and the weights file (and its torch copy) into a new directory `out`, atomically."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in export.tensors.items()}
     with atomic_dir(out) as tmp:
         save_file(tensors, str(tmp / export.weights_file), metadata={"format": "pt"})
+        if export.torch_copy:
+            torch.save(tensors, tmp / export.torch_copy)
         (tmp / CONFIG_FILE).write_text(json.dumps(export.config, indent=2) + "\n")
     return Path(out)
 

@@ -3,6 +3,8 @@
 `medusa`:
     config.json                   medusa_num_heads, medusa_num_layers, base_model_name_or_path
     medusa_lm_head.safetensors    {h}.{l}.linear.weight (H, H), {h}.{l}.linear.bias (H,), {h}.{L}.weight (V, H)
+    medusa_lm_head.pt             the same tensors, torch.save'd: FasterDecoding's own
+                                  `MedusaModel.from_pretrained` reads only this file
 
   FasterDecoding/Medusa medusa/model/medusa_model.py: head h is
   `nn.Sequential(*[ResBlock(H)] * L, nn.Linear(H, V, bias=False))`, so block l is `{h}.{l}` and the
@@ -19,7 +21,8 @@
                          num_heads, num_hidden_layers, medusa_fc_bias
     model.safetensors    blocks.{h}.layers.{l}.weight / .bias, lm_heads.{h}.weight
 
-  vLLM vllm/model_executor/models/medusa.py: `ResidualBlock.layers[l]` is
+  vLLM vllm/model_executor/models/medusa.py (gone by vLLM 0.33.0: neither the file nor a MedusaModel
+  registry entry ships in its wheel; scripts/check_engines.py): `ResidualBlock.layers[l]` is
   Linear(H, H, bias=medusa_fc_bias) (default False, so true is written), x + SiLU(W x + b) per layer;
   one lm_head per head unless `original_lm_head`. vllm/transformers_utils/configs/medusa.py renames any
   top-level key holding "num" and "heads" / "layers", so no other top-level key holds "num" (our
@@ -64,6 +67,7 @@ VLLM_MEDUSA_KEYS: KeyTable = (
     row("lm_heads.{h}.weight", "lm_heads.{h}.weight", ("V", "H")),
 )
 MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
+MEDUSA_TORCH_WEIGHTS = "medusa_lm_head.pt"  # medusa_model.py v0.1 from_pretrained: torch.load of this name
 READ_MEDUSA = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 VLLM_WEIGHTS = "model.safetensors"
 READ_VLLM = ("model.safetensors", "*.safetensors", "pytorch_model.bin")
@@ -117,7 +121,7 @@ def to_medusa(
         "base_model_name_or_path": (native_config.get("target") or {}).get("name_or_path"),
         "specheads_provenance": provenance(native_config, "medusa", share_lm_head=cfg.share_lm_head),
     }
-    return Export(config, MEDUSA_WEIGHTS, cast_floats(tensors, dtype), notes)
+    return Export(config, MEDUSA_WEIGHTS, cast_floats(tensors, dtype), notes, torch_copy=MEDUSA_TORCH_WEIGHTS)
 
 
 def to_vllm_medusa(
@@ -138,7 +142,11 @@ def to_vllm_medusa(
         "truncated_vocab_size": cfg.vocab_size,
         "specheads_provenance": provenance(native_config, "vllm-medusa", share_lm_head=cfg.share_lm_head),
     }
-    return Export(config, VLLM_WEIGHTS, cast_floats(tensors, dtype))
+    notes = [
+        "vLLM 0.33.0 ships no MedusaModel (model_executor/models/medusa.py is gone): this layout loads in the "
+        "vLLM releases that still have it; for current engines export --format medusa (TGI, TensorRT-LLM)"
+    ]
+    return Export(config, VLLM_WEIGHTS, cast_floats(tensors, dtype), notes)
 
 
 # -- import ----------------------------------------------------------------------------------------

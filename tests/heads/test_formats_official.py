@@ -297,8 +297,12 @@ def test_vllm_medusa_without_bias_and_with_one_lm_head(tmp_path, target):
 def test_eagle3_layer_ids_agree_between_sglang_and_vllm_keys(tmp_path, target):
     write_eagle3(tmp_path / "both", target, [0, 1, 2], eagle_aux_hidden_state_layer_ids=[1, 2, 3])
     assert import_heads(tmp_path / "both", "eagle3", target, tmp_path / "a").capture_layers == (1, 2, 3)
-    write_eagle3(tmp_path / "vllm-only", target, [], eagle_aux_hidden_state_layer_ids=[3, 2, 1])
-    assert import_heads(tmp_path / "vllm-only", "eagle3", target, tmp_path / "b").capture_layers == (3, 2, 1)
+    write_eagle3(tmp_path / "vllm-only", target, [], eagle_aux_hidden_state_layer_ids=[1, 2, 3])
+    assert import_heads(tmp_path / "vllm-only", "eagle3", target, tmp_path / "b").capture_layers == (1, 2, 3)
+    # engines capture ascending: a head whose config lists its layers in another order is refused
+    write_eagle3(tmp_path / "unordered", target, [], eagle_aux_hidden_state_layer_ids=[3, 2, 1])
+    with pytest.raises(FormatError, match=r"\[3, 2, 1\] must be distinct and ascending"):
+        import_heads(tmp_path / "unordered", "eagle3", target, tmp_path / "c")
 
 
 def test_eagle3_over_the_whole_vocabulary_needs_no_d2t(tmp_path, target):
@@ -349,7 +353,9 @@ def test_speculators_without_explicit_norm_before_residual_is_refused(tmp_path, 
         import_heads(path, "speculators", target, tmp_path / "native")
     (path / "config.json").write_text(json.dumps(spec | {"norm_before_residual": False}))
     head = import_heads(path, "speculators", target, tmp_path / "native")
-    assert head.capture_layers == (2, 2, 1)  # no ids: the engines' default (2, L//2, L-3)
+    # no ids: our default, (2, L//2, L-3) from L = 7; this 4-layer target's (1, 2, 3) (the engines'
+    # (2, 2, 1) would repeat a layer)
+    assert head.capture_layers == (1, 2, 3)
 
 
 def test_medusa_layers_or_vocabulary_that_do_not_match_are_refused(tmp_path, target):
