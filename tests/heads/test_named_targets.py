@@ -41,7 +41,7 @@ def test_every_command_resolves_through_the_one_table():
     for module in (compare, evaluate, formats_cli, cache_cli, loop, sources):
         assert module.resolve_target is named_targets.resolve_target, module.__name__
     assert not hasattr(sources, "target_path")
-    assert "tiny" in NAMED_TARGETS
+    assert set(NAMED_TARGETS) == {"tiny", "smollm2"}
 
 
 def test_heads_does_not_import_train_to_resolve():
@@ -53,3 +53,31 @@ def test_heads_does_not_import_train_to_resolve():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_records_carry_which_weights(tmp_path):
+    import json
+    import warnings
+
+    import pytest
+
+    from specheads.heads.target import TargetRecord
+
+    (tmp_path / named_targets.MANIFEST_FILE).write_text(json.dumps({"weights_sha256": "ab" * 32}))
+    assert named_targets.weights_id(str(tmp_path)) == "sha256:" + "ab" * 32
+    assert named_targets.weights_id(str(tmp_path / "nothing")) is None
+
+    class HubConfig:
+        _commit_hash = "c0ffee"
+
+    assert named_targets.weights_id("org/model", HubConfig()) == "hub:org/model@c0ffee"
+
+    fields = dict(name_or_path="x", model_type="llama", vocab_size=8, vocab_hash=None, hidden_size=4, num_layers=1)
+    old = TargetRecord.from_dict(fields)  # a checkpoint written before weights_id was recorded
+    assert old.weights_id is None
+    trained = TargetRecord(**fields, weights_id="sha256:" + "ab" * 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trained.check_matches(old)  # unknown on one side: nothing to say
+    with pytest.warns(UserWarning, match="trained against weights sha256:abab"):
+        trained.check_matches(TargetRecord(**fields, weights_id="hub:org/model@c0ffee"))
