@@ -252,7 +252,11 @@ def answer_file(name: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")')
+    p.add_argument(
+        "--target",
+        required=True,
+        help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")',
+    )
     p.add_argument(
         "--heads", nargs="*", default=[], help="native head checkpoint directories (any methods, any number)"
     )

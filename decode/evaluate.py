@@ -220,7 +220,11 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")')
+    p.add_argument(
+        "--target",
+        required=True,
+        help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")',
+    )
     p.add_argument(
         "--heads", required=True, help="native head checkpoint directory (its config.json names the method)"
     )

@@ -490,7 +490,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = DistillConfig()
     p.add_argument("--source", required=True, help='anything load_rows reads, or "stdlib" (text)')
     p.add_argument("--split", default="train", help="split of a saved DatasetDict or a hub dataset")
-    p.add_argument("--target", required=True, help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")')
+    p.add_argument(
+        "--target",
+        required=True,
+        help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")',
+    )
     p.add_argument("--out", required=True, type=Path, help="output directory (resumed when it exists)")
     p.add_argument("--temperature", type=float, default=d.temperature, help="0: greedy")
     p.add_argument("--top-p", type=float, default=d.top_p)

@@ -75,7 +75,11 @@ def add_import_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `specheads import-heads`."""
     p.add_argument("--format", required=True, choices=sorted(FORMATS), help="layout of the checkpoint")
     p.add_argument("--checkpoint", required=True, type=Path, help="local directory of the engine checkpoint")
-    p.add_argument("--target", required=True, help="the target the heads draft for (HF directory, hub id, or tiny / smollm2)")
+    p.add_argument(
+        "--target",
+        required=True,
+        help="the target the heads draft for (HF directory, hub id, or tiny / smollm2)",
+    )
     p.add_argument("--out", required=True, type=Path, help="new directory for the native checkpoint")
 
 

@@ -72,7 +72,9 @@ def test_records_carry_which_weights(tmp_path):
 
     assert named_targets.weights_id("org/model", HubConfig()) == "hub:org/model@c0ffee"
 
-    fields = dict(name_or_path="x", model_type="llama", vocab_size=8, vocab_hash=None, hidden_size=4, num_layers=1)
+    fields = dict(
+        name_or_path="x", model_type="llama", vocab_size=8, vocab_hash=None, hidden_size=4, num_layers=1
+    )
     old = TargetRecord.from_dict(fields)  # a checkpoint written before weights_id was recorded
     assert old.weights_id is None
     trained = TargetRecord(**fields, weights_id="sha256:" + "ab" * 32)

@@ -38,7 +38,10 @@ def permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 def gguf_tensors(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     """HF Llama weights under the GGUF names transformers' loader maps back (tied: no output.weight)."""
     cfg, sd = model.config, model.state_dict()
-    out = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"]}
+    out = {
+        "token_embd.weight": sd["model.embed_tokens.weight"],
+        "output_norm.weight": sd["model.norm.weight"],
+    }
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         out |= {
@@ -65,7 +68,9 @@ def write_gguf(model: LlamaForCausalLM, path) -> None:
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters") else cfg.rope_theta)
+    w.add_rope_freq_base(
+        cfg.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters") else cfg.rope_theta
+    )
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(len(vocab))
     w.add_tokenizer_model("gpt2")
