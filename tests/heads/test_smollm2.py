@@ -263,3 +263,28 @@ def test_missing_gguf_package_is_named_before_any_download(offline, monkeypatch)
     monkeypatch.setattr(smollm2, "find_wheel", lambda: pytest.fail("looked for the wheel without gguf"))
     with pytest.raises(smollm2.TargetUnavailableError, match="the `gguf` package is not installed"):
         resolve_target("smollm2", progress=False)
+
+
+def test_processes_started_together_build_once(offline, monkeypatch):
+    # As `accelerate launch` starts them: each resolves the target; the first builds, the others
+    # wait on the lock and then reuse its build.
+    import threading
+
+    monkeypatch.setenv(smollm2.WHEEL_ENV, str(offline))
+    builds, real_build = [], smollm2.build_from_wheel
+
+    def counted_build(*args, **kwargs):
+        builds.append(args)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(smollm2, "build_from_wheel", counted_build)
+    paths = []
+    threads = [
+        threading.Thread(target=lambda: paths.append(resolve_target("smollm2", False))) for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert paths == [str(smollm2.default_build_dir())] * 3
+    assert len(builds) == 1
