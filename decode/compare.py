@@ -75,6 +75,7 @@ from specheads.decode.report import (
 from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
+from specheads.heads.named_targets import resolve_target
 from specheads.heads.target import DTYPES
 from specheads.version import __version__
 
@@ -251,7 +252,11 @@ def answer_file(name: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="HF directory (or hub id) of the target")
+    p.add_argument(
+        "--target",
+        required=True,
+        help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")',
+    )
     p.add_argument(
         "--heads", nargs="*", default=[], help="native head checkpoint directories (any methods, any number)"
     )
@@ -504,13 +509,14 @@ def run(args: argparse.Namespace) -> int:
     peers = peers_of(args)
     configs = [read_head_config(path) for path in args.heads]  # a foreign checkpoint fails before loading
     head_names(configs, args.heads)
+    target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
     conversations = read_conversations(
-        args.prompts, args.target, args.category, args.num_prompts, args.max_turns
+        args.prompts, target_path, args.category, args.num_prompts, args.max_turns
     )
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    target = FrozenTarget.from_pretrained(args.target, dtype=args.dtype, attn_implementation=args.attn)
+    target = FrozenTarget.from_pretrained(target_path, dtype=args.dtype, attn_implementation=args.attn)
     target = adapted_target(target, args.heads)
     target.model.to(args.device)
     tokenizer = target.tokenizer

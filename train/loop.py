@@ -54,6 +54,7 @@ from specheads.heads import (
     save_heads,
 )
 from specheads.heads.checkpoint import ADAPTER_DIR
+from specheads.heads.named_targets import resolve_target
 from specheads.train import data as data_lib
 from specheads.train.checkpointing import (
     StopOnSignal,
@@ -97,16 +98,6 @@ from specheads.train.sources import rows_for
 from specheads.train.tracking import keep_metrics_until, log_record, new_run_id, start_tracking
 
 # -- set-up ---------------------------------------------------------------------------------------
-
-
-def resolve_target(name: str) -> str:
-    """ "tiny" is the embedded default (built and cached on first use); anything else passes through."""
-    if name == "tiny":
-        from specheads.train.tiny_target import ensure_tiny_target
-
-        path, _, _ = ensure_tiny_target()
-        return str(path)
-    return name
 
 
 def load_target(cfg: TrainConfig, path: str, device: torch.device) -> FrozenTarget | OfflineTarget:

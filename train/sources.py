@@ -33,6 +33,7 @@ from pathlib import Path
 
 import datasets
 
+from specheads.heads.named_targets import resolve_target
 from specheads.train import data as data_lib
 from specheads.train import stdlib_corpus
 from specheads.train.config import TrainConfig
@@ -68,15 +69,6 @@ def _save_atomic(dataset: datasets.Dataset, path: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def target_path(name: str) -> str:
-    """ "tiny" is the embedded default (built and cached on first use); anything else passes through."""
-    if name == "tiny":
-        from specheads.train.tiny_target import ensure_tiny_target
-
-        return str(ensure_tiny_target()[0])
-    return name
-
-
 def epoch_rows(cfg: TrainConfig, num_processes: int | None = None) -> int:
     """Rows a run of `cfg` reads, over all its processes (WORLD_SIZE, set by `accelerate launch`, when
     not given): max_steps x batch_size x grad_accum x processes, as train/sampler.py draws them."""
@@ -92,7 +84,7 @@ def stdlib_distilled_rows(target: str, num_rows: int, progress: bool = True) -> 
     from specheads.heads import FrozenTarget
     from specheads.train import distill
 
-    path = target_path(target)
+    path = resolve_target(target)
     cfg = dataclasses.replace(distill.STDLIB_DISTILLED, max_rows=num_rows)
     rows = stdlib_rows(heldout=False).shuffle(seed=0)
     record = _target_key(path)

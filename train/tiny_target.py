@@ -22,7 +22,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import platform
 import sys
 import time
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from specheads.heads.checkpoint import replace_dir
+from specheads.heads.named_targets import cache_root
 from specheads.train import stdlib_corpus
 from specheads.version import __version__
 
@@ -97,10 +97,7 @@ class TinyTargetConfig:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("SPECHEADS_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specheads"
-    )
-    return Path(root)
+    return cache_root()
 
 
 def default_output_dir(cfg: TinyTargetConfig) -> Path:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from specheads.heads.formats import FORMATS, FormatError, export_heads, import_heads
+from specheads.heads.named_targets import resolve_target
 from specheads.heads.target import FrozenTarget, TargetMismatchError, resolve_dtype
 
 _ERRORS = (FormatError, TargetMismatchError, FileExistsError, FileNotFoundError)
@@ -29,9 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target",
         default=None,
-        help="the heads' target (HF directory or hub id): needed for Medusa heads that share its lm_head, "
-        "and for the embedding `speculators` checkpoints carry; when given, the heads' target record is "
-        "checked against it",
+        help="the heads' target (HF directory, hub id, or a named one: tiny, smollm2): needed for Medusa "
+        "heads that share its lm_head, and for the embedding `speculators` checkpoints carry; when given, the "
+        "heads' target record is checked against it",
     )
     p.add_argument(
         "--dtype",
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: --fc-bias applies to --format eagle only", file=sys.stderr)
         return 2
     try:
-        target = FrozenTarget.from_pretrained(args.target) if args.target else None
+        target = FrozenTarget.from_pretrained(resolve_target(args.target)) if args.target else None
         export = export_heads(
             args.heads,
             args.format,
@@ -87,7 +88,11 @@ def add_import_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `specheads import-heads`."""
     p.add_argument("--format", required=True, choices=sorted(FORMATS), help="layout of the checkpoint")
     p.add_argument("--checkpoint", required=True, type=Path, help="local directory of the engine checkpoint")
-    p.add_argument("--target", required=True, help="the target the heads draft for (HF directory or hub id)")
+    p.add_argument(
+        "--target",
+        required=True,
+        help="the target the heads draft for (HF directory, hub id, or tiny / smollm2)",
+    )
     p.add_argument("--out", required=True, type=Path, help="new directory for the native checkpoint")
 
 
@@ -99,7 +104,7 @@ def run_import(args: argparse.Namespace) -> int:
                 f"{args.checkpoint} is not a directory (download a hub checkpoint first, e.g. "
                 "`huggingface-cli download ORG/NAME --local-dir DIR`)"
             )
-        target = FrozenTarget.from_pretrained(args.target, dtype="float32")
+        target = FrozenTarget.from_pretrained(resolve_target(args.target), dtype="float32")
         heads = import_heads(args.checkpoint, args.format, target, args.out)
     except _ERRORS as e:
         print(f"error: {e}", file=sys.stderr)

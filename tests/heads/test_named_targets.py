@@ -1,0 +1,85 @@
+"""Named targets (heads/named_targets.py): one resolver for every command that takes a target."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from specheads.heads import named_targets
+from specheads.heads.named_targets import NAMED_TARGETS, resolve_target
+
+
+def test_unnamed_targets_pass_through(tmp_path):
+    for name in (str(tmp_path), "meta-llama/Llama-3.1-8B", "./relative/dir", "tiny-llama"):
+        assert resolve_target(name) == name
+
+
+def test_tiny_is_the_embedded_build(monkeypatch, tmp_path):
+    import specheads.train.tiny_target as tiny_target
+
+    calls = []
+
+    def fake_ensure(progress=True):
+        calls.append(progress)
+        return tmp_path / "tiny", {}, True
+
+    monkeypatch.setattr(tiny_target, "ensure_tiny_target", fake_ensure)
+    assert resolve_target("tiny", progress=False) == str(tmp_path / "tiny")
+    assert calls == [False]
+
+
+def test_every_command_resolves_through_the_one_table():
+    # The old copies (train/loop.py resolve_target, train/sources.py target_path) are gone; the train
+    # loop, the cache, distill, eval, compare, export and import all call this one.
+    import specheads.decode.compare as compare
+    import specheads.decode.evaluate as evaluate
+    import specheads.heads.formats.cli as formats_cli
+    import specheads.train.cache_cli as cache_cli
+    import specheads.train.loop as loop
+    import specheads.train.sources as sources
+
+    for module in (compare, evaluate, formats_cli, cache_cli, loop, sources):
+        assert module.resolve_target is named_targets.resolve_target, module.__name__
+    assert not hasattr(sources, "target_path")
+    assert set(NAMED_TARGETS) == {"tiny", "smollm2"}
+
+
+def test_heads_does_not_import_train_to_resolve():
+    # heads/ is the ground floor: importing the resolver must not pull in train/ (only building
+    # the tiny target does, at call time).
+    code = (
+        "import sys, specheads.heads.named_targets; "
+        "print(sorted(m for m in sys.modules if m.startswith(('specheads.train', 'specheads.decode'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_records_carry_which_weights(tmp_path):
+    import json
+    import warnings
+
+    import pytest
+
+    from specheads.heads.target import TargetRecord
+
+    (tmp_path / named_targets.MANIFEST_FILE).write_text(json.dumps({"weights_sha256": "ab" * 32}))
+    assert named_targets.weights_id(str(tmp_path)) == "sha256:" + "ab" * 32
+    assert named_targets.weights_id(str(tmp_path / "nothing")) is None
+
+    class HubConfig:
+        _commit_hash = "c0ffee"
+
+    assert named_targets.weights_id("org/model", HubConfig()) == "hub:org/model@c0ffee"
+
+    fields = dict(
+        name_or_path="x", model_type="llama", vocab_size=8, vocab_hash=None, hidden_size=4, num_layers=1
+    )
+    old = TargetRecord.from_dict(fields)  # a checkpoint written before weights_id was recorded
+    assert old.weights_id is None
+    trained = TargetRecord(**fields, weights_id="sha256:" + "ab" * 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trained.check_matches(old)  # unknown on one side: nothing to say
+    with pytest.warns(UserWarning, match="trained against weights sha256:abab"):
+        trained.check_matches(TargetRecord(**fields, weights_id="hub:org/model@c0ffee"))
