@@ -34,7 +34,7 @@ METHODS = ("medusa", "eagle", "eagle3")
 # held on every build. Name -> (τ low, τ high, speedup low, speedup high).
 MEASURED_SPREAD = {
     "builds": 3,
-    "machine": "2-core Xeon (AVX-512), Python 3.11.7, torch 2.13.0+cpu",
+    "machine": "2-core AMD EPYC (AVX-512), Python 3.11.7, torch 2.13.0+cpu",
     "settings": "OMP_NUM_THREADS=2; =1; =2 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2)",
     "ranges": {  # builds: OMP 2 and OMP 1 gave the same figures, AVX2 kernels the high ones
         "generate": (1.00, 1.00, 1.00, 1.00),
