@@ -14,6 +14,7 @@ Loading against a target checks the record first: heads trained for another targ
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -79,6 +80,15 @@ def save_heads(
     )
     _write_atomic(path / CONFIG_FILE, lambda f: Path(f).write_text(json.dumps(config, indent=1, default=str)))
     return path
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 24) -> str:
+    """The sha256 of a file's bytes, read in chunks (weights and cache shards run to GBs)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @contextmanager

@@ -18,7 +18,6 @@ written into a temporary folder renamed into place, and checked against its mani
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from specheads.heads.checkpoint import replace_dir
+from specheads.heads.checkpoint import replace_dir, sha256_file
 from specheads.heads.named_targets import MANIFEST_FILE, cache_root, read_manifest
 from specheads.version import __version__
 
@@ -59,14 +58,6 @@ def default_build_dir() -> Path:
 
 def wheels_dir() -> Path:
     return cache_root() / "wheels"
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def hub_offline() -> bool:

@@ -80,3 +80,13 @@ def save_tiny_target(family: str, path: Path, seed: int = 0) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return Path(path)
+
+
+def perturbed(module, seed: int = 0):
+    """Move every weight off its initialisation, as training would (a freshly built head has zeros where
+    a trained one has not, and would hide a weight read from the wrong place)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return module.eval()

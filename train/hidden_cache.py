@@ -62,6 +62,7 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from specheads.heads import FrozenTarget, TargetRecord, default_eagle3_layers, resolve_dtype
+from specheads.heads.checkpoint import sha256_file
 from specheads.train.offline_target import OfflineTarget, target_output
 from specheads.train.packing import collate
 
@@ -120,14 +121,6 @@ def cache_layers(method: str, num_layers: int, eagle3_layers: Sequence[int] = ()
         fused = [i % (num_layers + 1) for i in eagle3_layers] or list(default_eagle3_layers(num_layers))
         return tuple(sorted({*fused, num_layers}))
     raise ValueError(f"no cache layout for method {method!r}; expected medusa, eagle or eagle3")
-
-
-def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:

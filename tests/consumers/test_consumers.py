@@ -45,19 +45,12 @@ from specheads.heads.checkpoint import load_heads
 from specheads.heads.formats.cli import main as formats_cli
 
 from consumer_env import run_consumers
+from helpers import perturbed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 T = 9
 TOL = 1e-5  # fp32; measured: 7e-7 (speculators), 4e-7 (eagle-llm), 0 (medusa-llm)
-
-
-def perturbed(module, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return module.eval()
 
 
 def causal_mask(t: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ from specheads.heads import (
 from specheads.heads.formats import FORMATS, FormatError, export_heads, import_heads
 from specheads.heads.formats import io as formats_io
 
-from helpers import tiny_model, tiny_tokenizer
+from helpers import perturbed, tiny_model, tiny_tokenizer
 
 H, V, VD, T = 64, 264, 100, 7
 K, L = 3, 2  # Medusa heads and blocks per head
@@ -97,15 +97,6 @@ def target():
     return FrozenTarget(
         tiny_model("llama", vocab_size=len(tokenizer)), tokenizer, name_or_path="org/tiny-llama"
     )
-
-
-def perturbed(module, seed=0):
-    """Move every weight off its initialisation, as training would."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return module.eval()
 
 
 def make_heads(method, target, share_lm_head=False, layers=(1, 2, 3), family_target=None):
