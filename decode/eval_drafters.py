@@ -12,7 +12,7 @@ import torch
 
 from specheads.decode.drafters import Drafter, MedusaDrafter
 from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.decode.trees import StaticTree, default_tree
+from specheads.decode.trees import DEFAULT_TREES, StaticTree, default_tree
 from specheads.heads.target import FrozenTarget
 
 
@@ -53,6 +53,15 @@ def dynamic_drafter(
     return drafter, {"name": name, "nodes": total_tokens, "depth": depth, "top_k": top_k}
 
 
+def check_tree_for_method(method: str | None, tree: str | None) -> None:
+    """Refuse a `--tree` the heads cannot draw: dynamic trees grow from an EAGLE head's own features."""
+    if method == "medusa" and tree is not None and tree.startswith("dynamic"):
+        raise ValueError(
+            f"--tree {tree}: dynamic trees are for EAGLE heads; these are Medusa heads, which take a "
+            f"static tree ({', '.join(sorted(DEFAULT_TREES))}) or auto"
+        )
+
+
 def drafter_for(
     heads: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | None
 ) -> tuple[Drafter, dict[str, Any]]:
@@ -72,6 +81,7 @@ def drafter_for(
         ValueError: for a method that has no drafter yet, or a tree it cannot use.
     """
     method = config.get("method")
+    check_tree_for_method(method, tree)
     if method == "medusa":
         name = tree or default_tree_name(heads.num_heads)
         return medusa_drafter(heads, target, default_tree(name, num_heads=heads.num_heads), name)

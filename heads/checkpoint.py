@@ -118,6 +118,16 @@ def _write_atomic(dest: Path, write) -> None:
             os.unlink(tmp)
 
 
+def read_weights(file: str | Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; a truncated or damaged file is an error that names it."""
+    try:
+        return load_file(str(file))
+    except Exception as e:
+        if type(e).__name__ != "SafetensorError":  # safetensors' own error, which names no file
+            raise
+        raise ValueError(f"{file} cannot be read ({e}): truncated or damaged") from None
+
+
 def read_head_config(path: str | Path) -> dict[str, Any]:
     """The parsed config.json of a native head checkpoint, with clear errors for anything else."""
     path = Path(path)
@@ -125,10 +135,14 @@ def read_head_config(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{path} is not a specheads head checkpoint (needs {CONFIG_FILE} and {WEIGHTS_FILE})"
         )
-    config = json.loads((path / CONFIG_FILE).read_text())
-    if config.get("format") != "specheads":
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path / CONFIG_FILE} is not valid JSON ({e}): a damaged checkpoint") from None
+    if not isinstance(config, dict) or config.get("format") != "specheads":
         raise ValueError(
-            f"{path / CONFIG_FILE} is not a specheads head config (format {config.get('format')!r})"
+            f"{path / CONFIG_FILE} is not a specheads head config (format "
+            f"{config.get('format') if isinstance(config, dict) else None!r})"
         )
     if config.get("method") not in HEAD_CLASSES:
         raise ValueError(f"{path}: unknown method {config.get('method')!r}; known: {sorted(HEAD_CLASSES)}")
@@ -165,7 +179,7 @@ def load_heads(
         TargetRecord.from_dict(config["target"]).check_matches(actual, what=f"heads in {path}")
     head_cls, config_cls = HEAD_CLASSES[config["method"]]
     heads = head_cls(config_cls(**config["head_config"]))
-    state = load_file(str(Path(path) / WEIGHTS_FILE))
+    state = read_weights(Path(path) / WEIGHTS_FILE)
     missing, unexpected = heads.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(
