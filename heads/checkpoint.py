@@ -75,9 +75,10 @@ def save_heads(
     state = {k: v.detach().to("cpu").contiguous() for k, v in heads.state_dict().items()}
     path.mkdir(parents=True, exist_ok=True)
     (path / CONFIG_FILE).unlink(missing_ok=True)
-    _write_atomic(
-        path / WEIGHTS_FILE, lambda f: save_file(state, f, metadata={"format": "pt", "method": heads.method})
-    )
+    # One metadata key: safetensors writes its metadata map in hash order, so two keys could come out in
+    # either order and the same weights in different bytes (runs are compared by sha256). The method is
+    # in config.json.
+    _write_atomic(path / WEIGHTS_FILE, lambda f: save_file(state, f, metadata={"format": "pt"}))
     _write_atomic(path / CONFIG_FILE, lambda f: Path(f).write_text(json.dumps(config, indent=1, default=str)))
     return path
 
