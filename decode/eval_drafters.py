@@ -13,7 +13,7 @@ import torch
 
 from specheads.decode.drafters import Drafter, MedusaDrafter
 from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.decode.trees import StaticTree, default_tree
+from specheads.decode.trees import DEFAULT_TREES, StaticTree, default_tree
 from specheads.heads.methods import methods
 from specheads.heads.target import FrozenTarget
 
@@ -55,6 +55,22 @@ def dynamic_drafter(
     return drafter, {"name": name, "nodes": total_tokens, "depth": depth, "top_k": top_k}
 
 
+def check_tree_for_method(method: str | None, tree: str | None) -> None:
+    """Refuse a `--tree` the heads cannot draw (the method's `check_tree`), before any work."""
+    entry = methods().get(method)
+    if entry is not None and tree is not None:
+        entry.check_tree(tree)
+
+
+def static_tree_only(tree: str) -> None:
+    """Medusa's `Method.check_tree`: dynamic trees grow from an EAGLE head's own features."""
+    if tree.startswith("dynamic"):
+        raise ValueError(
+            f"--tree {tree}: dynamic trees are for EAGLE heads; these are Medusa heads, which take a "
+            f"static tree ({', '.join(sorted(DEFAULT_TREES))}) or auto"
+        )
+
+
 def drafter_for(
     heads: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | None
 ) -> tuple[Drafter, dict[str, Any]]:
@@ -79,6 +95,8 @@ def drafter_for(
         raise ValueError(
             f"`specheads eval` has no drafter for heads of method {config.get('method')!r}; it knows: {known}"
         )
+    if tree is not None:
+        method.check_tree(tree)
     return method.drafter(heads, config, target, tree)
 
 

@@ -63,7 +63,7 @@ from specheads.decode.calibrate import (
     max_tree_depth,
 )
 from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, eos_ids, timed
-from specheads.decode.eval_drafters import EAGLE_TOTAL_TOKENS, drafter_for
+from specheads.decode.eval_drafters import EAGLE_TOTAL_TOKENS, check_tree_for_method, drafter_for
 from specheads.decode.prompts import Prompt, check_prompt_lengths, encode_prompts, read_prompts
 from specheads.decode.report import DEFINITIONS, first_mismatch, per_category, render_report, summarize
 from specheads.decode.sampling import SamplingParams
@@ -417,6 +417,7 @@ def run(args: argparse.Namespace) -> int:
     """`specheads eval`: check every input, decode every prompt both ways, write the results."""
     _check_args(args)
     head_config = read_head_config(args.heads)  # a missing or foreign checkpoint fails before any loading
+    check_tree_for_method(head_config["method"], None if args.tree == "auto" else args.tree)
     target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
     texts = read_prompts(args.prompts, target_path, args.category)
     held_out, texts = hold_out(texts, args.calibration_prompts) if args.tree == "auto" else ([], texts)

@@ -67,9 +67,10 @@ def save_heads(
     state = {k: v.detach().to("cpu").contiguous() for k, v in heads.state_dict().items()}
     path.mkdir(parents=True, exist_ok=True)
     (path / CONFIG_FILE).unlink(missing_ok=True)
-    _write_atomic(
-        path / WEIGHTS_FILE, lambda f: save_file(state, f, metadata={"format": "pt", "method": heads.method})
-    )
+    # One metadata key: safetensors writes its metadata map in hash order, so two keys could come out in
+    # either order and the same weights in different bytes (runs are compared by sha256). The method is
+    # in config.json.
+    _write_atomic(path / WEIGHTS_FILE, lambda f: save_file(state, f, metadata={"format": "pt"}))
     _write_atomic(path / CONFIG_FILE, lambda f: Path(f).write_text(json.dumps(config, indent=1, default=str)))
     return path
 
@@ -110,6 +111,16 @@ def _write_atomic(dest: Path, write) -> None:
             os.unlink(tmp)
 
 
+def read_weights(file: str | Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; a truncated or damaged file is an error that names it."""
+    try:
+        return load_file(str(file))
+    except Exception as e:
+        if type(e).__name__ != "SafetensorError":  # safetensors' own error, which names no file
+            raise
+        raise ValueError(f"{file} cannot be read ({e}): truncated or damaged") from None
+
+
 def read_head_config(path: str | Path) -> dict[str, Any]:
     """The parsed config.json of a native head checkpoint, with clear errors for anything else."""
     path = Path(path)
@@ -117,10 +128,14 @@ def read_head_config(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{path} is not a specheads head checkpoint (needs {CONFIG_FILE} and {WEIGHTS_FILE})"
         )
-    config = json.loads((path / CONFIG_FILE).read_text())
-    if config.get("format") != "specheads":
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path / CONFIG_FILE} is not valid JSON ({e}): a damaged checkpoint") from None
+    if not isinstance(config, dict) or config.get("format") != "specheads":
         raise ValueError(
-            f"{path / CONFIG_FILE} is not a specheads head config (format {config.get('format')!r})"
+            f"{path / CONFIG_FILE} is not a specheads head config (format "
+            f"{config.get('format') if isinstance(config, dict) else None!r})"
         )
     if config.get("method") not in methods():
         raise ValueError(f"{path}: unknown method {config.get('method')!r}; known: {sorted(methods())}")
@@ -157,7 +172,7 @@ def load_heads(
         TargetRecord.from_dict(config["target"]).check_matches(actual, what=f"heads in {path}")
     method = methods()[config["method"]]
     heads = method.head_class(method.config_class(**config["head_config"]))
-    state = load_file(str(Path(path) / WEIGHTS_FILE))
+    state = read_weights(Path(path) / WEIGHTS_FILE)
     missing, unexpected = heads.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(

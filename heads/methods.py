@@ -52,6 +52,7 @@ class Method:
         calibrate(heads, target, prompt_ids, settings) -> (candidates, acceptance record, capture layers,
             greedy sequences) for `--tree auto`; None: the method has no calibration.
         max_tree_depth(heads, settings) -> the deepest tree a draft reaches.
+        check_tree(tree): refuse a `--tree` name its drafter cannot use, before any work.
     Export:
         export_formats: the `specheads export` formats that hold its heads.
         refused_formats: format -> why it cannot hold them, where a user would expect it to.
@@ -80,6 +81,7 @@ class Method:
     save_extra: Callable[[Any, Any, Any], None] | None = None
     calibrate: Callable[..., tuple] | None = None
     max_tree_depth: Callable[[Any, Any], int] = lambda heads, settings: settings.max_depth
+    check_tree: Callable[[str], None] = lambda tree: None
     export_formats: tuple[str, ...] = ()
     refused_formats: dict[str, str] = field(default_factory=dict)
     checkpoint_method: str = ""  # the method its saved heads name ("" = its own); Medusa-2 saves Medusa heads

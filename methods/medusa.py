@@ -7,7 +7,7 @@ accuracies along greedy continuations.
 from __future__ import annotations
 
 from specheads.decode.calibrate import calibrate_medusa
-from specheads.decode.eval_drafters import medusa_drafter_for
+from specheads.decode.eval_drafters import medusa_drafter_for, static_tree_only
 from specheads.heads import MedusaConfig, MedusaHeads
 from specheads.heads.methods import Method
 from specheads.train.losses import HeadMetrics, medusa_loss
@@ -85,6 +85,7 @@ MEDUSA = Method(
     drafter=medusa_drafter_for,
     calibrate=calibrate_medusa,
     max_tree_depth=lambda heads, settings: heads.num_heads,
+    check_tree=static_tree_only,
     export_formats=("medusa", "vllm-medusa"),
 )
 

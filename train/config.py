@@ -131,8 +131,21 @@ class TrainConfig:
         ]
         for entry in table.values():  # a bad value is an error whatever the method (a later method= override)
             checks += entry.check_recipe(self)
-        for name in ("batch_size", "grad_accum", "max_steps", "max_length", "topk"):
+        for name in (
+            "batch_size",
+            "grad_accum",
+            "max_steps",
+            "max_length",
+            "topk",
+            "eval_every",  # a step count that divides: 0 would never come round
+            "eval_batches",
+            "log_every",
+        ):
             checks.append((getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}"))
+        for name in ("lr", "lr_adapter", "max_grad_norm"):
+            checks.append((getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}"))
+        for name in ("warmup_steps", "weight_decay", "num_workers"):
+            checks.append((getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad recipe value: {message}")
@@ -188,7 +201,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"override {item!r} is not key=value")
-        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError as e:
+            raise ValueError(f"override {item!r}: the value is not valid YAML ({_first_line(e)})") from None
     return out
 
 
@@ -201,6 +217,13 @@ def find_recipe(recipe: str | Path) -> Path:
     if not path.is_absolute() and packaged.is_file():
         return packaged
     raise FileNotFoundError(f"recipe {recipe} not found")
+
+
+def _first_line(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: its problem and where (`line 3, column 5`)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(e, 'problem', None) or str(e).splitlines()[0]}{where}"
 
 
 def _reject_unknown(values: dict[str, Any], known: dict[str, Any], where: str) -> None:
@@ -219,7 +242,10 @@ def load_config(recipe: str | Path | None, overrides: list[str] | dict[str, Any]
     known = {f.name: f for f in fields(TrainConfig)}
     if recipe is not None:
         path = find_recipe(recipe)
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"recipe {path} is not valid YAML: {_first_line(e)}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"recipe {recipe} must be a mapping of keys to values")
         _reject_unknown(loaded, known, f"in {recipe}")

@@ -45,6 +45,7 @@ from specheads.heads.methods import Method, method_named
 from specheads.heads.named_targets import resolve_target
 from specheads.train import data as data_lib
 from specheads.train.checkpointing import (
+    INTERRUPTED_EXIT_CODE,
     StopOnSignal,
     check_resumable,
     heads_for_saving,
@@ -494,13 +495,13 @@ def train_and_report(args: argparse.Namespace) -> int:
     cfg = load_config(args.recipe, args.overrides)
     summary = train(cfg, progress=not args.no_progress)
     if not PartialState().is_main_process:
-        return 0
+        return 0 if summary["completed"] else INTERRUPTED_EXIT_CODE
     if not summary["completed"]:
         print(
             f"stopped by SIGTERM after step {summary['last_step']} of {cfg.max_steps}; checkpoint written to "
             f"{cfg.output_dir}/checkpoints; continue with: specheads train {args.recipe} ... resume=auto"
         )
-        return 0
+        return INTERRUPTED_EXIT_CODE  # unfinished: a scheduler or script must not take it for done
     ev = summary["eval"]
     if ev:
         accs = " ".join(f"{value:.3f}" for key, value in ev.items() if key.endswith("/top1"))
