@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from specheads.decode.baseline import generate_rows
 from specheads.decode.decoder import SpeculativeDecoder, eos_ids
 from specheads.decode.drafters import DraftContext, Drafter
 from specheads.decode.eagle_drafter import EagleDrafter
@@ -185,14 +186,8 @@ def decode_accept_length(accepted: Sequence[Sequence[int]]) -> float:
 def greedy_sequence(target: FrozenTarget, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """(1, T + n): the prompt and the target's own greedy continuation (`generate`; it stops at EOS)."""
     ids = prompt_ids.to(target.device)
-    pad = getattr(target.model.generation_config, "pad_token_id", None)
-    return target.model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=pad if pad is not None else min(eos_ids(target), default=None),
-    )
+    new = generate_rows(target, ids, max_new_tokens)[0]
+    return torch.cat([ids, torch.tensor([new], dtype=ids.dtype, device=ids.device)], 1)
 
 
 @torch.no_grad()
