@@ -33,8 +33,8 @@ fp32, token for token (tests/decode/test_batched.py): greedy verification is exa
 row's forward sees exactly its own tokens at its own positions.
 
 Drafters see a `BatchDraftContext` and keep their own state per row (`BatchedDrafter`): Medusa heads
-wrap the batch-1 `MedusaDrafter`; EAGLE heads use `BatchedEagleDrafter` (static or per-row EAGLE-2
-dynamic trees). `as_batched` turns a batch-1 drafter into its batched form.
+wrap the batch-1 `MedusaDrafter`; an `EagleDrafter` drafts for B rows itself (static or per-row EAGLE-2
+dynamic trees), from a cache of its own. `as_batched` turns a batch-1 drafter into its batched form.
 """
 
 from __future__ import annotations
@@ -46,13 +46,11 @@ from typing import Protocol
 
 import torch
 
-from specheads.decode.batched_eagle import BatchedEagleDrafter
-from specheads.decode.batched_inputs import Layout, pad_rows, prefill_inputs, select_cache_rows
+from specheads.decode.batched_inputs import pad_rows, prefill_inputs, select_cache_rows
 from specheads.decode.decoder import DecodeOutput
-from specheads.decode.drafters import DraftContext, MedusaDrafter
+from specheads.decode.drafters import BatchDraftContext, DraftContext, MedusaDrafter
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.kv_cache import new_cache
-from specheads.decode.sampling import SamplingParams
 from specheads.decode.step import (
     PHASES,
     PhaseClock,
@@ -63,53 +61,8 @@ from specheads.decode.step import (
     speculative_step,
 )
 from specheads.decode.trees import DraftTree
-from specheads.decode.verify import Acceptance, TypicalAcceptance
+from specheads.decode.verify import Acceptance
 from specheads.heads.target import FrozenTarget
-
-
-@dataclass
-class BatchDraftContext:
-    """What a batched drafter sees before proposing, for the B live rows.
-
-    rows:        (B,) int64 each live row's index in the batch given to `generate`.
-    roots:       (B,) int64 each row's root: its last emitted token, not in the cache yet.
-    layout:      the cache layout after the last forward and its compaction.
-    hidden:      layer id (as the drafter asked for it) -> (B, M, H): the target's features at the M
-                 columns the last forward kept. Column i of row b now sits at slot start_b + i and is
-                 real when that slot is one of the row's real slots: after prefill the whole padded
-                 prompt (M = T, start = 0, padding not real); after a step the accepted path (the first
-                 n_b columns, start = the row's length before the step).
-    next_tokens: (B, M) int64 the token after each column (x_{p+1}); at the last real column, the root.
-    start:       (B,) int64 (see hidden).
-    step:        0 right after prefill, then 1, 2, ... (a stateful drafter resets on 0).
-    sampling, generator, acceptance: as in DraftContext (None: greedy).
-    """
-
-    rows: torch.Tensor
-    roots: torch.Tensor
-    layout: Layout
-    hidden: dict[int, torch.Tensor]
-    next_tokens: torch.Tensor
-    start: torch.Tensor
-    step: int
-    sampling: SamplingParams | None = None
-    generator: torch.Generator | None = None
-    acceptance: str | TypicalAcceptance = "exact"
-
-    def last_column(self) -> torch.Tensor:
-        """(B,) each row's last real column: the root's predecessor, where the target predicted the root."""
-        return self.layout.length - 1 - self.start
-
-    def select(self, rows: torch.Tensor, layout: Layout) -> BatchDraftContext:
-        return replace(
-            self,
-            rows=self.rows[rows],
-            roots=self.roots[rows],
-            layout=layout,
-            hidden={k: h[rows] for k, h in self.hidden.items()},
-            next_tokens=self.next_tokens[rows],
-            start=self.start[rows],
-        )
 
 
 class BatchedDrafter(Protocol):
@@ -151,11 +104,12 @@ class BatchedMedusaDrafter:
 
 
 def as_batched(drafter) -> BatchedDrafter:
-    """The batched form of a batch-1 drafter (MedusaDrafter, EagleDrafter); a batched one as it is."""
+    """The batched form of a drafter: a MedusaDrafter wrapped, an EagleDrafter afresh (a cache of its own);
+    a batched one as it is."""
     if isinstance(drafter, MedusaDrafter):
         return BatchedMedusaDrafter(drafter)
     if isinstance(drafter, EagleDrafter):
-        return BatchedEagleDrafter.from_drafter(drafter)
+        return EagleDrafter.from_drafter(drafter)
     if hasattr(drafter, "propose") and hasattr(drafter, "select_rows"):
         return drafter
     raise TypeError(
