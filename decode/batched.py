@@ -1,6 +1,6 @@
 """Batched speculative decoding: B prompts at once, greedy verification, Medusa or EAGLE draft trees.
 
-Every row runs the batch-1 step (decoder.py) in lockstep, on one shared KV cache:
+Every row runs the one step (`speculative_step`, step.py) in lockstep, on one shared KV cache:
 
     tree   = drafter.propose(context)                       # (B, N): one tree per row, the same N
     inputs = batched_tree_inputs(tree, layout, S)           # mask (B, 1, N, S + N), positions per row
@@ -33,77 +33,36 @@ fp32, token for token (tests/decode/test_batched.py): greedy verification is exa
 row's forward sees exactly its own tokens at its own positions.
 
 Drafters see a `BatchDraftContext` and keep their own state per row (`BatchedDrafter`): Medusa heads
-wrap the batch-1 `MedusaDrafter`; EAGLE heads use `BatchedEagleDrafter` (static or per-row EAGLE-2
-dynamic trees). `as_batched` turns a batch-1 drafter into its batched form.
+wrap the batch-1 `MedusaDrafter`; an `EagleDrafter` drafts for B rows itself (static or per-row EAGLE-2
+dynamic trees), from a cache of its own. `as_batched` turns a batch-1 drafter into its batched form.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 
-from specheads.decode.batched_eagle import BatchedEagleDrafter
-from specheads.decode.batched_inputs import (
-    Layout,
-    batched_tree_inputs,
-    compact_rows,
-    pad_rows,
-    prefill_inputs,
-    select_cache_rows,
-)
-from specheads.decode.decoder import PHASES, DecodeOutput, PhaseClock, eos_ids
-from specheads.decode.drafters import DraftContext, MedusaDrafter
+from specheads.decode.batched_inputs import pad_rows, prefill_inputs, select_cache_rows
+from specheads.decode.decoder import DecodeOutput
+from specheads.decode.drafters import BatchDraftContext, DraftContext, MedusaDrafter
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.kv_cache import new_cache
-from specheads.decode.tree_inputs import attention_window, check_attention_implementation
+from specheads.decode.step import (
+    PHASES,
+    PhaseClock,
+    TreeDecoder,
+    eos_ids,
+    extend,
+    first_tokens,
+    speculative_step,
+)
 from specheads.decode.trees import DraftTree
-from specheads.decode.verify import Acceptance, verify_greedy
+from specheads.decode.verify import Acceptance
 from specheads.heads.target import FrozenTarget
-
-
-@dataclass
-class BatchDraftContext:
-    """What a batched drafter sees before proposing, for the B live rows.
-
-    rows:        (B,) int64 each live row's index in the batch given to `generate`.
-    roots:       (B,) int64 each row's root: its last emitted token, not in the cache yet.
-    layout:      the cache layout after the last forward and its compaction.
-    hidden:      layer id (as the drafter asked for it) -> (B, M, H): the target's features at the M
-                 columns the last forward kept. Column i of row b now sits at slot start_b + i and is
-                 real when that slot is one of the row's real slots: after prefill the whole padded
-                 prompt (M = T, start = 0, padding not real); after a step the accepted path (the first
-                 n_b columns, start = the row's length before the step).
-    next_tokens: (B, M) int64 the token after each column (x_{p+1}); at the last real column, the root.
-    start:       (B,) int64 (see hidden).
-    step:        0 right after prefill, then 1, 2, ... (a stateful drafter resets on 0).
-    """
-
-    rows: torch.Tensor
-    roots: torch.Tensor
-    layout: Layout
-    hidden: dict[int, torch.Tensor]
-    next_tokens: torch.Tensor
-    start: torch.Tensor
-    step: int
-
-    def last_column(self) -> torch.Tensor:
-        """(B,) each row's last real column: the root's predecessor, where the target predicted the root."""
-        return self.layout.length - 1 - self.start
-
-    def select(self, rows: torch.Tensor, layout: Layout) -> BatchDraftContext:
-        return BatchDraftContext(
-            rows=self.rows[rows],
-            roots=self.roots[rows],
-            layout=layout,
-            hidden={k: h[rows] for k, h in self.hidden.items()},
-            next_tokens=self.next_tokens[rows],
-            start=self.start[rows],
-            step=self.step,
-        )
 
 
 class BatchedDrafter(Protocol):
@@ -145,11 +104,12 @@ class BatchedMedusaDrafter:
 
 
 def as_batched(drafter) -> BatchedDrafter:
-    """The batched form of a batch-1 drafter (MedusaDrafter, EagleDrafter); a batched one as it is."""
+    """The batched form of a drafter: a MedusaDrafter wrapped, an EagleDrafter afresh (a cache of its own);
+    a batched one as it is."""
     if isinstance(drafter, MedusaDrafter):
         return BatchedMedusaDrafter(drafter)
     if isinstance(drafter, EagleDrafter):
-        return BatchedEagleDrafter.from_drafter(drafter)
+        return EagleDrafter.from_drafter(drafter)
     if hasattr(drafter, "propose") and hasattr(drafter, "select_rows"):
         return drafter
     raise TypeError(
@@ -183,7 +143,7 @@ class BatchedDecodeOutput:
         return sum(lengths) / len(lengths) if lengths else 1.0
 
 
-class BatchedSpeculativeDecoder:
+class BatchedSpeculativeDecoder(TreeDecoder):
     """Greedy tree-attention speculative decoding of B left-padded prompts at once."""
 
     def __init__(self, target: FrozenTarget, drafter):
@@ -192,10 +152,7 @@ class BatchedSpeculativeDecoder:
             target: the frozen target, loaded with sdpa or eager attention.
             drafter: a `BatchedDrafter`, or a batch-1 MedusaDrafter / EagleDrafter (see `as_batched`).
         """
-        check_attention_implementation(target.config)
-        self.target, self.drafter = target, as_batched(drafter)
-        self.window = attention_window(target.config)
-        self.mask_dtype = target.embed_tokens.weight.dtype  # sdpa wants the queries' dtype
+        super().__init__(target, as_batched(drafter))
 
     @torch.no_grad()
     def generate(
@@ -238,7 +195,7 @@ class BatchedSpeculativeDecoder:
             cache = new_cache()
             with clock("prefill"):
                 context = self.prefill(input_ids, attention_mask, cache)
-            done = [_extend(new[b], [int(t)], eos, max_new_tokens) for b, t in enumerate(context.roots)]
+            done = [extend(new[b], [int(t)], eos, max_new_tokens) for b, t in enumerate(context.roots)]
             context = self._drop_finished(context, done, cache)
             while context is not None:
                 acceptances, context = self.step(context, cache, clock)
@@ -246,7 +203,7 @@ class BatchedSpeculativeDecoder:
                 done = []
                 for row, acceptance in zip(context.rows.tolist(), acceptances):
                     before = len(new[row])
-                    done.append(_extend(new[row], acceptance.tokens.tolist(), eos, max_new_tokens))
+                    done.append(extend(new[row], acceptance.tokens.tolist(), eos, max_new_tokens))
                     accept_lengths[row].append(len(new[row]) - before)
                 with clock("compact"):
                     context = self._drop_finished(context, done, cache)
@@ -270,13 +227,13 @@ class BatchedSpeculativeDecoder:
             past_key_values=cache,
             capture=self.drafter.capture_layers,
         )
-        roots = out.logits[:, -1].argmax(-1)  # (B,) every row's last column is real (left padding)
+        roots = first_tokens(out.logits[:, -1])  # (B,) every row's last column is real (left padding)
         b = input_ids.shape[0]
         return BatchDraftContext(
             rows=torch.arange(b, device=input_ids.device),
             roots=roots,
             layout=layout,
-            hidden=self._features(out.hidden, None),
+            hidden=self.features(out.hidden, None),
             next_tokens=torch.cat([input_ids[:, 1:], roots[:, None]], dim=1),  # (B, T)
             start=torch.zeros(b, dtype=torch.long, device=input_ids.device),
             step=0,
@@ -290,54 +247,20 @@ class BatchedSpeculativeDecoder:
         Returns one Acceptance per live row and the next context (each row's bonus token its next root).
         """
         clock = clock or PhaseClock(sync=False)
-        layout, past = context.layout, cache.get_seq_length()
-        if past != layout.total:
-            raise RuntimeError(f"the cache holds {past} slots but the layout's longest row is {layout.total}")
-        with clock("draft"):
-            tree = self.drafter.propose(context)
-        if tree.tokens.shape[0] != layout.length.numel():
-            raise ValueError(
-                f"the drafter proposed {tree.tokens.shape[0]} trees for {layout.length.numel()} rows"
-            )
-        with clock("tree_inputs"):
-            inputs = batched_tree_inputs(tree, layout, past, self.mask_dtype, self.window)
-        with clock("tree_forward"):
-            out = self.target(
-                inputs.input_ids,
-                attention_mask=inputs.attention_mask,
-                position_ids=inputs.position_ids,
-                past_key_values=cache,
-                capture=self.drafter.capture_layers,
-            )
-        with clock("verify"):
-            acceptances = verify_greedy(tree, out.logits)
+        done = speculative_step(self, context, cache, context.layout, clock)
         with clock("compact"):
-            paths, counts = pad_rows([a.path for a in acceptances])  # (B, M), (B,)
-            compact_rows(cache, past, paths, counts, layout.length)
-            next_tokens, _ = pad_rows([a.tokens for a in acceptances])  # (B, M): x after each path node
-            roots = next_tokens.gather(1, (counts - 1)[:, None])[:, 0]  # the bonus tokens
-            context = BatchDraftContext(
-                rows=context.rows,
+            next_tokens, _ = pad_rows([a.tokens for a in done.acceptances])  # (B, M): x after each path node
+            roots = next_tokens.gather(1, (done.counts - 1)[:, None])[:, 0]  # the bonus tokens
+            context = replace(
+                context,
                 roots=roots,
-                layout=Layout(pad=layout.pad, length=layout.length + counts),
-                hidden=self._features(out.hidden, paths),
+                layout=done.layout,
+                hidden=done.hidden,
                 next_tokens=next_tokens,
-                start=layout.length,
+                start=context.layout.length,
                 step=context.step + 1,
             )
-        return acceptances, context
-
-    def _features(
-        self, hidden: dict[int, torch.Tensor], paths: torch.Tensor | None
-    ) -> dict[int, torch.Tensor]:
-        """The drafter's layers, keyed as it asked for them, at `paths` (B, M) (all columns when None)."""
-        features = {}
-        for layer in self.drafter.capture_layers:
-            h = hidden[self.target.layer_id(layer)]  # (B, Q, H)
-            if paths is not None:
-                h = h.gather(1, paths.to(h.device)[:, :, None].expand(-1, -1, h.shape[-1]))  # (B, M, H)
-            features[layer] = h
-        return features
+        return done.acceptances, context
 
     def _drop_finished(self, context: BatchDraftContext, done: list[bool], cache) -> BatchDraftContext | None:
         """Drop the rows that finished from the cache, the drafter and the context; None when none is left."""
@@ -350,14 +273,3 @@ class BatchedSpeculativeDecoder:
         select_cache_rows(cache, live, layout.total)
         self.drafter.select_rows(live)
         return context.select(live, layout)
-
-
-def _extend(new: list[int], tokens: list[int], eos: set[int], max_new_tokens: int) -> bool:
-    """Append `tokens` to `new` up to the first EOS (kept) or max_new_tokens; True when the row is done."""
-    for token in tokens:
-        if len(new) == max_new_tokens:
-            return True
-        new.append(token)
-        if token in eos:
-            return True
-    return len(new) == max_new_tokens

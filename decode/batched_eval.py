@@ -13,41 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
+from specheads.decode.baseline import generate_rows, pad_token_id
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
-from specheads.decode.decoder import eos_ids, timed
-from specheads.decode.report import first_mismatch, summarize
+from specheads.decode.decoder import timed
+from specheads.decode.report import prompt_record, summarize
 from specheads.heads.target import FrozenTarget
-
-
-def pad_token_id(target: FrozenTarget) -> int:
-    """The id `generate` pads finished rows (and we pad prompts) with: the generation config's, else an EOS."""
-    pad = getattr(target.model.generation_config, "pad_token_id", None)
-    return int(pad) if pad is not None else min(eos_ids(target), default=0)
-
-
-@torch.no_grad()
-def baseline_generate_batch(
-    target: FrozenTarget, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int
-) -> list[list[int]]:
-    """The target's own greedy `generate` over left-padded prompts (B, T); each row's new tokens up to its
-    first EOS (kept), as `generate` would give it alone."""
-    out = target.model.generate(
-        input_ids,
-        attention_mask=attention_mask,
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=pad_token_id(target),
-    )
-    eos = eos_ids(target)
-    rows = []
-    for row in out[:, input_ids.shape[1] :].tolist():
-        end = next((i for i, t in enumerate(row) if t in eos), len(row) - 1)
-        rows.append(row[: end + 1])
-    return rows
 
 
 def decode_group(
@@ -63,32 +36,18 @@ def decode_group(
     ids, mask = ids.to(target.device), mask.to(target.device)
     runs = {
         "method": lambda: decoder.generate(ids, mask, max_new_tokens),
-        "baseline": lambda: baseline_generate_batch(target, ids, mask, max_new_tokens),
+        "baseline": lambda: generate_rows(target, ids, max_new_tokens, mask),
     }
     order = ("method", "baseline") if method_first else ("baseline", "method")
     measured = {name: timed(runs[name], target.device) for name in order}
     (out, seconds), (references, baseline_seconds) = measured["method"], measured["baseline"]
+    share, baseline_share = seconds / len(prompts), baseline_seconds / len(prompts)
     records = []
     for prompt, row, reference in zip(prompts, out.rows, references):
-        tokens = row.tokens[0].tolist()
-        mismatch = first_mismatch(tokens, reference)
-        records.append(
-            {
-                "id": prompt.id,
-                "category": prompt.category,
-                "prompt_tokens": prompt.input_ids.shape[1],
-                "new_tokens": len(tokens),
-                "steps": row.steps,
-                "mean_accept_length": row.mean_accept_length if row.steps else None,
-                "accept_lengths": row.accept_lengths,
-                "seconds": seconds / len(prompts),
-                "baseline_new_tokens": len(reference),
-                "baseline_seconds": baseline_seconds / len(prompts),
-                "identical_to_baseline": mismatch is None,
-                "first_mismatch": mismatch,  # index into the new tokens; None when identical
-                "batch_size": len(prompts),
-            }
+        record = prompt_record(
+            prompt, row.tokens[0].tolist(), row.accept_lengths, share, reference, baseline_share
         )
+        records.append({**record, "batch_size": len(prompts)})
     return records
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from specheads.decode.kv_cache import kv_pairs
-from specheads.decode.tree_inputs import TreeInputs
+from specheads.decode.tree_inputs import TreeInputs, additive_mask
 from specheads.decode.trees import DraftTree
 
 
@@ -42,6 +42,12 @@ class Layout:
 
     pad: torch.Tensor
     length: torch.Tensor
+
+    @classmethod
+    def contiguous(cls, length: int, batch: int = 1, device: torch.device | str | None = None) -> Layout:
+        """`batch` rows of `length` real slots each, no padding: one prompt's cache is this with batch 1."""
+        zeros = torch.zeros(batch, dtype=torch.long, device=device)
+        return cls(pad=zeros, length=zeros + length)
 
     @property
     def total(self) -> int:
@@ -118,12 +124,6 @@ def left_padding(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 # -- masks and positions --------------------------------------------------------------------------------
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, Q, K) bool -> (B, 1, Q, K) additive float mask: 0 = attend, finfo(dtype).min = masked."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 def block_attention(

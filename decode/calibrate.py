@@ -55,14 +55,14 @@ from typing import Any
 
 import torch
 
+from specheads.decode.baseline import generate_rows
 from specheads.decode.decoder import SpeculativeDecoder, eos_ids
 from specheads.decode.drafters import DraftContext, Drafter
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.eval_drafters import EAGLE_DEPTH, EAGLE_TOP_K, dynamic_drafter, medusa_drafter
-from specheads.decode.kv_cache import compact_cache, new_cache
+from specheads.decode.kv_cache import new_cache
 from specheads.decode.sampling import SamplingParams
 from specheads.decode.step_timing import Timer, measured_timer
-from specheads.decode.tree_inputs import tree_inputs
 from specheads.decode.trees import DraftTree, StaticTree, build_tree, expected_accept_length
 from specheads.decode.verify import Acceptance, verify_greedy
 from specheads.heads.methods import method_named
@@ -187,14 +187,8 @@ def decode_accept_length(accepted: Sequence[Sequence[int]]) -> float:
 def greedy_sequence(target: FrozenTarget, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """(1, T + n): the prompt and the target's own greedy continuation (`generate`; it stops at EOS)."""
     ids = prompt_ids.to(target.device)
-    pad = getattr(target.model.generation_config, "pad_token_id", None)
-    return target.model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=pad if pad is not None else min(eos_ids(target), default=None),
-    )
+    new = generate_rows(target, ids, max_new_tokens)[0]
+    return torch.cat([ids, torch.tensor([new], dtype=ids.dtype, device=ids.device)], 1)
 
 
 @torch.no_grad()
@@ -347,20 +341,20 @@ def record_dynamic_steps(
     everything = top_k + (depth - 1) * top_k**2 + 1  # every candidate, and the root
     recorder = _ValueRecorder(EagleDrafter(head, target, top_k=top_k, depth=depth, total_tokens=everything))
     decoder, eos = SpeculativeDecoder(target, recorder), eos_ids(target)
+    taken: list[DynamicStep] = []
+
+    def root_only(tree: DraftTree, logits: torch.Tensor, context: DraftContext) -> list[Acceptance]:
+        """Verify greedily and record the accepted path; accept only the root's next token."""
+        accepted = verify_greedy(tree, logits)[0]
+        taken.append(DynamicStep(*recorder.last, path=accepted.path.cpu()))
+        return [Acceptance(path=accepted.path[:1], tokens=accepted.tokens[:1])]
+
     steps, sequences = [], []
     for prompt_ids in prompts:
         ids, cache, taken = prompt_ids.to(target.device), new_cache(), []
         context = decoder.first_context(ids, decoder.prefill(ids, cache))
         while len(taken) + 1 < max_new_tokens and int(context.tokens[0, -1]) not in eos:
-            past, tree = cache.get_seq_length(), recorder.propose(context)
-            out = decoder.tree_forward(
-                tree, tree_inputs(tree, past, decoder.mask_dtype, decoder.window), cache
-            )
-            accepted = verify_greedy(tree, out.logits)[0]
-            taken.append(DynamicStep(*recorder.last, path=accepted.path.cpu()))
-            one = Acceptance(path=accepted.path[:1], tokens=accepted.tokens[:1])  # only the root's next token
-            compact_cache(cache, past, one.path)
-            context = decoder.next_context(context, one, out)
+            _, context = decoder.step(context, cache, verify=root_only)
         steps.append(taken)
         sequences.append((context.tokens, ids.shape[1]))
     return steps, sequences

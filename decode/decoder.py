@@ -1,6 +1,7 @@
-"""The speculative decoder: prefill, then propose → tree inputs → verify → accept → compact.
+"""The speculative decoder of one prompt: prefill, then propose → tree inputs → verify → accept → compact.
 
-One step, with S tokens in the cache and the root (the last emitted token) outside it:
+One step (`speculative_step`, step.py, with one row), S tokens in the cache and the root (the last
+emitted token) outside it:
 
     tree   = drafter.propose(context)                      # (B, N) tokens + parents, tokens[:, 0] = root
     inputs = tree_inputs(tree, S)                          # mask (B, 1, N, S + N), positions S + depth
@@ -18,35 +19,39 @@ seeded CPU generator, so a seed reproduces a run.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
 
 import torch
 
-from specheads.decode.drafters import DraftContext, Drafter, SampledTree
-from specheads.decode.kv_cache import compact_cache, new_cache
-from specheads.decode.sampling import SamplingParams, check_generator, sample, sampling_probs
-from specheads.decode.tree_inputs import (
-    TreeInputs,
-    attention_window,
-    check_attention_implementation,
-    tree_inputs,
+from specheads.decode.batched_inputs import Layout
+from specheads.decode.drafters import DraftContext, Drafter
+from specheads.decode.kv_cache import new_cache
+from specheads.decode.sampling import SamplingParams, check_generator
+from specheads.decode.step import (
+    PHASES,
+    PhaseClock,
+    TreeDecoder,
+    Verify,
+    eos_ids,
+    extend,
+    first_tokens,
+    speculative_step,
+    timed,
 )
 from specheads.decode.trees import DraftTree
-from specheads.decode.verify import (
-    Acceptance,
-    TypicalAcceptance,
-    verify_greedy,
-    verify_sampling,
-    verify_typical,
-)
-from specheads.heads.target import FrozenTarget, TargetOutput
+from specheads.decode.verify import Acceptance, TypicalAcceptance
+from specheads.heads.target import TargetOutput
 
-# Phases timed by the decoder (seconds, summed over a generate call).
-PHASES = ("prefill", "draft", "tree_inputs", "tree_forward", "verify", "compact")
+__all__ = [
+    "PHASES",
+    "DecodeOutput",
+    "PhaseClock",
+    "SpeculativeDecoder",
+    "eos_ids",
+    "sampling_settings",
+    "timed",
+]
 
 
 @dataclass
@@ -74,65 +79,15 @@ class DecodeOutput:
         return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 1.0
 
 
-T = TypeVar("T")
+class SpeculativeDecoder(TreeDecoder):
+    """Tree-attention speculative decoding of one prompt over a frozen target with lossless verification,
+    greedy or sampled: the batch-1 case of `speculative_step` (step.py).
 
+    `SpeculativeDecoder(target, drafter)`: the target loaded with sdpa or eager attention, a `Drafter`
+    (e.g. `MedusaDrafter`) proposing the trees.
+    """
 
-def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
-    """(fn(), wall seconds), waiting for the accelerator before and after so the time is the work's."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    result = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return result, time.perf_counter() - start
-
-
-class PhaseClock:
-    """Sums wall time per phase; with `sync`, waits for the accelerator around each phase."""
-
-    def __init__(self, sync: bool):
-        self.sync = sync
-        self.totals: dict[str, float] = defaultdict(float)
-
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        if self.sync:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        yield
-        if self.sync:
-            torch.cuda.synchronize()
-        self.totals[phase] += time.perf_counter() - start
-
-
-def eos_ids(target: FrozenTarget) -> set[int]:
-    """The target's end-of-sequence ids from its generation config (an int, a list, or none)."""
-    config = getattr(target.model, "generation_config", None)
-    eos = getattr(config, "eos_token_id", None)
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
-
-
-class SpeculativeDecoder:
-    """Tree-attention speculative decoding over a frozen target with lossless verification, greedy or sampled."""
-
-    def __init__(self, target: FrozenTarget, drafter: Drafter):
-        """
-        Args:
-            target: the frozen target, loaded with sdpa or eager attention.
-            drafter: proposes the draft trees (e.g. `MedusaDrafter`).
-
-        Raises:
-            ValueError: for an attention implementation that ignores custom masks (flash attention)
-                or a target mixing full and sliding-window layers.
-        """
-        check_attention_implementation(target.config)
-        self.target, self.drafter = target, drafter
-        self.window = attention_window(target.config)
-        # sdpa wants a float mask in the dtype of the queries, i.e. of the hidden states.
-        self.mask_dtype = target.embed_tokens.weight.dtype
+    drafter: Drafter
 
     @torch.no_grad()
     def generate(
@@ -184,11 +139,11 @@ class SpeculativeDecoder:
             with clock("prefill"):
                 out = self.prefill(prompt_ids, cache)
                 context = self.first_context(prompt_ids, out, **settings)
-            stopped = _extend(new, context.tokens[0, -1:].tolist(), eos, max_new_tokens)
+            stopped = extend(new, context.tokens[0, -1:].tolist(), eos, max_new_tokens)
             while not stopped:
                 accepted, context = self.step(context, cache, clock)
                 before = len(new)
-                stopped = _extend(new, accepted.tokens.tolist(), eos, max_new_tokens)
+                stopped = extend(new, accepted.tokens.tolist(), eos, max_new_tokens)
                 accept_lengths.append(len(new) - before)
         timings = {phase: clock.totals.get(phase, 0.0) for phase in PHASES}
         timings["total"] = time.perf_counter() - start
@@ -197,7 +152,7 @@ class SpeculativeDecoder:
 
     def prefill(self, prompt_ids: torch.Tensor, cache) -> TargetOutput:
         """Run the target over the prompt (1, T), filling `cache`; logits (1, T, V)."""
-        return self.target(prompt_ids, past_key_values=cache, capture=self._capture_ids())
+        return self.target(prompt_ids, past_key_values=cache, capture=tuple(self.drafter.capture_layers))
 
     def first_context(
         self,
@@ -211,83 +166,39 @@ class SpeculativeDecoder:
 
         The sampling arguments are those `sampling_settings` returns (none: greedy).
         """
-        logits = out.logits[:, -1]  # (1, V) after the prompt
-        if sampling is None:
-            root = logits.argmax(-1, keepdim=True)  # (1, 1)
-        else:
-            root = torch.tensor([[sample(sampling_probs(logits[0], sampling), generator)]])
+        root = first_tokens(out.logits[:, -1], sampling, generator)[:, None]  # (1, 1) after the prompt
         tokens = torch.cat([prompt_ids, root.to(prompt_ids.device)], 1)
-        hidden = self._features(out, None)
+        hidden = self.features(out.hidden, None)
         return DraftContext(
             tokens, hidden, step=0, sampling=sampling, generator=generator, acceptance=acceptance
         )
 
     def step(
-        self, context: DraftContext, cache, clock: PhaseClock | None = None
+        self, context: DraftContext, cache, clock: PhaseClock | None = None, verify: Verify | None = None
     ) -> tuple[Acceptance, DraftContext]:
-        """One speculative step: propose → tree inputs → verify → accept → compact.
+        """One speculative step (`speculative_step` with one row): propose → tree inputs → verify → accept →
+        compact.
 
-        Returns the acceptance and the next context (the bonus token appended as the next root).
+        Returns the acceptance and the next context (the bonus token appended as the next root). `verify`
+        replaces the verification (it returns what is accepted and compacted; one Acceptance per row).
         """
-        clock = clock or PhaseClock(sync=False)
-        past_len = cache.get_seq_length()
-        with clock("draft"):
-            tree = self.drafter.propose(context)
-        with clock("tree_inputs"):
-            inputs = tree_inputs(tree, past_len, self.mask_dtype, self.window)
-        with clock("tree_forward"):
-            out = self.tree_forward(tree, inputs, cache)
-        with clock("verify"):
-            acceptance = self.verify(tree, out.logits, context)
-        with clock("compact"):
-            compact_cache(cache, past_len, acceptance.path)
-        return acceptance, self.next_context(context, acceptance, out)
+        layout = Layout.contiguous(cache.get_seq_length(), device=context.tokens.device)
+        done = speculative_step(self, context, cache, layout, clock, verify)
+        return done.acceptances[0], _advanced(context, done.acceptances[0], done.hidden)
 
     def verify(self, tree: DraftTree, logits: torch.Tensor, context: DraftContext) -> Acceptance:
-        """Greedy; or sampling with the exact rule for how the tree's children were picked; or typical."""
-        if context.sampling is None:
-            return verify_greedy(tree, logits)[0]
-        probs = sampling_probs(logits, context.sampling)  # (1, N, V) p at each node
-        if isinstance(context.acceptance, TypicalAcceptance):
-            return verify_typical(tree, probs, context.generator, context.acceptance)[0]
-        if isinstance(tree, SampledTree):
-            return verify_sampling(tree, probs, context.generator, tree.children, tree.draft_probs)[0]
-        return verify_sampling(tree, probs, context.generator, "top-k")[0]
+        """The one row's Acceptance (`verify_rows`)."""
+        return self.verify_rows(tree, logits, context)[0]
 
     def next_context(self, context: DraftContext, acceptance: Acceptance, out: TargetOutput) -> DraftContext:
         """The context after a step: its tokens appended (the bonus is the next root), features at the path."""
-        tokens = torch.cat([context.tokens, acceptance.tokens[None].to(context.tokens.device)], 1)
-        return replace(
-            context, tokens=tokens, hidden=self._features(out, acceptance.path), step=context.step + 1
-        )
+        return _advanced(context, acceptance, self.features(out.hidden, acceptance.path[None]))
 
-    def tree_forward(self, tree: DraftTree, inputs: TreeInputs, cache) -> TargetOutput:
-        """One target forward over the tree on top of the cache; logits (B, N, V)."""
-        kv_length = cache.get_seq_length() + tree.num_nodes
-        if inputs.attention_mask.shape[-1] != kv_length:
-            raise ValueError(
-                f"tree mask covers {inputs.attention_mask.shape[-1]} keys but the cache will hold {kv_length} "
-                f"({cache.get_seq_length()} cached + {tree.num_nodes} nodes): the last mask dimension must be "
-                f"the real KV length"
-            )
-        return self.target(
-            inputs.input_ids,
-            attention_mask=inputs.attention_mask,
-            position_ids=inputs.position_ids,
-            past_key_values=cache,
-            capture=self._capture_ids(),
-        )
 
-    def _capture_ids(self) -> tuple[int, ...]:
-        return tuple(self.drafter.capture_layers)
-
-    def _features(self, out: TargetOutput, path: torch.Tensor | None) -> dict[int, torch.Tensor]:
-        """The drafter's layers, keyed as it asked for them, at `path` (all positions when None)."""
-        features = {}
-        for layer in self.drafter.capture_layers:
-            hidden = out.hidden[self.target.layer_id(layer)]  # (1, T, H)
-            features[layer] = hidden if path is None else hidden[:, path]
-        return features
+def _advanced(context: DraftContext, acceptance: Acceptance, hidden: dict[int, torch.Tensor]) -> DraftContext:
+    """`context` after a step that accepted `acceptance`; `hidden`: the features at its path (1, n, H)."""
+    tokens = torch.cat([context.tokens, acceptance.tokens[None].to(context.tokens.device)], 1)
+    return replace(context, tokens=tokens, hidden=hidden, step=context.step + 1)
 
 
 def sampling_settings(
@@ -317,14 +228,3 @@ def sampling_settings(
         "generator": check_generator(generator),
         "acceptance": acceptance,
     }
-
-
-def _extend(new: list[int], tokens: list[int], eos: set[int], max_new_tokens: int) -> bool:
-    """Append `tokens` to `new` up to the first EOS (kept) or max_new_tokens; True when done."""
-    for token in tokens:
-        if len(new) == max_new_tokens:
-            return True
-        new.append(token)
-        if token in eos:
-            return True
-    return len(new) == max_new_tokens

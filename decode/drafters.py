@@ -12,12 +12,13 @@ deterministic (top-k) children, which need no q (rule (a)).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 from torch import nn
 
+from specheads.decode.batched_inputs import Layout
 from specheads.decode.sampling import SamplingParams, draft_probs, draw_children
 from specheads.decode.trees import DraftTree, StaticTree
 from specheads.decode.verify import TypicalAcceptance, tree_children
@@ -52,6 +53,73 @@ class DraftContext:
     sampling: SamplingParams | None = None
     generator: torch.Generator | None = None
     acceptance: str | TypicalAcceptance = "exact"
+
+    def as_rows(self) -> BatchDraftContext:
+        """This context as rows of a cache layout without padding (B = 1 for one sequence): what a drafter
+        that drafts for B rows at once reads (EagleDrafter)."""
+        b, cached = self.tokens.shape[0], self.tokens.shape[1] - 1
+        new = next((h.shape[1] for h in self.hidden.values()), 0)  # positions the last forward added
+        device = self.tokens.device
+        return BatchDraftContext(
+            rows=torch.arange(b, device=device),
+            roots=self.tokens[:, -1],
+            layout=Layout.contiguous(cached, b, device),
+            hidden=self.hidden,
+            next_tokens=self.tokens[:, cached - new + 1 :],
+            start=torch.full((b,), cached - new, dtype=torch.long, device=device),
+            step=self.step,
+            sampling=self.sampling,
+            generator=self.generator,
+            acceptance=self.acceptance,
+        )
+
+
+@dataclass
+class BatchDraftContext:
+    """What a batched drafter sees before proposing, for the B live rows.
+
+    rows:        (B,) int64 each live row's index in the batch given to `generate`.
+    roots:       (B,) int64 each row's root: its last emitted token, not in the cache yet.
+    layout:      the cache layout after the last forward and its compaction.
+    hidden:      layer id (as the drafter asked for it) -> (B, M, H): the target's features at the M
+                 columns the last forward kept. Column i of row b now sits at slot start_b + i and is
+                 real when that slot is one of the row's real slots: after prefill the whole padded
+                 prompt (M = T, start = 0, padding not real); after a step the accepted path (the first
+                 n_b columns, start = the row's length before the step).
+    next_tokens: (B, M) int64 the token after each column (x_{p+1}); at the last real column, the root.
+    start:       (B,) int64 (see hidden).
+    step:        0 right after prefill, then 1, 2, ... (a stateful drafter resets on 0).
+    sampling, generator, acceptance: as in DraftContext (None: greedy).
+    """
+
+    rows: torch.Tensor
+    roots: torch.Tensor
+    layout: Layout
+    hidden: dict[int, torch.Tensor]
+    next_tokens: torch.Tensor
+    start: torch.Tensor
+    step: int
+    sampling: SamplingParams | None = None
+    generator: torch.Generator | None = None
+    acceptance: str | TypicalAcceptance = "exact"
+
+    def as_rows(self) -> BatchDraftContext:
+        return self
+
+    def last_column(self) -> torch.Tensor:
+        """(B,) each row's last real column: the root's predecessor, where the target predicted the root."""
+        return self.layout.length - 1 - self.start
+
+    def select(self, rows: torch.Tensor, layout: Layout) -> BatchDraftContext:
+        return replace(
+            self,
+            rows=self.rows[rows],
+            roots=self.roots[rows],
+            layout=layout,
+            hidden={k: h[rows] for k, h in self.hidden.items()},
+            next_tokens=self.next_tokens[rows],
+            start=self.start[rows],
+        )
 
 
 @dataclass

@@ -33,11 +33,12 @@ from specheads.decode.trees import DraftTree
 
 @dataclass
 class Candidates:
-    """Every node proposed while growing a dynamic tree, in creation order.
+    """Every node proposed while growing dynamic trees, in creation order: one tree's (M,) tables, or B
+    rows' (B, M) (`grow_rows`; `row(b)` is row b's).
 
-    tokens:  (M,) int64 draft-vocabulary ids.
-    parents: (M,) int64 index of the parent candidate; -1 for the root's children.
-    scores:  (M,) float cumulative log-probability of the path root..candidate.
+    tokens:  (..., M) int64 draft-vocabulary ids.
+    parents: (..., M) int64 index of the parent candidate; -1 for the root's children.
+    scores:  (..., M) float cumulative log-probability of the path root..candidate.
     """
 
     tokens: torch.Tensor
@@ -45,47 +46,64 @@ class Candidates:
     scores: torch.Tensor
 
     def add(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Append candidates (flattened); returns their ids."""
-        start = self.tokens.numel()
-        self.tokens = torch.cat([self.tokens, tokens.reshape(-1)])
-        self.parents = torch.cat([self.parents, parents.reshape(-1)])
-        self.scores = torch.cat([self.scores, scores.reshape(-1)])
-        return torch.arange(start, self.tokens.numel(), device=self.tokens.device)
+        """Append candidates (..., m); returns their ids (m,)."""
+        start = len(self)
+        self.tokens = torch.cat([self.tokens, tokens], dim=-1)
+        self.parents = torch.cat([self.parents, parents], dim=-1)
+        self.scores = torch.cat([self.scores, scores], dim=-1)
+        return torch.arange(start, len(self), device=self.tokens.device)
+
+    def row(self, b: int) -> Candidates:
+        return Candidates(tokens=self.tokens[b], parents=self.parents[b], scores=self.scores[b])
 
     def __len__(self) -> int:
-        return self.tokens.numel()
+        return self.tokens.shape[-1]
 
 
 # expand(candidates, ids (k,)) -> (k, V) the draft's log-probabilities of each node's next token.
 Expand = Callable[[Candidates, torch.Tensor], torch.Tensor]
+# expand(candidates (B, M), frontier (B, k), depth) -> (B, k, V): the same for B rows, the frontier's
+# nodes all at `depth` (>= 1).
+ExpandRows = Callable[[Candidates, torch.Tensor, int], torch.Tensor]
 
 
-def grow_candidates(root_logprobs: torch.Tensor, expand: Expand, *, top_k: int, depth: int) -> Candidates:
-    """EAGLE-2's expansion (module docstring): top_k + (depth - 1) · top_k² candidates.
+def grow_rows(root_logprobs: torch.Tensor, expand: ExpandRows, *, top_k: int, depth: int) -> Candidates:
+    """EAGLE-2's expansion (module docstring) for B rows at once: top_k + (depth - 1) · top_k² candidates
+    per row, each row expanding its own top_k nodes per level.
 
     Args:
-        root_logprobs: (V,) the draft's log-probabilities of the token after the root.
-        expand: runs the draft over candidates `ids` (all of one depth, whose parents were expanded).
+        root_logprobs: (B, V) the draft's log-probabilities of the token after each root.
+        expand: runs the draft over each row's frontier (nodes of one depth, whose parents were expanded).
         top_k: children per expanded node, and nodes expanded per depth.
         depth: tree levels below the root (>= 1).
+
+    Returns:
+        (B, M) candidates.
     """
     if top_k < 1 or depth < 1:
         raise ValueError(f"dynamic trees need top_k >= 1 and depth >= 1, got top_k={top_k}, depth={depth}")
-    k = min(top_k, root_logprobs.numel())
-    device = root_logprobs.device
-    best = root_logprobs.float().topk(k)
-    candidates = Candidates(
-        tokens=torch.empty(0, dtype=torch.long, device=device),
-        parents=torch.empty(0, dtype=torch.long, device=device),
-        scores=torch.empty(0, dtype=torch.float32, device=device),
-    )
-    frontier = candidates.add(best.indices, torch.full((k,), -1, device=device), best.values)
-    for _ in range(depth - 1):
-        children = expand(candidates, frontier).float().topk(k, dim=-1)  # (k, k) per frontier node
-        scores = candidates.scores[frontier, None] + children.values  # (k, k) cumulative
-        ids = candidates.add(children.indices, frontier[:, None].expand(-1, k), scores)
-        frontier = ids[scores.reshape(-1).topk(k).indices].sort().values
+    b, k, device = root_logprobs.shape[0], min(top_k, root_logprobs.shape[-1]), root_logprobs.device
+    best = root_logprobs.float().topk(k, dim=-1)
+    parents = torch.full((b, k), -1, dtype=torch.long, device=device)
+    candidates = Candidates(tokens=best.indices, parents=parents, scores=best.values)
+    frontier = torch.arange(k, device=device).expand(b, k)
+    for level in range(1, depth):  # the frontier's depth
+        children = expand(candidates, frontier, level).float().topk(k, dim=-1)  # (B, k, k) per frontier node
+        scores = (candidates.scores.gather(1, frontier)[:, :, None] + children.values).reshape(b, -1)
+        ids = candidates.add(
+            children.indices.reshape(b, -1), frontier[:, :, None].expand(b, k, k).reshape(b, -1), scores
+        )  # (k²,)
+        frontier = ids[scores.topk(k, dim=-1).indices].sort(-1).values
     return candidates
+
+
+def grow_candidates(root_logprobs: torch.Tensor, expand: Expand, *, top_k: int, depth: int) -> Candidates:
+    """`grow_rows` for one tree: (V,) root log-probabilities, `expand` over (k,) ids; (M,) candidates."""
+
+    def expand_row(candidates: Candidates, frontier: torch.Tensor, depth: int) -> torch.Tensor:
+        return expand(candidates.row(0), frontier[0])[None]
+
+    return grow_rows(root_logprobs[None], expand_row, top_k=top_k, depth=depth).row(0)
 
 
 def rerank(candidates: Candidates, num_kept: int) -> torch.Tensor:

@@ -1,26 +1,30 @@
-"""EagleDrafter: EAGLE-1/2 and EAGLE-3 heads drafting static (EAGLE-1) or dynamic (EAGLE-2) trees.
+"""EagleDrafter: EAGLE-1/2 and EAGLE-3 heads drafting static (EAGLE-1) or dynamic (EAGLE-2) trees, for
+one sequence or B rows at once.
 
-The head keeps its own KV cache, one entry per position of the sequence the target has cached:
+The head keeps its own KV cache, laid out like the target's (batched_inputs.py): entry p of a row (the
+head's layer over the target's feature of position p and the embedding of x_{p+1}, at rope position p)
+sits in the slot of the target's key for position p, so one layout masks both. One sequence is the layout
+with one row and no padding (`DraftContext.as_rows`). The feature is the target's own (f_p for
+EAGLE-1/2, fc(cat(low, mid, high)) for EAGLE-3), never one the head predicted.
 
-    entry p   the head's layer over (feature of position p, embedding of x_{p+1}) at rope position p,
-              where the feature is the target's own (f_p for EAGLE-1/2, fc(cat(low, mid, high)) for
-              EAGLE-3), never one the head predicted.
-
-Each `propose` first brings the cache in step with the target: the decoder's context carries the
-target's features at the n positions its last forward added (the prompt after prefill, the accepted
-path after a speculative step) and the tokens after them, so the head appends those n entries. Its
-output at the last one (position S - 1, whose token is the root x_S) stands for the root's feature and
-drafts depth 1.
+Each `propose` first brings the cache in step with the target: the context carries the target's features
+at the columns its last forward kept (the prompt after prefill, each row's accepted path after a step)
+and the tokens after them, so the head appends those entries and compacts them like the target's cache.
+Its output at a row's last real column (position S - 1, whose token is the root x_S) stands for the
+root's feature and drafts depth 1.
 
 A tree node at depth d >= 1 is fed as (its parent's output, its token) at position S + d - 1, and
-attends to the whole real cache and to its ancestors in the tree; its output drafts depth d + 1. These
-are exactly what EAGLE-3's training-time test step d saw (train/eagle_losses.py). Tree entries are
-cropped from the cache when the tree is proposed, so only real entries carry over to the next step.
+attends to the row's real entries and to its ancestors in the tree; its output drafts depth d + 1. These
+are exactly what EAGLE-3's training-time test step d saw (train/eagle_losses.py). Nodes are fed level by
+level, B rows at a time; their entries are cropped when the tree is proposed, so only real entries carry
+over to the next step.
 
 Static trees take Medusa-style tree choices (`decode/trees.py`), read the EAGLE way: path
-(r_1, ..., r_d) is the rank-r_d token of the draft's distribution *at its parent node*. Without a static
-tree the drafter grows EAGLE-2 dynamic trees (`decode/dynamic_tree.py`). EAGLE-3 drafts over its own
-vocabulary; its ids are mapped to target ids with d2t before the target sees them.
+(r_1, ..., r_d) is the rank-r_d token of the draft's distribution *at its parent node*; the shape is the
+same for every row. Without a static tree the drafter grows EAGLE-2 dynamic trees
+(`dynamic_tree.grow_rows`): every row expands its own top_k nodes per level, then reranks its candidates
+to total_tokens nodes, so every row's tree has the same size and a shape of its own. EAGLE-3 drafts over
+its own vocabulary; its ids are mapped to target ids with d2t before the target sees them.
 
 When the decoder samples, the tree comes with q at each node that has children (the head's distribution
 there at the sampling temperature, mapped to the target's vocabulary). Static trees may then draw each
@@ -31,12 +35,16 @@ draw from q.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
-from specheads.decode.drafters import DraftContext, SampledTree, check_children, sibling_index
-from specheads.decode.dynamic_tree import Candidates, candidates_to_tree, grow_candidates, rerank
+from specheads.decode.batched_inputs import Layout, compact_rows, select_cache_rows
+from specheads.decode.drafters import BatchDraftContext, SampledTree, check_children, sibling_index
+from specheads.decode.dynamic_tree import Candidates, candidates_to_tree, grow_rows, rerank
 from specheads.decode.sampling import draft_probs, draw_children
+from specheads.decode.tree_inputs import additive_mask
 from specheads.decode.trees import DraftTree, StaticTree
 from specheads.heads.target import FrozenTarget
 
@@ -84,79 +92,107 @@ class EagleDrafter:
         self.capture_layers = tuple(head.capture_layers)
         self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
         self.cache = None
-        self.cached = 0  # real entries in the head's cache (positions 0 .. cached-1)
-        self._fed_out = self._fed_ancestors = None  # the tree nodes fed while drafting (see _feed)
+        self.cached = 0  # slots of the head's cache that hold the rows' real entries (tree entries beyond)
+        # while drafting: the tree nodes fed so far, (B, F, H) outputs and (B, F, F) ancestors, and their
+        # (B, m, V) log-probabilities per level when sampling (for q)
+        self._fed_out = self._fed_ancestors = None
+        self._fed_logprobs: list[torch.Tensor] | None = None
+
+    @classmethod
+    def from_drafter(cls, drafter: EagleDrafter) -> EagleDrafter:
+        """A fresh drafter with the same head, tree and sizes, and a cache of its own."""
+        fresh = copy.copy(drafter)
+        fresh.cache, fresh.cached = None, 0
+        return fresh
 
     # -- the protocol ------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def propose(self, context: DraftContext) -> DraftTree:
-        if context.tokens.shape[0] != 1:
-            raise ValueError(
-                f"EagleDrafter drafts for one sequence, got a batch of {context.tokens.shape[0]}"
-            )
-        root_hidden = self.advance(context)  # (1, H): stands for the root's feature
-        root = context.tokens[0, -1]
-        self._fed_out = root_hidden.new_zeros(0, root_hidden.shape[-1])  # (F, H) outputs of fed nodes
-        self._fed_ancestors = torch.zeros(0, 0, dtype=torch.bool, device=root_hidden.device)  # (F, F)
-        root_logprobs = self._logprobs(root_hidden)[0]  # (V,) drafts depth 1
+    def propose(self, context) -> DraftTree:
+        """(B, N) trees for a DraftContext (one sequence) or a BatchDraftContext (B rows)."""
+        rows = context.as_rows()
+        root_hidden = self.advance(rows)  # (B, H): stands for each root's feature
+        b, device = root_hidden.shape[0], root_hidden.device
+        self._fed_out = root_hidden.new_zeros(b, 0, root_hidden.shape[-1])
+        self._fed_ancestors = torch.zeros(b, 0, 0, dtype=torch.bool, device=device)
+        self._fed_logprobs = None if rows.sampling is None else []
+        roots = rows.roots.to(device)
+        root_logprobs = self._logprobs(root_hidden)  # (B, V) drafts depth 1
         try:
             if self.tree is not None:
-                tree, node_logprobs = self._static_tree(root, root_hidden, root_logprobs, context)
+                tree, source = self._static_tree(roots, root_hidden, root_logprobs, rows)
             else:
-                tree, node_logprobs = self._dynamic_tree(root, root_hidden, root_logprobs)
+                tree, source = self._dynamic_tree(roots, root_hidden, root_logprobs, rows.layout)
         finally:
             extra = self.cache.get_seq_length() - self.cached
             if extra > 0:  # drop the tree's entries: only real ones carry over
                 self.cache.crop(-extra)
-        device = context.tokens.device
+        device = rows.roots.device
         tokens, parents = tree.tokens.to(device), tree.parents.to(device)
-        if context.sampling is None:
+        if rows.sampling is None:
             return DraftTree(tokens=tokens, parents=parents)
-        q = self._tree_draft_probs(tree.num_nodes, node_logprobs, context).to(device)
+        q = self._tree_draft_probs(root_logprobs, source, rows).to(device)
         children = self.children if self.tree is not None else "top-k"
         return SampledTree(tokens=tokens, parents=parents, draft_probs=q, children=children)
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only live rows `rows` (indices into the current rows, in order)."""
+        if self.cache is not None:
+            select_cache_rows(self.cache, rows.to(self.head.fc.weight.device))
+
     def _tree_draft_probs(
-        self, num_nodes: int, node_logprobs: dict[int, torch.Tensor], context: DraftContext
+        self, root_logprobs: torch.Tensor, source: torch.Tensor, rows: BatchDraftContext
     ) -> torch.Tensor:
-        """(1, N, V_target) q at each node the draft expanded (every node with children; zeros elsewhere)."""
-        any_row = node_logprobs[0]
-        target_ids = self.head.to_target_ids(torch.arange(any_row.numel(), device=any_row.device))
-        q = torch.zeros(1, num_nodes, self.vocab_size, device=any_row.device)
-        for node, logprobs in node_logprobs.items():
-            q[0, node, target_ids] = draft_probs(logprobs, context.sampling)
+        """(B, N, V_target) q at each node the draft expanded (every node with children; zeros elsewhere).
+
+        source: (B, N) where each node's log-probabilities are: 0 the root's, 1 + f fed node f's, -1 none.
+        """
+        logprobs = torch.cat([root_logprobs[:, None], *self._fed_logprobs], dim=1)  # (B, 1 + F, V_draft)
+        q_draft = draft_probs(logprobs, rows.sampling)
+        at_node = q_draft.gather(1, source.clamp(min=0)[:, :, None].expand(-1, -1, q_draft.shape[-1]))
+        target_ids = self.head.to_target_ids(torch.arange(q_draft.shape[-1], device=q_draft.device))
+        q = torch.zeros(*source.shape, self.vocab_size, device=q_draft.device)
+        q[:, :, target_ids] = at_node * (source >= 0)[:, :, None]
         return q
 
     # -- keeping the head's cache in step with the target ---------------------------------------------
 
-    def advance(self, context: DraftContext) -> torch.Tensor:
-        """Append entries for the positions the target's last forward added; (1, H) output at the last.
+    def advance(self, context: BatchDraftContext) -> torch.Tensor:
+        """Append and compact the entries for the columns the target's last forward kept; (B, H) output
+        at each row's last real column.
 
-        With S positions now in the target's cache and n of them new, the new entries are positions
-        S - n .. S - 1, reading the target's features there and tokens x_{S-n+1} .. x_S (x_S: the root).
+        Column i of row b reads the target's feature there and the token after it, at the position of
+        slot start_b + i; it sees the row's entries before start_b and the real columns up to itself.
         """
         from transformers import DynamicCache
 
         weight = self.head.fc.weight
         features = {i: h.to(weight.device, weight.dtype) for i, h in context.hidden.items()}
-        hidden = self.head.input_hidden(features)  # (1, n, H)
-        n, S = hidden.shape[1], context.tokens.shape[1] - 1
+        hidden = self.head.input_hidden(features)  # (B, M, H)
         if context.step == 0 or self.cache is None:
-            self.cache, self.cached = DynamicCache(), 0
-        if self.cached != S - n:
+            self.cache = DynamicCache()
+        past = self.cache.get_seq_length()
+        pad, length = context.layout.pad.to(weight.device), context.layout.length.to(weight.device)
+        start = context.start.to(weight.device)
+        if int(start.max()) > past:  # a row's entries would not reach its new columns
             raise RuntimeError(
-                f"the draft cache holds {self.cached} positions but the target held {S - n} before its "
+                f"the draft cache holds {past} positions but the target held {int(start.max())} before its "
                 f"last forward; pass every step's context to propose (step 0 resets)"
             )
-        tokens = context.tokens[:, S - n + 1 :].to(weight.device)  # (1, n) x_{p+1} for each new p
-        positions = torch.arange(S - n, S, device=weight.device)[None]  # (1, n)
-        causal = positions[0, :, None] >= torch.arange(S, device=weight.device)[None, :]  # (n, S)
-        out = self.head(
-            hidden, self._embed(tokens), positions, self._additive(causal), self.cache
-        )  # (1, n, H)
-        self.cached = S
-        return out[:, -1]
+        b, m = hidden.shape[:2]
+        columns = torch.arange(m, device=weight.device)
+        slots = start[:, None] + columns  # (B, M)
+        real = (slots >= pad[:, None]) & (slots < length[:, None])  # (B, M)
+        causal = columns[:, None] >= columns[None, :]  # (M, M)
+        block = (causal & real[:, None, :]) | torch.eye(m, dtype=torch.bool, device=weight.device)
+        before = Layout(pad=pad, length=start)  # the rows' entries before this block
+        allowed = torch.cat([before.real_slots(past)[:, None].expand(b, m, past), block], dim=-1)
+        positions = (slots - pad[:, None]).clamp(min=0)
+        tokens = context.next_tokens.to(weight.device)
+        out = self.head(hidden, self._embed(tokens), positions, self._additive(allowed), self.cache)
+        self.cached = compact_rows(self.cache, past, columns.expand(b, m), length - start, start)
+        last = (length - 1 - start)[:, None, None].expand(-1, 1, out.shape[-1])
+        return out.gather(1, last)[:, 0]
 
     # -- tree nodes -----------------------------------------------------------------------------------
 
@@ -164,123 +200,138 @@ class EagleDrafter:
         return self.embed_tokens(tokens.to(self.embed_tokens.weight.device)).to(self.head.fc.weight)
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
-        """(Q, K) bool -> (1, 1, Q, K) additive mask in the head's dtype."""
-        dtype = self.head.fc.weight.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+        return additive_mask(allowed, self.head.fc.weight.dtype)
 
     def _logprobs(self, out: torch.Tensor) -> torch.Tensor:
-        """(m, H) outputs -> (m, V) log-probabilities over the draft's vocabulary."""
+        """(..., H) outputs -> (..., V) log-probabilities over the draft's vocabulary."""
         return self.head.logits(out, self.lm_head).float().log_softmax(-1)
 
-    def _feed(self, tokens: torch.Tensor, parents: torch.Tensor, depth: int, root_hidden: torch.Tensor):
-        """Run the head over m tree nodes of one depth; returns their (m, V) log-probabilities.
+    def _feed(
+        self,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        depth: int,
+        root_hidden: torch.Tensor,
+        layout: Layout,
+    ) -> torch.Tensor:
+        """Run the head over m tree nodes per row, all of one depth; their (B, m, V) log-probabilities.
 
         Args:
-            tokens: (m,) the nodes' target ids.
-            parents: (m,) each node's parent among the nodes fed before (index into the fed list), -1
-                for the root's children, whose parent output is `root_hidden`.
-            depth: the nodes' depth (>= 1): rope position cached + depth - 1.
+            tokens: (B, m) the nodes' target ids.
+            parents: (B, m) each node's parent among the nodes fed before (index into the fed list), -1
+                for the root's children, whose parent output is `root_hidden` (B, H).
+            depth: the nodes' depth (>= 1): position root_positions_b + depth - 1.
         """
-        fed, m = self._fed_out.shape[0], tokens.numel()
-        device = self._fed_out.device
-        ancestors = torch.zeros(m, fed + m, dtype=torch.bool, device=device)
-        has_parent = parents >= 0
-        ancestors[has_parent, :fed] = self._fed_ancestors[parents[has_parent]]
-        ancestors[torch.arange(m), fed + torch.arange(m)] = True  # itself
-        self._fed_ancestors = torch.cat(
-            [torch.nn.functional.pad(self._fed_ancestors, (0, m)), ancestors], dim=0
-        )  # (F + m, F + m)
-        parent_out = torch.cat([root_hidden, self._fed_out])[parents + 1]  # (m, H); -1 -> the root's
-        allowed = torch.cat([torch.ones(m, self.cached, dtype=torch.bool, device=device), ancestors], dim=1)
-        positions = torch.full((1, m), self.cached + depth - 1, device=device)
-        out = self.head(
-            parent_out[None], self._embed(tokens[None]), positions, self._additive(allowed), self.cache
+        b, fed = self._fed_ancestors.shape[:2]
+        m, device = tokens.shape[1], root_hidden.device
+        parents = parents.to(device)
+        has_parent = (parents >= 0)[:, :, None]  # (B, m, 1)
+        inherited = self._fed_ancestors.gather(1, parents.clamp(min=0)[:, :, None].expand(b, m, fed))
+        ancestors = torch.cat(
+            [inherited & has_parent, torch.eye(m, dtype=torch.bool, device=device).expand(b, m, m)], dim=-1
+        )  # (B, m, F + m): the node's fed ancestors and itself
+        self._fed_ancestors = torch.cat([nn.functional.pad(self._fed_ancestors, (0, m)), ancestors], dim=1)
+        outputs = torch.cat([root_hidden[:, None], self._fed_out], dim=1)  # (B, 1 + F, H)
+        index = (parents + 1)[:, :, None].expand(b, m, outputs.shape[-1])
+        parent_out = outputs.gather(1, index)  # (B, m, H); -1 -> the root's
+        allowed = torch.cat(
+            [layout.real_slots(self.cached).to(device)[:, None].expand(b, m, -1), ancestors], -1
         )
-        self._fed_out = torch.cat([self._fed_out, out[0]])
-        return self._logprobs(out[0])
+        positions = (layout.root_positions.to(device) + depth - 1)[:, None].expand(b, m)
+        out = self.head(parent_out, self._embed(tokens), positions, self._additive(allowed), self.cache)
+        self._fed_out = torch.cat([self._fed_out, out], dim=1)
+        logprobs = self._logprobs(out)
+        if self._fed_logprobs is not None:
+            self._fed_logprobs.append(logprobs)
+        return logprobs
 
     def _static_tree(
         self,
-        root: torch.Tensor,
+        roots: torch.Tensor,
         root_hidden: torch.Tensor,
         root_logprobs: torch.Tensor,
-        context: DraftContext,
-    ) -> tuple[DraftTree, dict[int, torch.Tensor]]:
-        """Fill a static tree level by level: node (.., r) takes the rank-r token at its parent (top-k), or
+        context: BatchDraftContext,
+    ) -> tuple[DraftTree, torch.Tensor]:
+        """Fill the static tree level by level: node (.., r) takes the rank-r token at its parent (top-k), or
         its parent's i-th draw from q when it is the parent's i-th child (drawn children).
 
-        Returns the tree and, per node with children, the draft's log-probabilities there.
+        Returns the trees and (B, N) where each node's log-probabilities are (`_tree_draft_probs`).
         """
-        tree, device = self.tree, root_hidden.device
+        tree, b, device = self.tree, roots.numel(), root_hidden.device
         drawn = context.sampling is not None and self.children != "top-k"
         pick = sibling_index(tree.parents) if drawn else tree.ranks  # which of its parent's guesses
         num_children = [tree.parents.count(i) for i in range(tree.num_nodes)]
 
-        def guesses_at(node: int, logprobs: torch.Tensor) -> torch.Tensor:  # draft ids for node's children
+        def guesses_at(
+            node: int, logprobs: torch.Tensor
+        ) -> torch.Tensor:  # (B, ·) draft ids for its children
             if not drawn:
-                return logprobs.topk(tree.topk).indices
+                return logprobs.topk(tree.topk, dim=-1).indices
             q = draft_probs(logprobs, context.sampling)
-            return draw_children(q, num_children[node], self.children == "iid", context.generator)
+            iid = self.children == "iid"
+            return torch.stack(
+                [draw_children(q[r], num_children[node], iid, context.generator) for r in range(b)]
+            )
 
-        node_logprobs = {0: root_logprobs}
-        guesses = {0: guesses_at(0, root_logprobs)}  # node -> draft ids of its children's tokens
+        guesses = {0: guesses_at(0, root_logprobs)}  # node -> (B, ·) draft ids of its children's tokens
         fed_index = {0: -1}
-        tokens = [root.to(device)]
+        source = [0] + [-1] * (tree.num_nodes - 1)
+        tokens = [roots]
         for d in range(1, tree.max_depth + 1):
             level = [i for i in range(1, tree.num_nodes) if tree.depths[i] == d]
             for i in level:
-                tokens.append(self.head.to_target_ids(guesses[tree.parents[i]][pick[i]]))
+                tokens.append(self.head.to_target_ids(guesses[tree.parents[i]][:, pick[i]]))
             expand = [i for i in level if num_children[i] > 0]
             if expand:
                 parents = torch.tensor([fed_index[tree.parents[i]] for i in expand], device=device)
-                first = self._fed_out.shape[0]
-                logprobs = self._feed(torch.stack([tokens[i] for i in expand]), parents, d, root_hidden)
+                first = self._fed_out.shape[1]
+                logprobs = self._feed(
+                    torch.stack([tokens[i] for i in expand], 1),
+                    parents.expand(b, -1),
+                    d,
+                    root_hidden,
+                    context.layout,
+                )
                 for j, i in enumerate(expand):
-                    fed_index[i] = first + j
-                    node_logprobs[i] = logprobs[j]
-                    guesses[i] = guesses_at(i, logprobs[j])
-        draft = DraftTree(
-            tokens=torch.stack(tokens)[None], parents=torch.tensor(tree.parents, device=device)[None]
-        )
-        return draft, node_logprobs
+                    fed_index[i], source[i] = first + j, 1 + first + j
+                    guesses[i] = guesses_at(i, logprobs[:, j])
+        parents = torch.tensor(tree.parents, device=device).expand(b, -1)
+        draft = DraftTree(tokens=torch.stack(tokens, 1), parents=parents)
+        return draft, torch.tensor(source, device=device).expand(b, -1)
 
     def _dynamic_tree(
-        self, root: torch.Tensor, root_hidden: torch.Tensor, root_logprobs: torch.Tensor
-    ) -> tuple[DraftTree, dict[int, torch.Tensor]]:
-        """EAGLE-2: expand the top-k by cumulative log-probability per depth, rerank to total_tokens.
+        self, roots: torch.Tensor, root_hidden: torch.Tensor, root_logprobs: torch.Tensor, layout: Layout
+    ) -> tuple[DraftTree, torch.Tensor]:
+        """EAGLE-2 (dynamic_tree.grow_rows, B rows at once), then each row's rerank to total_tokens nodes.
 
-        Returns the tree and, per node with children, the draft's log-probabilities there.
+        Returns the trees and (B, N) where each node's log-probabilities are (`_tree_draft_probs`).
         """
-        fed_index: dict[int, int] = {}  # candidate id -> index among the fed nodes
-        fed_logprobs: dict[int, torch.Tensor] = {}  # candidate id -> its (V,) draft log-probabilities
+        b, device = roots.numel(), root_hidden.device
+        fed_of = torch.empty(b, 0, dtype=torch.long, device=device)  # candidate -> fed node, -1 if none
 
-        def expand(candidates: Candidates, ids: torch.Tensor) -> torch.Tensor:
-            parent_ids = candidates.parents[ids].tolist()
-            parents = torch.tensor([fed_index[p] if p >= 0 else -1 for p in parent_ids], device=ids.device)
-            depth = 1 + _depth(candidates.parents, int(ids[0]))
-            first = self._fed_out.shape[0]
-            logprobs = self._feed(
-                self.head.to_target_ids(candidates.tokens[ids]), parents, depth, root_hidden
+        def expand(candidates: Candidates, frontier: torch.Tensor, depth: int) -> torch.Tensor:
+            nonlocal fed_of
+            fed_of = nn.functional.pad(fed_of, (0, len(candidates) - fed_of.shape[1]), value=-1)
+            frontier_parents = candidates.parents.gather(1, frontier)
+            parent_fed = torch.where(
+                frontier_parents >= 0, fed_of.gather(1, frontier_parents.clamp(min=0)), -1
             )
-            fed_index.update({int(c): first + j for j, c in enumerate(ids)})
-            fed_logprobs.update({int(c): logprobs[j] for j, c in enumerate(ids)})
+            first, k = self._fed_out.shape[1], frontier.shape[1]
+            tokens = self.head.to_target_ids(candidates.tokens.gather(1, frontier))
+            logprobs = self._feed(tokens, parent_fed, depth, root_hidden, layout)  # (B, k, V)
+            fed_of.scatter_(1, frontier, first + torch.arange(k, device=device).expand(b, k))
             return logprobs
 
-        candidates = grow_candidates(root_logprobs, expand, top_k=self.top_k, depth=self.depth)
-        kept = rerank(candidates, self.total_tokens - 1)
-        tree = candidates_to_tree(root, candidates, kept, self.head.to_target_ids)
-        # node i >= 1 is candidate kept[i-1]; a kept node with kept children was expanded
-        node_logprobs = {0: root_logprobs}
-        for node, c in enumerate(kept.tolist(), start=1):
-            if c in fed_logprobs:
-                node_logprobs[node] = fed_logprobs[c]
-        return tree, node_logprobs
-
-
-def _depth(parents: torch.Tensor, node: int) -> int:
-    """Depth - 1 of candidate `node` (0 for the root's children), walking its parent pointers."""
-    hops = 0
-    while int(parents[node]) >= 0:
-        node, hops = int(parents[node]), hops + 1
-    return hops
+        candidates = grow_rows(root_logprobs, expand, top_k=self.top_k, depth=self.depth)
+        fed_of = nn.functional.pad(fed_of, (0, len(candidates) - fed_of.shape[1]), value=-1)
+        trees, sources = [], []
+        for r in range(b):
+            row = candidates.row(r)
+            kept = rerank(row, self.total_tokens - 1)
+            trees.append(candidates_to_tree(roots[r], row, kept, self.head.to_target_ids))
+            fed = fed_of[r, kept]  # node i >= 1 is candidate kept[i-1]
+            sources.append(torch.cat([fed.new_zeros(1), torch.where(fed >= 0, fed + 1, -1)]))
+        draft = DraftTree(
+            tokens=torch.cat([t.tokens for t in trees]), parents=torch.cat([t.parents for t in trees])
+        )
+        return draft, torch.stack(sources)

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from specheads.decode.baseline import generate_rows
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_eval import evaluate_batched
 from specheads.decode.calibrate import (
@@ -62,10 +63,10 @@ from specheads.decode.calibrate import (
     hold_out,
     max_tree_depth,
 )
-from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, eos_ids, timed
+from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, timed
 from specheads.decode.eval_drafters import EAGLE_TOTAL_TOKENS, check_tree_for_method, drafter_for
 from specheads.decode.prompts import Prompt, check_prompt_lengths, encode_prompts, read_prompts
-from specheads.decode.report import DEFINITIONS, first_mismatch, per_category, render_report, summarize
+from specheads.decode.report import DEFINITIONS, per_category, prompt_record, render_report, summarize
 from specheads.decode.sampling import SamplingParams
 from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
@@ -91,19 +92,11 @@ def baseline_generate(
 ) -> list[int]:
     """The target's own `generate`, greedy or sampling p (seeded); the new tokens (it stops at its
     generation config's EOS)."""
-    pad = getattr(target.model.generation_config, "pad_token_id", None)
-    how = {"do_sample": False}
+    how = {}
     if sampling is not None:
         torch.manual_seed(seed)  # generate draws from torch's global RNG
         how = sampling.generate_kwargs()
-    out = target.model.generate(
-        prompt_ids,
-        attention_mask=torch.ones_like(prompt_ids),
-        max_new_tokens=max_new_tokens,
-        pad_token_id=pad if pad is not None else min(eos_ids(target), default=None),
-        **how,
-    )
-    return out[0, prompt_ids.shape[1] :].tolist()
+    return generate_rows(target, prompt_ids, max_new_tokens, **how)[0]
 
 
 def decode_prompt(
@@ -131,22 +124,15 @@ def decode_prompt(
     measured = {name: timed(runs[name], target.device) for name in order}
     out: DecodeOutput = measured["method"][0]
     tokens, reference = out.tokens[0].tolist(), measured["baseline"][0]
-    mismatch = first_mismatch(tokens, reference)
-    identical = None if sampling is not None else mismatch is None  # sampled outputs differ by chance
-    return {
-        "id": prompt.id,
-        "category": prompt.category,
-        "prompt_tokens": ids.shape[1],
-        "new_tokens": len(tokens),
-        "steps": out.steps,
-        "mean_accept_length": out.mean_accept_length if out.steps else None,
-        "accept_lengths": out.accept_lengths,
-        "seconds": measured["method"][1],
-        "baseline_new_tokens": len(reference),
-        "baseline_seconds": measured["baseline"][1],
-        "identical_to_baseline": identical,
-        "first_mismatch": None if sampling is not None else mismatch,  # index into the new tokens
-    }
+    return prompt_record(
+        prompt,
+        tokens,
+        out.accept_lengths,
+        measured["method"][1],
+        reference,
+        measured["baseline"][1],
+        sampled=sampling is not None,
+    )
 
 
 def evaluate(

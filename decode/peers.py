@@ -25,7 +25,8 @@ from typing import Any, Protocol
 
 import torch
 
-from specheads.decode.decoder import SpeculativeDecoder, eos_ids
+from specheads.decode.baseline import generate_rows
+from specheads.decode.decoder import SpeculativeDecoder
 from specheads.decode.drafters import DraftContext, Drafter
 from specheads.decode.evaluate import baseline_generate
 from specheads.decode.trees import DraftTree
@@ -138,18 +139,8 @@ class _AssistedLoop:
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> Decoded:
-        model = self.target.model
-        pad = getattr(model.generation_config, "pad_token_id", None)
-        with recording_steps(model) as steps:
-            out = model.generate(
-                prompt_ids,
-                attention_mask=torch.ones_like(prompt_ids),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=pad if pad is not None else min(eos_ids(self.target), default=None),
-                **self.generate_kwargs,
-            )
-        tokens = out[0, prompt_ids.shape[1] :].tolist()
+        with recording_steps(self.target.model) as steps:
+            tokens = generate_rows(self.target, prompt_ids, max_new_tokens, **self.generate_kwargs)[0]
         return Decoded(
             tokens,
             accept_lengths=[accepted + 1 for _, accepted in steps],

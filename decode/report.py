@@ -190,6 +190,35 @@ def first_mismatch(tokens: list[int], reference: list[int]) -> int | None:
 _COMPARE_COLUMNS = ("τ", "accept rate", "draft eff.", "drafts/step", "tokens/s", "speedup", "identical")
 
 
+def prompt_record(
+    prompt: Any,
+    tokens: list[int],
+    accept_lengths: list[int],
+    seconds: float,
+    reference: list[int],
+    baseline_seconds: float,
+    sampled: bool = False,
+) -> dict[str, Any]:
+    """results.json's record of one prompt (prompts.Prompt: id, category, input_ids (1, T)) decoded into
+    `tokens` with `accept_lengths` per step, against the baseline's `reference`. Sampled outputs differ
+    from the baseline's by chance: identical_to_baseline and first_mismatch are then None."""
+    mismatch = None if sampled else first_mismatch(tokens, reference)
+    return {
+        "id": prompt.id,
+        "category": prompt.category,
+        "prompt_tokens": prompt.input_ids.shape[1],
+        "new_tokens": len(tokens),
+        "steps": len(accept_lengths),
+        "mean_accept_length": sum(accept_lengths) / len(accept_lengths) if accept_lengths else None,
+        "accept_lengths": accept_lengths,
+        "seconds": seconds,
+        "baseline_new_tokens": len(reference),
+        "baseline_seconds": baseline_seconds,
+        "identical_to_baseline": None if sampled else mismatch is None,
+        "first_mismatch": mismatch,  # index into the new tokens; None when identical (or sampled)
+    }
+
+
 def _compare_row(name: str, figures: dict[str, Any]) -> str:
     cells = [
         name,

@@ -1,7 +1,7 @@
 """Step and draft timings on this machine, for `--tree auto` (decode/calibrate.py).
 
-A target step (tree inputs, the tree forward, greedy verification, compaction) is timed per tree size on a
-binary tree of that many nodes, and a drafter's `propose` per drafter, both on a cache of realistic length,
+A target step (the decoder's own step: tree inputs, the tree forward, greedy verification, compaction) is
+timed per tree size on a binary tree of that many nodes, and a drafter's `propose` per drafter, both on a cache of realistic length,
 interleaved over the repeats after an untimed round; each keeps its fastest run.
 """
 
@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from types import SimpleNamespace
 from typing import Any, Protocol
 
 import torch
 
 from specheads.decode.decoder import SpeculativeDecoder
 from specheads.decode.drafters import DraftContext, Drafter
-from specheads.decode.kv_cache import compact_cache, new_cache
-from specheads.decode.tree_inputs import tree_inputs
+from specheads.decode.kv_cache import new_cache
 from specheads.decode.trees import DraftTree
-from specheads.decode.verify import verify_greedy
 from specheads.heads.target import FrozenTarget
 
 
@@ -56,7 +53,7 @@ class MeasuredTimer:
             )
         self.target, self.start, self.repeats = target, start, repeats
         self.sequence = sequence.to(target.device)
-        self.decoder = SpeculativeDecoder(target, SimpleNamespace(capture_layers=tuple(capture_layers)))
+        self.decoder = SpeculativeDecoder(target, _Fixed(tuple(capture_layers)))
         with torch.no_grad():
             out = target(self.sequence, capture=capture_layers, logits=False)
         self.hidden = {layer: out.hidden[target.layer_id(layer)] for layer in capture_layers}  # (1, L, H)
@@ -74,9 +71,12 @@ class MeasuredTimer:
         return time.perf_counter() - begin
 
     def target_steps(self, sizes: Sequence[int]) -> dict[int, float]:
-        """Per size N: tree inputs, forward, greedy verification and compaction over a binary tree of N nodes."""
+        """Per size N: one decoder step (tree inputs, forward, greedy verification and compaction) over a
+        binary tree of N nodes, proposed as it stands."""
         cache, past = new_cache(), self.start
-        self.decoder.prefill(self.sequence[:, :past], cache)
+        context = self.decoder.first_context(
+            self.sequence[:, :past], self.decoder.prefill(self.sequence[:, :past], cache)
+        )
         trees = {}
         for n in sizes:
             index = torch.arange(n, device=self.sequence.device)
@@ -84,9 +84,8 @@ class MeasuredTimer:
             trees[n] = DraftTree(tokens=tokens, parents=((index - 1) // 2)[None])  # node i under (i - 1) // 2
 
         def step(tree: DraftTree) -> None:
-            inputs = tree_inputs(tree, past, self.decoder.mask_dtype, self.decoder.window)
-            out = self.decoder.tree_forward(tree, inputs, cache)
-            compact_cache(cache, past, verify_greedy(tree, out.logits)[0].path)
+            self.decoder.drafter.tree = tree
+            self.decoder.step(context, cache)
 
         seconds: dict[int, list[float]] = {n: [] for n in sizes}
         for _ in range(self.repeats + 1):
@@ -114,6 +113,16 @@ class MeasuredTimer:
             for drafter, kept in zip(drafters, seconds):
                 kept.append(self._seconds(lambda drafter=drafter, calls=calls: drafter.propose(calls)))
         return [min(s[1:]) for s in seconds]
+
+
+class _Fixed:
+    """A drafter that proposes the tree it is given (`tree`), whatever the context."""
+
+    def __init__(self, capture_layers: tuple[int, ...]):
+        self.capture_layers, self.tree = capture_layers, None
+
+    def propose(self, context: DraftContext) -> DraftTree:
+        return self.tree
 
 
 def measured_timer(

@@ -96,8 +96,16 @@ def tree_attention_mask(
         query_pos = tree_position_ids(tree, past_len)  # (B, N)
         key_pos = torch.cat([torch.arange(past_len, device=device).expand(b, past_len), query_pos], dim=-1)
         allowed &= (query_pos[:, :, None] - key_pos[:, None, :]) < window
-    mask = torch.zeros(b, 1, n, past_len + n, dtype=dtype, device=device)
-    return mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+    return additive_mask(allowed, dtype)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, Q, K) bool -> (B, 1, Q, K) additive float mask: 0 = attend, finfo(dtype).min = masked.
+
+    The one place a boolean mask becomes the additive form every mask here takes (module docstring).
+    """
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 @dataclass

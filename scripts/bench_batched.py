@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
+from specheads.decode.baseline import generate_rows, pad_token_id
 from specheads.decode.batched import BatchedSpeculativeDecoder
-from specheads.decode.batched_eval import baseline_generate_batch, pad_token_id
 from specheads.decode.batched_inputs import left_pad
 from specheads.decode.decoder import PHASES
 from specheads.decode.eval_drafters import drafter_for
@@ -47,7 +47,7 @@ def baseline(target: FrozenTarget, ids, mask, max_new_tokens: int) -> tuple[list
     """The target's own batched greedy `generate`: each row's new tokens up to its EOS, and the wall seconds."""
     sync(target.device)
     start = time.perf_counter()
-    rows = baseline_generate_batch(target, ids, mask, max_new_tokens)
+    rows = generate_rows(target, ids, max_new_tokens, mask)
     sync(target.device)
     return rows, time.perf_counter() - start
 

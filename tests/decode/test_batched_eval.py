@@ -5,11 +5,12 @@ import pytest
 import torch
 
 from specheads.decode import MedusaDrafter, default_tree
+from specheads.decode.baseline import generate_rows
 from specheads.decode.batched import BatchedSpeculativeDecoder
-from specheads.decode.batched_eval import baseline_generate_batch, evaluate_batched, first_mismatch
+from specheads.decode.batched_eval import evaluate_batched
 from specheads.decode.batched_inputs import left_pad
 from specheads.decode.prompts import Prompt
-from specheads.decode.report import summarize
+from specheads.decode.report import first_mismatch, summarize
 from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads
 
 from helpers import tiny_model
@@ -58,7 +59,7 @@ def test_baseline_rows_stop_at_their_own_eos():
     ]
     model.generation_config.eos_token_id = free[0][2]  # row 0 ends at its third token
     ids, mask = left_pad(prompts, 0)
-    rows = baseline_generate_batch(target, ids, mask, 8)
+    rows = generate_rows(target, ids, 8, mask)
     assert rows[0] == free[0][:3]
     eos = free[0][2]
     assert rows[1] == (free[1][: free[1].index(eos) + 1] if eos in free[1] else free[1])

@@ -1,0 +1,109 @@
+"""One step for every path (decode/step.py): the batch-1 layout gives the batch-1 verbs, and single
+decoding, batched decoding, the calibration's recording and the step timing all run `speculative_step`."""
+
+import pytest
+import torch
+
+from specheads.decode import (
+    MedusaDrafter,
+    SpeculativeDecoder,
+    batched,
+    decoder,
+    default_tree,
+    new_cache,
+    tree_inputs,
+)
+from specheads.decode.batched import BatchedSpeculativeDecoder
+from specheads.decode.batched_inputs import Layout, batched_tree_inputs, compact_rows
+from specheads.decode.calibrate import record_dynamic_steps
+from specheads.decode.kv_cache import compact_cache
+from specheads.decode.step import speculative_step
+from specheads.decode.step_timing import MeasuredTimer
+from specheads.decode.trees import DraftTree
+from specheads.heads import EagleConfig, EagleHead, FrozenTarget, MedusaConfig, MedusaHeads, layer_config_from
+
+from helpers import tiny_model
+
+
+@pytest.fixture(scope="module")
+def target() -> FrozenTarget:
+    return FrozenTarget(tiny_model("llama"))
+
+
+def small_tree() -> DraftTree:
+    return DraftTree(tokens=torch.tensor([[5, 6, 7, 8, 9]]), parents=torch.tensor([[-1, 0, 0, 1, 1]]))
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_the_contiguous_layout_gives_the_batch_one_tree_inputs(window):
+    tree, past = small_tree(), 7
+    one = tree_inputs(tree, past, torch.float32, window)
+    rows = batched_tree_inputs(tree, Layout.contiguous(past), past, torch.float32, window)
+    assert torch.equal(one.attention_mask, rows.attention_mask)
+    assert torch.equal(one.position_ids, rows.position_ids)
+    assert torch.equal(one.input_ids, rows.input_ids)
+
+
+def test_the_contiguous_layout_compacts_as_the_batch_one_cache(target):
+    prompt, tree, path = torch.tensor([[3, 9, 4, 12, 7, 1, 2]]), small_tree(), torch.tensor([0, 1, 4])
+    caches = []
+    for _ in range(2):
+        cache = new_cache()
+        target(prompt, past_key_values=cache)
+        inputs = tree_inputs(tree, prompt.shape[1], torch.float32)
+        target(
+            inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            position_ids=inputs.position_ids,
+            past_key_values=cache,
+        )
+        caches.append(cache)
+    compact_cache(caches[0], prompt.shape[1], path)
+    layout = Layout.contiguous(prompt.shape[1])
+    compact_rows(caches[1], prompt.shape[1], path[None], torch.tensor([3]), layout.length)
+    assert caches[0].get_seq_length() == caches[1].get_seq_length() == prompt.shape[1] + 3
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the calls of `speculative_step` from the decoders (the only place it is called from)."""
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(type(args[0]).__name__)
+        return speculative_step(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "speculative_step", counting)
+    monkeypatch.setattr(batched, "speculative_step", counting)
+    return calls
+
+
+def medusa(target: FrozenTarget) -> MedusaDrafter:
+    heads = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=3))
+    return MedusaDrafter(heads.init_lm_heads_from(target.lm_head).eval(), default_tree("medusa-15"))
+
+
+def test_every_path_runs_the_one_step(target, counted):
+    prompt = torch.tensor([[3, 9, 4, 12, 7]])
+    single = SpeculativeDecoder(target, medusa(target)).generate(prompt, 6, eos_token_id=[])
+    assert counted.count("SpeculativeDecoder") == single.steps > 0
+
+    counted.clear()
+    out = BatchedSpeculativeDecoder(target, medusa(target)).generate(
+        prompt.expand(2, -1), max_new_tokens=6, eos_token_id=[]
+    )
+    assert counted.count("BatchedSpeculativeDecoder") == out.steps > 0
+
+    counted.clear()
+    torch.manual_seed(0)
+    head = EagleHead(EagleConfig(layer_config_from(target.config))).eval()
+    steps, sequences = record_dynamic_steps(target, head, [prompt], top_k=2, depth=2, max_new_tokens=5)
+    assert len(counted) == len(steps[0]) > 0  # one step per recorded root
+
+    counted.clear()
+    sequence, _ = sequences[0]
+    timer = MeasuredTimer(target, (-1,), sequence, start=3, repeats=1)
+    timer.target_steps([1, 3])
+    assert len(counted) == 2 * 2  # (repeats + 1) rounds over two sizes
