@@ -19,7 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     from specheads import quickstart
     from specheads.decode import compare, evaluate
     from specheads.heads.formats import cli as formats_cli
-    from specheads.train import cache_cli, distill, loop, tiny_draft, tiny_target
+    from specheads.train import cache_cli, loop
+    from specheads.train.builders import tiny_draft, tiny_target
+    from specheads.train.data import distillation as distill
 
     parser = argparse.ArgumentParser(
         prog="specheads", description="Train and prove speculative-decoding draft heads."

@@ -22,9 +22,9 @@ from specheads.decode import compare
 from specheads.decode.evaluate import REPORT_FILE, RESULTS_FILE
 from specheads.heads.checkpoint import CONFIG_FILE
 from specheads.train import loop
+from specheads.train.builders.tiny_draft import TinyDraftConfig, ensure_tiny_draft
+from specheads.train.builders.tiny_target import TinyTargetConfig, ensure_tiny_target
 from specheads.train.config import find_recipe, load_config
-from specheads.train.tiny_draft import TinyDraftConfig, ensure_tiny_draft
-from specheads.train.tiny_target import TinyTargetConfig, ensure_tiny_target
 
 METHODS = ("medusa", "eagle", "eagle3")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-# Written beside the embedded target by `specheads tiny-target` (train/tiny_target.py); decode/ does not
-# import train/, so the name is repeated here.
+# Written beside the embedded target by `specheads tiny-target` (train/builders/tiny_target.py); decode/
+# does not import train/, so the name is repeated here.
 HELDOUT_FILE = "heldout_files.json"
 
 

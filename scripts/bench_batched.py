@@ -119,7 +119,7 @@ def resolve_paths(args) -> tuple[str, str]:
         )
     if args.target:
         return args.target, heads
-    from specheads.train.tiny_target import ensure_tiny_target
+    from specheads.train.builders.tiny_target import ensure_tiny_target
 
     print("--target not given: using the embedded tiny target (building it on first use)", file=sys.stderr)
     path, _, _ = ensure_tiny_target(progress=False)

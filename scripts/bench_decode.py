@@ -31,7 +31,7 @@ from specheads.decode import DEFAULT_TREES, MedusaDrafter, SpeculativeDecoder, S
 from specheads.decode.decoder import PHASES
 from specheads.decode.kv_cache import new_cache
 from specheads.heads import FrozenTarget, load_heads
-from specheads.train.tiny_target import HELDOUT_FILE
+from specheads.train.builders.tiny_target import HELDOUT_FILE
 
 
 def load_prompts(args, tokenizer) -> list[torch.Tensor]:

@@ -46,7 +46,7 @@ from specheads.heads import (
     save_heads,
 )
 from specheads.heads.formats import export_heads
-from specheads.train.tiny_target import default_cache_dir
+from specheads.train.builders.tiny_target import default_cache_dir
 
 ENGINES = {"vllm": "0.33.0", "sglang": "0.5.23"}
 VLLM_MODELS, SGLANG_MODELS = "vllm/model_executor/models/", "sglang/srt/models/"

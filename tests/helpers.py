@@ -17,7 +17,7 @@ def tiny_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from specheads.train.tiny_target import BOS, CHAT_TEMPLATE, END, EOS, PAD, ROLE_TOKENS
+    from specheads.train.builders.tiny_target import BOS, CHAT_TEMPLATE, END, EOS, PAD, ROLE_TOKENS
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}

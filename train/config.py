@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from specheads.heads.methods import methods
-from specheads.train.data_sources import check_max_bad_rows
+from specheads.train.data.readers import check_max_bad_rows
 from specheads.train.medusa2 import LORA_TARGET_MODULES
 
 MIXED_PRECISION = ("no", "bf16", "fp16")

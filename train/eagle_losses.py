@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from specheads.train.data.packing import document_attention_mask, shift_loss_mask
 from specheads.train.losses import simulated_accept_length
-from specheads.train.packing import document_attention_mask, shift_loss_mask
 
 
 def next_tokens(input_ids: torch.Tensor, k: int) -> torch.Tensor:

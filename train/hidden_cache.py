@@ -64,8 +64,8 @@ from tqdm.auto import tqdm
 from specheads.heads import FrozenTarget, TargetRecord, resolve_dtype
 from specheads.heads.checkpoint import sha256_file
 from specheads.heads.methods import methods
+from specheads.train.data.packing import collate
 from specheads.train.offline_target import OfflineTarget, target_output
-from specheads.train.packing import collate
 
 __all__ = [
     "CacheCorruptError",

@@ -57,6 +57,7 @@ from specheads.train.checkpointing import (
     save_checkpoint,
 )
 from specheads.train.config import TrainConfig, load_config
+from specheads.train.data.sources import rows_for
 from specheads.train.distributed import (
     end_launched_process,
     fill_deepspeed_config,
@@ -72,7 +73,6 @@ from specheads.train.objective import HeadsWithLoss
 from specheads.train.offline_target import OfflineTarget, target_output
 from specheads.train.provenance import provenance, write_provenance
 from specheads.train.sampler import EpochBatches
-from specheads.train.sources import rows_for
 from specheads.train.tracking import keep_metrics_until, log_record, new_run_id, start_tracking
 
 # -- set-up ---------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from specheads.train.packing import shift_loss_mask
+from specheads.train.data.packing import shift_loss_mask
 
 LABEL_SOURCES = ("data", "target")
 

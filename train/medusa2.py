@@ -43,8 +43,8 @@ from torch import nn
 
 from specheads.heads import FrozenTarget
 from specheads.heads.checkpoint import ADAPTER_DIR, replace_dir
+from specheads.train.data.packing import shift_loss_mask
 from specheads.train.losses import HeadMetrics, medusa_loss
-from specheads.train.packing import shift_loss_mask
 
 # The attention and MLP projections of Llama / Qwen / Mistral style decoders.
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

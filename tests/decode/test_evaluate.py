@@ -335,6 +335,6 @@ def test_order_alternates_and_warmup_is_untimed(monkeypatch):
 
 
 def test_heldout_file_name_is_the_one_tiny_target_writes():
-    from specheads.train.tiny_target import HELDOUT_FILE  # decode/ does not import train/: a copy
+    from specheads.train.builders.tiny_target import HELDOUT_FILE  # decode/ does not import train/: a copy
 
     assert prompt_io.HELDOUT_FILE == HELDOUT_FILE

@@ -15,7 +15,7 @@ def test_unnamed_targets_pass_through(tmp_path):
 
 
 def test_tiny_is_the_embedded_build(monkeypatch, tmp_path):
-    import specheads.train.tiny_target as tiny_target
+    import specheads.train.builders.tiny_target as tiny_target
 
     calls = []
 
@@ -29,14 +29,14 @@ def test_tiny_is_the_embedded_build(monkeypatch, tmp_path):
 
 
 def test_every_command_resolves_through_the_one_table():
-    # The old copies (train/loop.py resolve_target, train/sources.py target_path) are gone; the train
+    # The old copies (train/loop.py resolve_target, train/data/sources.py target_path) are gone; the train
     # loop, the cache, distill, eval, compare, export and import all call this one.
     import specheads.decode.compare as compare
     import specheads.decode.evaluate as evaluate
     import specheads.heads.formats.cli as formats_cli
     import specheads.train.cache_cli as cache_cli
+    import specheads.train.data.sources as sources
     import specheads.train.loop as loop
-    import specheads.train.sources as sources
 
     for module in (compare, evaluate, formats_cli, cache_cli, loop, sources):
         assert module.resolve_target is named_targets.resolve_target, module.__name__

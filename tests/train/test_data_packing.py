@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from specheads.heads import FrozenTarget
 from specheads.train.data import collate, document_attention_mask, pack_rows, shift_loss_mask
-from specheads.train.packing import first_fit_decreasing
+from specheads.train.data.packing import first_fit_decreasing
 
 from helpers import tiny_model
 

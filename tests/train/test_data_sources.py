@@ -212,7 +212,7 @@ def mixed_file(tmp_path, good=20):
 
 def test_bad_rows_are_skipped_and_reported_with_line_numbers(tmp_path, load, caplog):
     path = mixed_file(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="specheads.train.data_sources"):
+    with caplog.at_level(logging.WARNING, logger="specheads.train.data.readers"):
         ds = load(path, max_bad_rows=3)
     assert len(ds) == 17 and ds.column_names == ["messages"]
     log = caplog.text

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from specheads.heads import FrozenTarget
-from specheads.train import distill as distill_mod
 from specheads.train.data import BadRowsError, load_rows, tokenize_rows
-from specheads.train.distill import DistillConfig, distill, is_complete
+from specheads.train.data import distillation as distill_mod
+from specheads.train.data.distillation import DistillConfig, distill, is_complete
 
 from data_templates import family_tokenizer
 from helpers import tiny_model

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from specheads.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, layer_config_from
+from specheads.train.data.packing import collate, shift_loss_mask
 from specheads.train.eagle_losses import (
     DraftMetrics,
     count_label_tokens,
@@ -16,7 +17,6 @@ from specheads.train.eagle_losses import (
     eagle_loss,
     ttt_step_mask,
 )
-from specheads.train.packing import collate, shift_loss_mask
 
 from helpers import tiny_config
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from specheads.heads.methods import methods
+from specheads.train.builders.tiny_target import TinyTargetConfig
 from specheads.train.config import load_config
-from specheads.train.tiny_target import TinyTargetConfig
 
 METHODS = tuple(methods())  # the built-in methods: a recipe each per real target family
 

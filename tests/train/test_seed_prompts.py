@@ -1,4 +1,4 @@
-"""Training prompts written from seed topics (train/seed_prompts.py) never touch the evaluation sets."""
+"""Training prompts written from seed topics (train/data/seed_prompts.py) never touch the evaluation sets."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from specheads.decode.conversations import prompt_set_path
 from specheads.train.data import load_rows
-from specheads.train.seed_prompts import main, ngrams, question_texts, seed_prompts, shared_ngrams, words
+from specheads.train.data.seed_prompts import main, ngrams, question_texts, seed_prompts, shared_ngrams, words
 
 
 def texts(rows):

@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from specheads.cli import main as cli_main
-from specheads.train import distill, masks, sources, stdlib_corpus
 from specheads.train.config import load_config
-from specheads.train.data import tokenize_rows
-from specheads.train.distill import DistillConfig
+from specheads.train.data import distillation as distill
+from specheads.train.data import chat_masks, sources, stdlib_corpus, tokenize_rows
+from specheads.train.data.distillation import DistillConfig
 
 from helpers import tiny_tokenizer
 
@@ -51,7 +51,7 @@ def test_stdlib_rows_are_built_once_then_read_from_disk(fake_stdlib, tmp_path, m
 def test_tokenising_the_stdlib_a_second_time_reads_the_cache(fake_stdlib, monkeypatch):
     tok = tiny_tokenizer()
     first = tokenize_rows(sources.stdlib_rows(heldout=False), tok, max_length=64, loss_on="all")
-    monkeypatch.setattr(masks, "_tokenize_batch", fail)
+    monkeypatch.setattr(chat_masks, "_tokenize_batch", fail)
     again = tokenize_rows(sources.stdlib_rows(heldout=False), tok, max_length=64, loss_on="all")
     assert again.cache_files == first.cache_files and again[:] == first[:]
     with pytest.raises(AssertionError, match="not cached"):  # the patch bites when the cache misses

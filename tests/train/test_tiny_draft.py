@@ -9,9 +9,15 @@ import pytest
 import torch
 
 from specheads.heads import vocab_hash
-from specheads.train import tiny_draft
-from specheads.train.tiny_draft import META_FILE, TinyDraftConfig, build, ensure_tiny_draft, read_meta
-from specheads.train.tiny_target import HELDOUT_FILE, TinyTargetConfig, ensure_tiny_target
+from specheads.train.builders import tiny_draft
+from specheads.train.builders.tiny_draft import (
+    META_FILE,
+    TinyDraftConfig,
+    build,
+    ensure_tiny_draft,
+    read_meta,
+)
+from specheads.train.builders.tiny_target import HELDOUT_FILE, TinyTargetConfig, ensure_tiny_target
 
 TARGET = TinyTargetConfig(
     steps=3,

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from specheads.cli import main as cli_main
-from specheads.train import stdlib_corpus
-from specheads.train.tiny_target import (
+from specheads.train.builders.tiny_target import (
     HELDOUT_FILE,
     META_FILE,
     TinyTargetConfig,
@@ -19,6 +18,7 @@ from specheads.train.tiny_target import (
     ensure_tiny_target,
     read_meta,
 )
+from specheads.train.data import stdlib_corpus
 
 SMALL = TinyTargetConfig(
     steps=3,
@@ -151,7 +151,7 @@ def test_valid_build_is_reused_and_others_are_not_overwritten(small_target, tmp_
 
 
 def test_default_output_is_cached_under_the_user_cache(monkeypatch, tmp_path):
-    from specheads.train.tiny_target import default_output_dir
+    from specheads.train.builders.tiny_target import default_output_dir
 
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
     assert default_output_dir(SMALL) == tmp_path / "cache" / "tiny-target" / SMALL.key()

@@ -10,7 +10,7 @@ carry no answers: the target writes those (`specheads distill`), so the heads le
 words. tests/train/test_seed_prompts.py proves that no 6-word sequence of any prompt appears in
 either evaluation set.
 
-    python -m specheads.train.seed_prompts --out data/seed-prompts.jsonl     # 2,108 prompts, OpenAI rows
+    python -m specheads.train.data.seed_prompts --out data/seed-prompts.jsonl     # 2,108 prompts, OpenAI rows
     specheads distill --source data/seed-prompts.jsonl --target smollm2 --out data/seed-sd
 """
 
@@ -180,7 +180,7 @@ def shared_ngrams(texts: Iterable[str], reference: Iterable[str], n: int = 6) ->
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m specheads.train.seed_prompts", description=__doc__.splitlines()[0]
+        prog="python -m specheads.train.data.seed_prompts", description=__doc__.splitlines()[0]
     )
     p.add_argument("--out", type=Path, required=True, help="JSONL file to write (OpenAI `messages` rows)")
     p.add_argument("--seed", type=int, default=0)

@@ -47,7 +47,7 @@ import re
 from collections.abc import Iterable, Sequence
 from functools import partial
 
-from specheads.train.data_sources import (
+from specheads.train.data.readers import (
     RowsReport,
     check_max_bad_rows,
     drop_bad_rows,

