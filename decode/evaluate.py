@@ -71,6 +71,7 @@ from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
 from specheads.heads.named_targets import resolve_target
+from specheads.heads.run_folder import claim_results_folder, hold_folder
 from specheads.heads.target import DTYPES
 from specheads.version import __version__
 
@@ -233,6 +234,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help="a .jsonl of MT-Bench / Spec-Bench questions, `heldout` (the target's heldout_files.json), "
         "or a .json file list in that format",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the results --out holds (refused without it)"
     )
     p.add_argument("--out", required=True, type=Path, help="directory for results.json and report.md")
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: all)")
@@ -416,6 +420,7 @@ def _path_or_none(path: Path | None) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """`specheads eval`: check every input, decode every prompt both ways, write the results."""
     _check_args(args)
+    claim_results_folder(args.out, (RESULTS_FILE, REPORT_FILE), args.overwrite)  # before any loading
     head_config = read_head_config(args.heads)  # a missing or foreign checkpoint fails before any loading
     check_tree_for_method(head_config["method"], None if args.tree == "auto" else args.tree)
     target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
@@ -445,31 +450,36 @@ def run(args: argparse.Namespace) -> int:
     else:
         (drafter, tree), calibration = drafter_for(heads, head_config, target, args.tree), None
     check_prompt_lengths(prompts, target.config, args.max_new_tokens, tree["depth"])
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    sampling = sampling_params(args)
-    if args.batch_size > 1:
-        decoder = BatchedSpeculativeDecoder(target, drafter)
-        records = evaluate_batched(
-            decoder, target, prompts, args.max_new_tokens, args.batch_size, args.warmup, not args.no_progress
-        )
-    else:
-        records = evaluate(
-            SpeculativeDecoder(target, drafter),
-            target,
-            prompts,
-            args.max_new_tokens,
-            args.warmup,
-            progress=not args.no_progress,
-            sampling=sampling,
-            seed=args.seed,
-        )
-    results = build_results(args, records, head_config, target, tree, templated, calibration)
-    write_atomic(args.out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
-    write_atomic(args.out / REPORT_FILE, report_text(results))
-    print(report_text(results), end="")
-    print(f"wrote {args.out / RESULTS_FILE} and {args.out / REPORT_FILE}")
-    return 0
+    with hold_folder(args.out):  # a second eval or compare on --out stops at once
+        sampling = sampling_params(args)
+        if args.batch_size > 1:
+            decoder = BatchedSpeculativeDecoder(target, drafter)
+            records = evaluate_batched(
+                decoder,
+                target,
+                prompts,
+                args.max_new_tokens,
+                args.batch_size,
+                args.warmup,
+                not args.no_progress,
+            )
+        else:
+            records = evaluate(
+                SpeculativeDecoder(target, drafter),
+                target,
+                prompts,
+                args.max_new_tokens,
+                args.warmup,
+                progress=not args.no_progress,
+                sampling=sampling,
+                seed=args.seed,
+            )
+        results = build_results(args, records, head_config, target, tree, templated, calibration)
+        write_atomic(args.out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
+        write_atomic(args.out / REPORT_FILE, report_text(results))
+        print(report_text(results), end="")
+        print(f"wrote {args.out / RESULTS_FILE} and {args.out / REPORT_FILE}")
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:

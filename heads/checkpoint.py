@@ -31,6 +31,7 @@ from torch import nn
 from specheads.heads.eagle import EagleConfig, EagleHead
 from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
 from specheads.heads.medusa import MedusaConfig, MedusaHeads
+from specheads.heads.run_folder import clean_stale_tmp, tmp_prefix
 from specheads.heads.target import ADAPTER_CONFIG, FrozenTarget, TargetRecord
 from specheads.version import __version__
 
@@ -95,10 +96,12 @@ def sha256_file(path: str | Path, chunk: int = 1 << 24) -> str:
 @contextmanager
 def replace_dir(out: str | Path) -> Iterator[Path]:
     """Yield a temporary directory beside `out` to write into; it replaces `out` whole if the block
-    succeeds, and is removed if it fails, so `out` is always the old folder or the whole new one."""
+    succeeds, and is removed if it fails, so `out` is always the old folder or the whole new one.
+    Its name carries the writer's pid (`.NAME.tmp-PID-...`): the next writer removes those of dead ones."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    clean_stale_tmp(out)  # what a killed writer (SIGKILL: no `finally`) left beside it
+    tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(out), dir=out.parent))
     try:
         yield tmp
         if out.exists():

@@ -523,9 +523,11 @@ def run(args: argparse.Namespace) -> int:
 
     from specheads.heads import FrozenTarget
     from specheads.heads.named_targets import resolve_target
+    from specheads.heads.run_folder import check_writable
     from specheads.train import data as data_lib
     from specheads.train.sources import stdlib_rows
 
+    check_writable(args.out)  # before the rows and the target load
     bad = args.max_bad_rows
     cfg = DistillConfig(
         temperature=args.temperature,

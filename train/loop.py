@@ -60,6 +60,7 @@ from specheads.train.checkpointing import (
     INTERRUPTED_EXIT_CODE,
     StopOnSignal,
     check_resumable,
+    claim_output_dir,
     heads_for_saving,
     load_checkpoint,
     prune_checkpoints,
@@ -422,11 +423,17 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
     )
 
 
-def train(cfg: TrainConfig, progress: bool = True) -> dict:
-    """Train heads as `cfg` says; returns the run summary (also written to train_summary.json)."""
+def train(cfg: TrainConfig, progress: bool = True, overwrite: bool = False) -> dict:
+    """Train heads as `cfg` says; returns the run summary (also written to train_summary.json).
+    `overwrite`: delete another run's results in output_dir first (refused otherwise, unless resumed)."""
+    accelerator = make_accelerator(cfg)
+    with claim_output_dir(cfg, accelerator.is_main_process, overwrite):  # before any expensive work
+        return run_training(cfg, accelerator, progress)
+
+
+def run_training(cfg: TrainConfig, accelerator, progress: bool) -> dict:
     from accelerate.utils import set_seed
 
-    accelerator = make_accelerator(cfg)
     set_seed(cfg.seed)
     out_dir, main = Path(cfg.output_dir), accelerator.is_main_process
     resume_from = resolve_resume(cfg)
@@ -546,6 +553,9 @@ def finish(
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", type=Path, help="YAML recipe (recipes/...)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe values to override")
+    p.add_argument(
+        "--overwrite", action="store_true", help="delete another run's results in output_dir and start afresh"
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -559,7 +569,7 @@ def train_and_report(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
     cfg = load_config(args.recipe, args.overrides)
-    summary = train(cfg, progress=not args.no_progress)
+    summary = train(cfg, progress=not args.no_progress, overwrite=args.overwrite)
     if not PartialState().is_main_process:
         return 0 if summary["completed"] else INTERRUPTED_EXIT_CODE
     if not summary["completed"]:

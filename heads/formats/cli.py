@@ -17,9 +17,17 @@ from pathlib import Path
 
 from specheads.heads.formats import FORMATS, FormatError, export_heads, import_heads
 from specheads.heads.named_targets import resolve_target
+from specheads.heads.run_folder import check_writable
 from specheads.heads.target import FrozenTarget, TargetMismatchError, resolve_dtype
 
-_ERRORS = (FormatError, TargetMismatchError, FileExistsError, FileNotFoundError)
+_ERRORS = (
+    FormatError,
+    TargetMismatchError,
+    FileExistsError,
+    FileNotFoundError,
+    PermissionError,
+    NotADirectoryError,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: --fc-bias applies to --format eagle only", file=sys.stderr)
         return 2
     try:
+        check_writable(args.out, "--out")  # before the target loads
         target = FrozenTarget.from_pretrained(resolve_target(args.target)) if args.target else None
         export = export_heads(
             args.heads,
@@ -104,6 +113,7 @@ def run_import(args: argparse.Namespace) -> int:
                 f"{args.checkpoint} is not a directory (download a hub checkpoint first, e.g. "
                 "`huggingface-cli download ORG/NAME --local-dir DIR`)"
             )
+        check_writable(args.out, "--out")  # before the target loads
         target = FrozenTarget.from_pretrained(resolve_target(args.target), dtype="float32")
         heads = import_heads(args.checkpoint, args.format, target, args.out)
     except _ERRORS as e:
