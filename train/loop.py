@@ -70,6 +70,7 @@ from specheads.train.checkpointing import (
     save_checkpoint,
 )
 from specheads.train.config import TrainConfig, load_config
+from specheads.train.data_checks import check_label_tokens
 from specheads.train.distributed import (
     end_launched_process,
     fill_deepspeed_config,
@@ -185,6 +186,9 @@ def make_data(cfg: TrainConfig, tokenizer, target: TargetRecord | None = None, v
     train_ds = tokenize(train_rows)
     if len(train_ds) == 0:
         raise ValueError(f"training data {cfg.data} gave no rows")
+    check_label_tokens(
+        train_ds, cfg.min_label_tokens, cfg.min_label_tokens_per_row, f"training data {cfg.data}", cfg.loss_on
+    )
     eval_ds = tokenize(eval_rows) if eval_rows is not None else None
     if cfg.mode == "offline":
         collate = partial(collate_cached, **layout)
