@@ -238,6 +238,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--overwrite", action="store_true", help="replace the results --out holds (refused without it)"
     )
+    p.add_argument(
+        "--allow-target-mismatch",
+        action="store_true",
+        help="evaluate heads whose recorded target weights fingerprint differs from --target's",
+    )
     p.add_argument("--out", required=True, type=Path, help="directory for results.json and report.md")
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: all)")
     p.add_argument("--category", default=None, help="only questions of this category")
@@ -435,7 +440,13 @@ def run(args: argparse.Namespace) -> int:
     target.model.to(args.device)
     if target.tokenizer is None:
         raise ValueError(f"target {args.target!r} has no tokenizer; eval needs one to encode prompts")
-    heads, head_config = load_heads(args.heads, target, device=target.device, dtype=target.dtype)
+    heads, head_config = load_heads(
+        args.heads,
+        target,
+        device=target.device,
+        dtype=target.dtype,
+        allow_target_mismatch=args.allow_target_mismatch,
+    )
     prompts, templated = encode_prompts(
         texts, target.tokenizer, not args.no_chat_template, args.prompt_tokens
     )

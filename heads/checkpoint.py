@@ -172,15 +172,19 @@ def load_heads(
     target: FrozenTarget | TargetRecord | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
+    allow_target_mismatch: bool = False,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """Load native heads; with `target`, first check they were trained against it.
+    """Load native heads; with `target`, first check they were trained against it (another weights
+    fingerprint is only a warning with `allow_target_mismatch`).
 
     Returns (heads in eval mode, the checkpoint's config dict).
     """
     config = read_head_config(path)
     if target is not None:
         actual = target.record() if isinstance(target, FrozenTarget) else target
-        TargetRecord.from_dict(config["target"]).check_matches(actual, what=f"heads in {path}")
+        TargetRecord.from_dict(config["target"]).check_matches(
+            actual, what=f"heads in {path}", allow_weights=allow_target_mismatch
+        )
     head_cls, config_cls = HEAD_CLASSES[config["method"]]
     heads = head_cls(config_cls(**config["head_config"]))
     state = read_weights(Path(path) / WEIGHTS_FILE)

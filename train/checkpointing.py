@@ -62,6 +62,7 @@ RESUMABLE_CHANGES = {
     "wandb_project",
     "run_name",
     "num_workers",
+    "allow_target_mismatch",
 }
 
 
@@ -156,7 +157,9 @@ def check_resumable(
             problems.append(f"{key}: checkpoint {value!r}, this run {now.get(key)!r}")
     if problems:
         raise ValueError(f"cannot resume {path} exactly:\n  " + "\n  ".join(problems))
-    TargetRecord.from_dict(read_head_config(path)["target"]).check_matches(record, what=f"heads in {path}")
+    TargetRecord.from_dict(read_head_config(path)["target"]).check_matches(
+        record, what=f"heads in {path}", allow_weights=cfg.allow_target_mismatch
+    )
 
 
 # -- saving and loading ----------------------------------------------------------------------------

@@ -96,6 +96,9 @@ class TrainConfig:
     eval_batches: int = 20
     save_every: int = 0  # 0: only at the end
     keep_checkpoints: int = 0  # keep the newest N checkpoints/step-K; 0 keeps all
+    allow_target_mismatch: bool = (
+        False  # resume onto a target whose weights fingerprint differs (--allow-target-mismatch)
+    )
     resume: str = ""  # "": start afresh; "auto": the latest whole checkpoint in output_dir, if any; or a path
     log_every: int = 10
     output_dir: str = "runs/medusa"

@@ -560,6 +560,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--overwrite", action="store_true", help="delete another run's results in output_dir and start afresh"
     )
+    p.add_argument(
+        "--allow-target-mismatch",
+        action="store_true",
+        help="resume a checkpoint trained against other target weights (same as allow_target_mismatch=true)",
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -573,6 +578,7 @@ def train_and_report(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
     cfg = load_config(args.recipe, args.overrides)
+    cfg.allow_target_mismatch |= args.allow_target_mismatch
     summary = train(cfg, progress=not args.no_progress, overwrite=args.overwrite)
     if not PartialState().is_main_process:
         return 0 if summary["completed"] else INTERRUPTED_EXIT_CODE

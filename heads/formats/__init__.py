@@ -57,6 +57,7 @@ def export_heads(
     out: str | Path,
     target: FrozenTarget | None = None,
     dtype: torch.dtype | None = None,
+    allow_target_mismatch: bool = False,
     **options: Any,
 ) -> Export:
     """Write the native heads in `heads_dir` as an engine checkpoint in the new directory `out`.
@@ -81,7 +82,7 @@ def export_heads(
             f"format {fmt!r} holds {method} heads; {heads_dir} holds {native_config['method']} heads"
         )
     try:
-        heads, native_config = load_heads(heads_dir, target)
+        heads, native_config = load_heads(heads_dir, target, allow_target_mismatch=allow_target_mismatch)
     except TargetMismatchError:
         raise
     except ValueError as e:  # a head config the heads' own checks refuse (e.g. EAGLE-3 layer order)

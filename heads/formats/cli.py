@@ -43,6 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "heads' target record is checked against it",
     )
     p.add_argument(
+        "--allow-target-mismatch",
+        action="store_true",
+        help="export heads whose recorded target weights fingerprint differs from --target's",
+    )
+    p.add_argument(
         "--dtype",
         default=None,
         choices=["float32", "bfloat16", "float16"],
@@ -83,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=resolve_dtype(args.dtype),
             speculative_tokens=args.num_speculative_tokens,
             fc_bias=args.fc_bias,
+            allow_target_mismatch=args.allow_target_mismatch,
         )
     except _ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
