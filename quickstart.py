@@ -70,7 +70,8 @@ def train_heads(method: str, target: Path, out: Path, args: argparse.Namespace) 
         overrides += [f"max_steps={args.max_steps}", f"eval_every={args.max_steps}"]
     if args.retrain or not trained_with(heads_dir, recipe, overrides):
         print(f"\n== training {method} heads: specheads train {recipe} {' '.join(overrides)}")
-        loop.main([str(recipe), *overrides, *([] if args.progress else ["--no-progress"])])
+        # --overwrite: quickstart owns its folders (a retrain replaces what was there)
+        loop.main([str(recipe), *overrides, "--overwrite", *([] if args.progress else ["--no-progress"])])
     else:
         print(f"\n== reusing {method} heads in {heads_dir}")
     return heads_dir
@@ -90,7 +91,7 @@ def compare_all(target: Path, heads_dirs: list[Path], out: Path, args: argparse.
     """Every method's heads beside generate() and the peers, interleaved per prompt, in one run."""
     peers = ["generate", "prompt-lookup", *(["assisted"] if args.assisted else [])]
     argv = ["--target", str(target), "--heads", *map(str, heads_dirs), "--prompts", "heldout"]
-    argv += ["--peers", ",".join(peers), "--out", str(out / "compare")]
+    argv += ["--peers", ",".join(peers), "--out", str(out / "compare"), "--overwrite"]
     argv += ["--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens)]
     if args.assisted:
         argv += ["--draft-model", str(draft_model(target, args))]

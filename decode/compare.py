@@ -51,7 +51,7 @@ from specheads.decode.conversations import (
     select_prompts,
 )
 from specheads.decode.decoder import timed
-from specheads.decode.evaluate import REPORT_FILE, RESULTS_FILE, drafter_for, write_atomic
+from specheads.decode.evaluate import REPORT_FILE, RESULTS_FILE, drafter_for
 from specheads.decode.peers import (
     BASELINE,
     PEERS,
@@ -74,8 +74,10 @@ from specheads.decode.report import (
 )
 from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
+from specheads.heads.atomic import write_text
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
 from specheads.heads.named_targets import resolve_target
+from specheads.heads.run_folder import claim_results_folder, hold_folder
 from specheads.heads.target import DTYPES
 from specheads.version import __version__
 
@@ -265,6 +267,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help="mt-bench, spec-bench, a .jsonl of such questions, heldout (the target's heldout_files.json), "
         "or a .json file list in that format",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the results --out holds (refused without it)"
     )
     p.add_argument("--out", required=True, type=Path, help="directory for results, report, plots, answers")
     p.add_argument(
@@ -496,16 +501,19 @@ def write_outputs(
     model = Path(results["target"]["path"]).name
     for name, path in results["answers"].items():
         rows = answer_rows(f"{model}-{name}-{results['dtype']}", runs[name], conversations)
-        write_atomic(out / path, "".join(json.dumps(row) + "\n" for row in rows))
-    write_atomic(out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
+        write_text(out / path, "".join(json.dumps(row) + "\n" for row in rows))
+    write_text(out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
     if results["plots"]:
         write_plots(results["methods"], out, results["baseline"])
-    write_atomic(out / REPORT_FILE, render_comparison(results))
+    write_text(out / REPORT_FILE, render_comparison(results))
 
 
 def run(args: argparse.Namespace) -> int:
     """`specheads compare`: check every input, decode every prompt with every method, write it all."""
     _check_args(args)
+    claim_results_folder(
+        args.out, (RESULTS_FILE, REPORT_FILE, ANSWERS_DIR, *PLOTS.values()), args.overwrite
+    )  # before any loading
     peers = peers_of(args)
     configs = [read_head_config(path) for path in args.heads]  # a foreign checkpoint fails before loading
     head_names(configs, args.heads)
@@ -533,22 +541,23 @@ def run(args: argparse.Namespace) -> int:
         depth=max(method.max_depth for _, method in methods.values()),
     )
     conversations, skipped = select_prompts(conversations, tokenizer, settings, args.skip_long)
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    runs, orders = compare(
-        {name: method for name, (_, method) in methods.items()},
-        conversations,
-        tokenizer,
-        settings,
-        target.device,
-        args.warmup,
-        progress=not args.no_progress,
-    )
-    results = build_results(args, peers, methods, runs, orders, conversations, skipped, target, templated)
-    write_outputs(args.out, results, runs, conversations)
-    print((args.out / REPORT_FILE).read_text(), end="")
-    print(f"wrote {args.out / RESULTS_FILE}, {args.out / REPORT_FILE}, plots and {args.out / ANSWERS_DIR}/")
-    return 0
+    with hold_folder(args.out):  # a second eval or compare on --out stops at once
+        runs, orders = compare(
+            {name: method for name, (_, method) in methods.items()},
+            conversations,
+            tokenizer,
+            settings,
+            target.device,
+            args.warmup,
+            progress=not args.no_progress,
+        )
+        results = build_results(args, peers, methods, runs, orders, conversations, skipped, target, templated)
+        write_outputs(args.out, results, runs, conversations)
+        print((args.out / REPORT_FILE).read_text(), end="")
+        print(
+            f"wrote {args.out / RESULTS_FILE}, {args.out / REPORT_FILE}, plots and {args.out / ANSWERS_DIR}/"
+        )
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,11 +42,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +68,10 @@ from specheads.decode.report import DEFINITIONS, per_category, prompt_record, re
 from specheads.decode.sampling import SamplingParams
 from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
+from specheads.heads.atomic import write_text
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
 from specheads.heads.named_targets import resolve_target
+from specheads.heads.run_folder import claim_results_folder, hold_folder
 from specheads.heads.target import DTYPES
 from specheads.version import __version__
 
@@ -190,18 +190,6 @@ def command_line(args: argparse.Namespace, tree_name: str) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 # -- the command ------------------------------------------------------------------------------------
 
 
@@ -219,6 +207,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help="a .jsonl of MT-Bench / Spec-Bench questions, `heldout` (the target's heldout_files.json), "
         "or a .json file list in that format",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the results --out holds (refused without it)"
+    )
+    p.add_argument(
+        "--allow-target-mismatch",
+        action="store_true",
+        help="evaluate heads whose recorded target weights fingerprint differs from --target's",
     )
     p.add_argument("--out", required=True, type=Path, help="directory for results.json and report.md")
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: all)")
@@ -402,6 +398,7 @@ def _path_or_none(path: Path | None) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """`specheads eval`: check every input, decode every prompt both ways, write the results."""
     _check_args(args)
+    claim_results_folder(args.out, (RESULTS_FILE, REPORT_FILE), args.overwrite)  # before any loading
     head_config = read_head_config(args.heads)  # a missing or foreign checkpoint fails before any loading
     check_tree_for_method(head_config["method"], None if args.tree == "auto" else args.tree)
     target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
@@ -416,7 +413,13 @@ def run(args: argparse.Namespace) -> int:
     target.model.to(args.device)
     if target.tokenizer is None:
         raise ValueError(f"target {args.target!r} has no tokenizer; eval needs one to encode prompts")
-    heads, head_config = load_heads(args.heads, target, device=target.device, dtype=target.dtype)
+    heads, head_config = load_heads(
+        args.heads,
+        target,
+        device=target.device,
+        dtype=target.dtype,
+        allow_target_mismatch=args.allow_target_mismatch,
+    )
     prompts, templated = encode_prompts(
         texts, target.tokenizer, not args.no_chat_template, args.prompt_tokens
     )
@@ -431,31 +434,36 @@ def run(args: argparse.Namespace) -> int:
     else:
         (drafter, tree), calibration = drafter_for(heads, head_config, target, args.tree), None
     check_prompt_lengths(prompts, target.config, args.max_new_tokens, tree["depth"])
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    sampling = sampling_params(args)
-    if args.batch_size > 1:
-        decoder = BatchedSpeculativeDecoder(target, drafter)
-        records = evaluate_batched(
-            decoder, target, prompts, args.max_new_tokens, args.batch_size, args.warmup, not args.no_progress
-        )
-    else:
-        records = evaluate(
-            SpeculativeDecoder(target, drafter),
-            target,
-            prompts,
-            args.max_new_tokens,
-            args.warmup,
-            progress=not args.no_progress,
-            sampling=sampling,
-            seed=args.seed,
-        )
-    results = build_results(args, records, head_config, target, tree, templated, calibration)
-    write_atomic(args.out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
-    write_atomic(args.out / REPORT_FILE, report_text(results))
-    print(report_text(results), end="")
-    print(f"wrote {args.out / RESULTS_FILE} and {args.out / REPORT_FILE}")
-    return 0
+    with hold_folder(args.out):  # a second eval or compare on --out stops at once
+        sampling = sampling_params(args)
+        if args.batch_size > 1:
+            decoder = BatchedSpeculativeDecoder(target, drafter)
+            records = evaluate_batched(
+                decoder,
+                target,
+                prompts,
+                args.max_new_tokens,
+                args.batch_size,
+                args.warmup,
+                not args.no_progress,
+            )
+        else:
+            records = evaluate(
+                SpeculativeDecoder(target, drafter),
+                target,
+                prompts,
+                args.max_new_tokens,
+                args.warmup,
+                progress=not args.no_progress,
+                sampling=sampling,
+                seed=args.seed,
+            )
+        results = build_results(args, records, head_config, target, tree, templated, calibration)
+        write_text(args.out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
+        write_text(args.out / REPORT_FILE, report_text(results))
+        print(report_text(results), end="")
+        print(f"wrote {args.out / RESULTS_FILE} and {args.out / REPORT_FILE}")
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,11 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from specheads.heads.atomic import write_file, write_json
 from specheads.heads.methods import methods
 from specheads.heads.target import ADAPTER_CONFIG, FrozenTarget, TargetRecord
 from specheads.version import __version__
@@ -70,8 +66,8 @@ def save_heads(
     # One metadata key: safetensors writes its metadata map in hash order, so two keys could come out in
     # either order and the same weights in different bytes (runs are compared by sha256). The method is
     # in config.json.
-    _write_atomic(path / WEIGHTS_FILE, lambda f: save_file(state, f, metadata={"format": "pt"}))
-    _write_atomic(path / CONFIG_FILE, lambda f: Path(f).write_text(json.dumps(config, indent=1, default=str)))
+    write_file(path / WEIGHTS_FILE, lambda f: save_file(state, f, metadata={"format": "pt"}))
+    write_json(path / CONFIG_FILE, config)
     return path
 
 
@@ -82,33 +78,6 @@ def sha256_file(path: str | Path, chunk: int = 1 << 24) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
-
-
-@contextmanager
-def replace_dir(out: str | Path) -> Iterator[Path]:
-    """Yield a temporary directory beside `out` to write into; it replaces `out` whole if the block
-    succeeds, and is removed if it fails, so `out` is always the old folder or the whole new one."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield tmp
-        if out.exists():
-            shutil.rmtree(out)  # os.replace cannot put a directory over a non-empty one
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write_atomic(dest: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def read_weights(file: str | Path) -> dict[str, torch.Tensor]:
@@ -161,15 +130,19 @@ def load_heads(
     target: FrozenTarget | TargetRecord | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
+    allow_target_mismatch: bool = False,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """Load native heads; with `target`, first check they were trained against it.
+    """Load native heads; with `target`, first check they were trained against it (another weights
+    fingerprint is only a warning with `allow_target_mismatch`).
 
     Returns (heads in eval mode, the checkpoint's config dict).
     """
     config = read_head_config(path)
     if target is not None:
         actual = target.record() if isinstance(target, FrozenTarget) else target
-        TargetRecord.from_dict(config["target"]).check_matches(actual, what=f"heads in {path}")
+        TargetRecord.from_dict(config["target"]).check_matches(
+            actual, what=f"heads in {path}", allow_weights=allow_target_mismatch
+        )
     method = methods()[config["method"]]
     heads = method.head_class(method.config_class(**config["head_config"]))
     state = read_weights(Path(path) / WEIGHTS_FILE)

@@ -88,16 +88,18 @@ def stock_layer_classes(config) -> tuple[type[nn.Module], type[nn.Module]]:
 
 
 @dataclass(frozen=True)
-class EagleConfig:
-    """EAGLE-1/2 head: the target's config (to build the layer) and whether fc has a bias."""
+class DraftLayerConfig:
+    """What both EAGLE heads are built from: the target's config (`layer_config_from(target.config)`),
+    from which their one decoder layer of the target's family is made."""
 
-    layer_config: dict[str, Any] = field(default_factory=dict)  # from layer_config_from(target.config)
-    fc_bias: bool = True  # the EAGLE-1 reference has one; SGLang's format keeps it optional
+    layer_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         missing = [k for k in ("model_type", "hidden_size", "vocab_size") if k not in self.layer_config]
         if missing:
-            raise ValueError(f"EagleConfig.layer_config lacks {missing}; build it with layer_config_from()")
+            raise ValueError(
+                f"{type(self).__name__}.layer_config lacks {missing}; build it with layer_config_from()"
+            )
 
     @property
     def hidden_size(self) -> int:
@@ -114,6 +116,20 @@ class EagleConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def stock_layer(self) -> tuple[nn.Module, nn.Module]:
+        """(a fresh decoder layer of the target's family, its rotary embedding), both from transformers."""
+        layer_config = build_layer_config(self.layer_config)
+        layer_cls, rotary_cls = stock_layer_classes(layer_config)
+        # the rotary embedding has no weights: inv_freq is a non-persistent buffer
+        return layer_cls(layer_config, layer_idx=0), rotary_cls(layer_config)
+
+
+@dataclass(frozen=True)
+class EagleConfig(DraftLayerConfig):
+    """EAGLE-1/2 head: the target's config (to build the layer) and whether fc has a bias."""
+
+    fc_bias: bool = True  # the EAGLE-1 reference has one; SGLang's format keeps it optional
+
 
 class EagleHead(nn.Module):
     """fc(cat(embed(x_{t+1}), f_t)) -> one decoder layer of the target's family -> f̂_{t+1}.
@@ -128,14 +144,11 @@ class EagleHead(nn.Module):
     def __init__(self, config: EagleConfig):
         super().__init__()
         self.config = config
-        layer_config = build_layer_config(config.layer_config)
-        layer_cls, rotary_cls = stock_layer_classes(layer_config)
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=config.fc_bias)
-        layer = layer_cls(layer_config, layer_idx=0)
+        layer, self.rotary_emb = config.stock_layer()
         layer.input_layernorm = nn.Identity()  # EAGLE-1 has no first input norm
         self.layers = nn.ModuleList([layer])
-        self.rotary_emb = rotary_cls(layer_config)  # no weights: inv_freq is a non-persistent buffer
 
     @property
     def capture_layers(self) -> tuple[int, ...]:

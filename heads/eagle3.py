@@ -23,13 +23,13 @@ vocabulary, True for the tokens the draft can propose. Both are buffers, stored 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from specheads.heads.eagle import build_layer_config, clone_norm, stock_layer_classes
+from specheads.heads.eagle import DraftLayerConfig, clone_norm
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
@@ -97,19 +97,16 @@ def vocab_maps(draft_to_target: torch.Tensor, vocab_size: int) -> tuple[torch.Te
 
 
 @dataclass(frozen=True)
-class Eagle3Config:
+class Eagle3Config(DraftLayerConfig):
     """EAGLE-3 head: the target's config, the captured layers and the draft vocabulary size."""
 
-    layer_config: dict[str, Any] = field(default_factory=dict)  # from layer_config_from(target.config)
     draft_vocab_size: int = 32000
     # (low, mid, high) in HF hidden_states indexing, ascending; empty: default_eagle3_layers(L)
     target_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
-        missing = [k for k in ("model_type", "hidden_size", "vocab_size") if k not in self.layer_config]
-        if missing:
-            raise ValueError(f"Eagle3Config.layer_config lacks {missing}; build it with layer_config_from()")
-        num_layers = self.layer_config["num_hidden_layers"]
+        super().__post_init__()
+        num_layers = self.target_num_layers
         layers = tuple(int(i) for i in self.target_layers) or default_eagle3_layers(num_layers)
         if len(layers) != 3 or not all(0 <= i <= num_layers for i in layers):
             raise ValueError(
@@ -123,14 +120,6 @@ class Eagle3Config:
                 f"draft_vocab_size must be in 1..{self.vocab_size} (the target's vocabulary), "
                 f"got {self.draft_vocab_size}"
             )
-
-    @property
-    def hidden_size(self) -> int:
-        return self.layer_config["hidden_size"]
-
-    @property
-    def vocab_size(self) -> int:
-        return self.layer_config["vocab_size"]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -152,14 +141,12 @@ class Eagle3Head(nn.Module):
     def __init__(self, config: Eagle3Config):
         super().__init__()
         self.config = config
-        layer_config = build_layer_config(config.layer_config)
-        layer_cls, rotary_cls = stock_layer_classes(layer_config)
         h, vd = config.hidden_size, config.draft_vocab_size
         self.fc = nn.Linear(len(config.target_layers) * h, h, bias=False)
         # The stock layer class, with q/k/v widened to read 2H. Its own forward cannot be used: it adds
         # its attention input back as the residual, and here that input (2H) is not the residual (h).
         # `forward` below wires the stock submodules instead; the weight names match SGLang's `midlayer`.
-        layer = layer_cls(layer_config, layer_idx=0)
+        layer, self.rotary_emb = config.stock_layer()
         for name in _PROJECTIONS:
             old = getattr(layer.self_attn, name, None)
             if not isinstance(old, nn.Linear):
@@ -172,7 +159,6 @@ class Eagle3Head(nn.Module):
         self.midlayer = layer
         self.norm = clone_norm(layer.input_layernorm)
         self.lm_head = nn.Linear(h, vd, bias=False)
-        self.rotary_emb = rotary_cls(layer_config)  # no weights: inv_freq is a non-persistent buffer
         # Until set_draft_vocab: the first Vd target ids.
         d2t, t2d = vocab_maps(torch.arange(vd), config.vocab_size)
         self.register_buffer("d2t", d2t)

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from specheads.heads.fingerprint import weights_fingerprint
 from specheads.heads.named_targets import weights_id
 
 # Attention back-ends a target may be loaded with. The tree decoder needs one that honours a custom
@@ -66,25 +67,40 @@ class TargetRecord:
     # Which weights, beyond the name: "sha256:<hex>" of a named target's safetensors (its manifest),
     # "hub:<repo>@<commit>" for a hub load; None for other directories and for older checkpoints.
     weights_id: str | None = None
+    # A hash over a fixed sample of the embedding and lm_head weights (heads/fingerprint.py): tells
+    # same-shape targets apart. None for older checkpoints and ZeRO-3-sharded loads.
+    weights_fingerprint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TargetRecord:
-        optional = {"weights_id"}  # absent from checkpoints written before it was recorded
+        optional = {"weights_id", "weights_fingerprint"}  # absent from checkpoints written before them
         missing = [k for k in cls.__dataclass_fields__ if k not in d and k not in optional]
         if missing:
             raise ValueError(f"target record is missing fields {missing}: {d}")
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
-    def check_matches(self, actual: TargetRecord, what: str = "heads") -> None:
+    def check_matches(self, actual: TargetRecord, what: str = "heads", allow_weights: bool = False) -> None:
         """Raise TargetMismatchError naming every field where `actual` differs from this record.
 
         The name or path alone may differ (a model copied elsewhere is the same model); sizes, model
-        type and vocabulary may not. A vocabulary hash is compared only when both sides have one.
+        type, vocabulary and weights fingerprint may not. Hashes and fingerprints are compared only when
+        both sides have one. `allow_weights` (--allow-target-mismatch) turns another fingerprint into a
+        warning, for a user who means it (a fine-tune of the target, say).
         """
         problems = []
+        mine, theirs = self.weights_fingerprint, actual.weights_fingerprint
+        if mine and theirs and mine != theirs:
+            message = (
+                f"weights: {what} were trained against {self.name_or_path!r} with weights fingerprint {mine}, "
+                f"the target {actual.name_or_path!r} has {theirs}: same shapes, other weights"
+            )
+            if allow_weights:
+                warnings.warn(f"{message} (allowed by --allow-target-mismatch)", stacklevel=2)
+            else:
+                problems.append(f"{message}; pass --allow-target-mismatch if you mean it")
         for key in ("model_type", "vocab_size", "hidden_size", "num_layers"):
             want, got = getattr(self, key), getattr(actual, key)
             if want != got:
@@ -321,6 +337,9 @@ class FrozenTarget:
             hidden_size=self.hidden_size,
             num_layers=self.num_layers,
             weights_id=weights_id(str(self.name_or_path), self.config),
+            weights_fingerprint=weights_fingerprint(
+                {"embed_tokens": self.embed_tokens.weight, "lm_head": self.lm_head.weight}
+            ),
         )
 
     def layer_id(self, layer: int) -> int:

@@ -78,10 +78,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from specheads.heads.run_folder import check_writable
+
     cfg = load_config(args.recipe, args.overrides)
     out = args.out or getattr(cfg, "cache_dir", None)
     if not out:
         raise SystemExit("error: no cache directory: pass --out DIR or set cache_dir in the recipe")
+    check_writable(out, "cache folder")  # before the target loads
     summaries = cache_recipe(
         cfg,
         Path(out),

@@ -27,6 +27,8 @@ import re
 import shutil
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -34,7 +36,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from specheads.heads import TargetRecord, read_head_config, save_heads
-from specheads.heads.checkpoint import WEIGHTS_FILE
+from specheads.heads.checkpoint import ADAPTER_DIR, CONFIG_FILE, WEIGHTS_FILE
+from specheads.heads.run_folder import clear, hold_folder, refuse_results
 from specheads.train.config import TrainConfig
 from specheads.train.distributed import zero_stage
 
@@ -59,7 +62,49 @@ RESUMABLE_CHANGES = {
     "wandb_project",
     "run_name",
     "num_workers",
+    "allow_target_mismatch",
 }
+
+
+# What a training run writes into output_dir: a fresh run refuses a folder holding another's, `--overwrite`
+# removes them (other files stay), `resume` continues them.
+RUN_OUTPUTS = (
+    CHECKPOINTS,
+    "metrics.jsonl",
+    "train_summary.json",
+    "provenance.jsonl",
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    ADAPTER_DIR,
+)
+
+
+@contextmanager
+def claim_output_dir(cfg: TrainConfig, main: bool, overwrite: bool = False) -> Iterator[None]:
+    """Own `cfg.output_dir` for the run (the main process: the others write only what it tells them).
+
+    Before anything expensive: the folder must be writable and free (a second run on it stops at once,
+    naming the first), and hold no other run's results unless this run resumes them or `overwrite`
+    clears them; stale checkpoints of an old run would otherwise be what a later `resume=auto` picks.
+    """
+    if overwrite and cfg.resume:
+        raise ValueError(
+            f"--overwrite deletes the checkpoints resume={cfg.resume!r} would continue: pass one"
+        )
+    if not main:
+        yield
+        return
+    out = Path(cfg.output_dir)
+    with hold_folder(out, "output_dir"):
+        if overwrite:
+            clear(out, RUN_OUTPUTS)
+        elif not cfg.resume:
+            refuse_results(
+                out,
+                RUN_OUTPUTS,
+                "continue it with resume=auto, or pass --overwrite to start over (deletes them)",
+            )
+        yield
 
 
 # -- finding checkpoints ----------------------------------------------------------------------------
@@ -112,7 +157,9 @@ def check_resumable(
             problems.append(f"{key}: checkpoint {value!r}, this run {now.get(key)!r}")
     if problems:
         raise ValueError(f"cannot resume {path} exactly:\n  " + "\n  ".join(problems))
-    TargetRecord.from_dict(read_head_config(path)["target"]).check_matches(record, what=f"heads in {path}")
+    TargetRecord.from_dict(read_head_config(path)["target"]).check_matches(
+        record, what=f"heads in {path}", allow_weights=cfg.allow_target_mismatch
+    )
 
 
 # -- saving and loading ----------------------------------------------------------------------------

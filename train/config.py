@@ -49,6 +49,10 @@ class TrainConfig:
     packing: bool = False
     loss_on: str = "assistant"  # for chat rows: "assistant", "last_assistant" or "all"
     max_bad_rows: int | float = 0.01  # rows that cannot be read or masked: a count, or a fraction; more stops
+    # fewer label tokens (loss_mask 1) than these, in all training rows or a row on average, stops the run:
+    # empty assistant turns leave one or two (the end-of-turn marker) a row
+    min_label_tokens: int = 16
+    min_label_tokens_per_row: float = 3.0
     # Medusa
     num_heads: int = 4
     num_layers: int = 1
@@ -93,6 +97,9 @@ class TrainConfig:
     eval_batches: int = 20
     save_every: int = 0  # 0: only at the end
     keep_checkpoints: int = 0  # keep the newest N checkpoints/step-K; 0 keeps all
+    allow_target_mismatch: bool = (
+        False  # resume onto a target whose weights fingerprint differs (--allow-target-mismatch)
+    )
     resume: str = ""  # "": start afresh; "auto": the latest whole checkpoint in output_dir, if any; or a path
     log_every: int = 10
     output_dir: str = "runs/medusa"
@@ -144,7 +151,13 @@ class TrainConfig:
             checks.append((getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}"))
         for name in ("lr", "lr_adapter", "max_grad_norm"):
             checks.append((getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}"))
-        for name in ("warmup_steps", "weight_decay", "num_workers"):
+        for name in (
+            "warmup_steps",
+            "weight_decay",
+            "num_workers",
+            "min_label_tokens",
+            "min_label_tokens_per_row",
+        ):
             checks.append((getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}"))
         for ok, message in checks:
             if not ok:

@@ -48,8 +48,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +60,7 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from specheads.heads import FrozenTarget, TargetRecord, resolve_dtype
+from specheads.heads.atomic import write_file, write_json
 from specheads.heads.checkpoint import sha256_file
 from specheads.heads.methods import methods
 from specheads.train.data.packing import collate
@@ -123,13 +122,6 @@ def cache_layers(method: str, num_layers: int, eagle3_layers: Sequence[int] = ()
             f"{', '.join(n for n, m in methods().items() if not m.online_only)}"
         )
     return entry.target_layers(num_layers, eagle3_layers)
-
-
-def _write_json_atomic(path: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
 
 
 def read_index(cache_dir: str | Path) -> dict:
@@ -249,15 +241,8 @@ def shard_tensors(
 
 def _write_shard(tensors: dict[str, torch.Tensor], path: Path, rows: list[int]) -> str:
     """Write to a temporary name, rename into place, then checksum the file: returns its sha256."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"rows": json.dumps(rows)})  # one key: a byte-stable header
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return sha256_file(path)
+    write_file(path, lambda tmp: save_file(tensors, tmp, metadata={"rows": json.dumps(rows)}))  # one key:
+    return sha256_file(path)  # a byte-stable header
 
 
 def _start_index(out_dir: Path, settings: dict, overwrite: bool) -> dict:
@@ -398,7 +383,7 @@ def build_cache(
             skipped += 1
         index["shards"].append(entry)
         index["complete"] = k == len(settings["plan"]) - 1
-        _write_json_atomic(out_dir / INDEX_FILE, index)
+        write_json(out_dir / INDEX_FILE, index)
         bar.update(entry["tokens"])
         if on_shard is not None:
             on_shard(k, entry)

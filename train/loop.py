@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import sys
 import time
@@ -41,6 +40,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from specheads.heads import FrozenTarget, TargetRecord, save_heads
+from specheads.heads.atomic import write_json
 from specheads.heads.methods import Method, method_named
 from specheads.heads.named_targets import resolve_target
 from specheads.train import data as data_lib
@@ -48,6 +48,7 @@ from specheads.train.checkpointing import (
     INTERRUPTED_EXIT_CODE,
     StopOnSignal,
     check_resumable,
+    claim_output_dir,
     heads_for_saving,
     load_checkpoint,
     prune_checkpoints,
@@ -57,6 +58,7 @@ from specheads.train.checkpointing import (
     save_checkpoint,
 )
 from specheads.train.config import TrainConfig, load_config
+from specheads.train.data.checks import check_label_tokens
 from specheads.train.data.sources import rows_for
 from specheads.train.distributed import (
     end_launched_process,
@@ -130,6 +132,9 @@ def make_data(cfg: TrainConfig, tokenizer, target: TargetRecord | None = None, v
     train_ds = tokenize(train_rows)
     if len(train_ds) == 0:
         raise ValueError(f"training data {cfg.data} gave no rows")
+    check_label_tokens(
+        train_ds, cfg.min_label_tokens, cfg.min_label_tokens_per_row, f"training data {cfg.data}", cfg.loss_on
+    )
     eval_ds = tokenize(eval_rows) if eval_rows is not None else None
     if cfg.mode == "offline":
         collate = partial(collate_cached, **layout)
@@ -358,11 +363,17 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
     )
 
 
-def train(cfg: TrainConfig, progress: bool = True) -> dict:
-    """Train heads as `cfg` says; returns the run summary (also written to train_summary.json)."""
+def train(cfg: TrainConfig, progress: bool = True, overwrite: bool = False) -> dict:
+    """Train heads as `cfg` says; returns the run summary (also written to train_summary.json).
+    `overwrite`: delete another run's results in output_dir first (refused otherwise, unless resumed)."""
+    accelerator = make_accelerator(cfg)
+    with claim_output_dir(cfg, accelerator.is_main_process, overwrite):  # before any expensive work
+        return run_training(cfg, accelerator, progress)
+
+
+def run_training(cfg: TrainConfig, accelerator, progress: bool) -> dict:
     from accelerate.utils import set_seed
 
-    accelerator = make_accelerator(cfg)
     set_seed(cfg.seed)
     out_dir, main = Path(cfg.output_dir), accelerator.is_main_process
     resume_from = resolve_resume(cfg)
@@ -468,7 +479,7 @@ def finish(
     if accelerator.is_main_process:
         if completed:
             save_heads(heads, out_dir, run.record, {**run.training, "step": cfg.max_steps, "eval": last_eval})
-        (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=1))
+        write_json(out_dir / "train_summary.json", summary)
     # Every process tears its process group down together, once the files are written. Twice in one
     # session a second process that left while the main one still wrote aborted at exit ("terminate
     # called without an active exception"; 2-process ZeRO-3 launches on CPU, gloo).
@@ -480,6 +491,14 @@ def finish(
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", type=Path, help="YAML recipe (recipes/...)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe values to override")
+    p.add_argument(
+        "--overwrite", action="store_true", help="delete another run's results in output_dir and start afresh"
+    )
+    p.add_argument(
+        "--allow-target-mismatch",
+        action="store_true",
+        help="resume a checkpoint trained against other target weights (same as allow_target_mismatch=true)",
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -493,7 +512,8 @@ def train_and_report(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
     cfg = load_config(args.recipe, args.overrides)
-    summary = train(cfg, progress=not args.no_progress)
+    cfg.allow_target_mismatch |= args.allow_target_mismatch
+    summary = train(cfg, progress=not args.no_progress, overwrite=args.overwrite)
     if not PartialState().is_main_process:
         return 0 if summary["completed"] else INTERRUPTED_EXIT_CODE
     if not summary["completed"]:

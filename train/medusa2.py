@@ -42,7 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specheads.heads import FrozenTarget
-from specheads.heads.checkpoint import ADAPTER_DIR, replace_dir
+from specheads.heads.atomic import replace_dir
+from specheads.heads.checkpoint import ADAPTER_DIR
 from specheads.train.data.packing import shift_loss_mask
 from specheads.train.losses import HeadMetrics, medusa_loss
 

@@ -14,6 +14,7 @@ import os
 import uuid
 from pathlib import Path
 
+from specheads.heads.atomic import write_text
 from specheads.train.config import TrainConfig
 
 
@@ -52,4 +53,4 @@ def keep_metrics_until(path: Path, step: int) -> None:
     """A fresh run starts metrics.jsonl empty; a resumed one keeps the records up to its step."""
     lines = path.read_text().splitlines() if step and path.is_file() else []
     kept = [line for line in lines if json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept))
+    write_text(path, "".join(line + "\n" for line in kept))

@@ -63,6 +63,7 @@ def export_heads(
     out: str | Path,
     target: FrozenTarget | None = None,
     dtype: torch.dtype | None = None,
+    allow_target_mismatch: bool = False,
     **options: Any,
 ) -> Export:
     """Write the native heads in `heads_dir` as an engine checkpoint in the new directory `out`.
@@ -90,7 +91,7 @@ def export_heads(
             f"(its formats: {', '.join(method.export_formats) or 'none'})"
         )
     try:
-        heads, native_config = load_heads(heads_dir, target)
+        heads, native_config = load_heads(heads_dir, target, allow_target_mismatch=allow_target_mismatch)
     except TargetMismatchError:
         raise
     except ValueError as e:  # a head config the heads' own checks refuse (e.g. EAGLE-3 layer order)

@@ -17,9 +17,17 @@ from pathlib import Path
 
 from specheads.heads.formats import FORMATS, FormatError, export_heads, import_heads
 from specheads.heads.named_targets import resolve_target
+from specheads.heads.run_folder import check_writable
 from specheads.heads.target import FrozenTarget, TargetMismatchError, resolve_dtype
 
-_ERRORS = (FormatError, TargetMismatchError, FileExistsError, FileNotFoundError)
+_ERRORS = (
+    FormatError,
+    TargetMismatchError,
+    FileExistsError,
+    FileNotFoundError,
+    PermissionError,
+    NotADirectoryError,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,6 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the heads' target (HF directory, hub id, or a named one: tiny, smollm2): needed for Medusa "
         "heads that share its lm_head, and for the embedding `speculators` checkpoints carry; when given, the "
         "heads' target record is checked against it",
+    )
+    p.add_argument(
+        "--allow-target-mismatch",
+        action="store_true",
+        help="export heads whose recorded target weights fingerprint differs from --target's",
     )
     p.add_argument(
         "--dtype",
@@ -65,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: --fc-bias applies to --format eagle only", file=sys.stderr)
         return 2
     try:
+        check_writable(args.out, "--out")  # before the target loads
         target = FrozenTarget.from_pretrained(resolve_target(args.target)) if args.target else None
         export = export_heads(
             args.heads,
@@ -74,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=resolve_dtype(args.dtype),
             speculative_tokens=args.num_speculative_tokens,
             fc_bias=args.fc_bias,
+            allow_target_mismatch=args.allow_target_mismatch,
         )
     except _ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
@@ -104,6 +119,7 @@ def run_import(args: argparse.Namespace) -> int:
                 f"{args.checkpoint} is not a directory (download a hub checkpoint first, e.g. "
                 "`huggingface-cli download ORG/NAME --local-dir DIR`)"
             )
+        check_writable(args.out, "--out")  # before the target loads
         target = FrozenTarget.from_pretrained(resolve_target(args.target), dtype="float32")
         heads = import_heads(args.checkpoint, args.format, target, args.out)
     except _ERRORS as e:

@@ -22,7 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from specheads.heads.checkpoint import CAPTURE_LAYERS_INDEXING, replace_dir
+from specheads.heads.atomic import replace_dir
+from specheads.heads.checkpoint import CAPTURE_LAYERS_INDEXING
 from specheads.version import __version__
 
 CONFIG_FILE = "config.json"

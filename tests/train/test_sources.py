@@ -9,8 +9,8 @@ import yaml
 
 from specheads.cli import main as cli_main
 from specheads.train.config import load_config
-from specheads.train.data import distillation as distill
 from specheads.train.data import chat_masks, sources, stdlib_corpus, tokenize_rows
+from specheads.train.data import distillation as distill
 from specheads.train.data.distillation import DistillConfig
 
 from helpers import tiny_tokenizer

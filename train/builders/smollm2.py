@@ -30,7 +30,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from specheads.heads.checkpoint import replace_dir, sha256_file
+from specheads.heads.atomic import replace_dir
+from specheads.heads.checkpoint import sha256_file
 from specheads.heads.named_targets import MANIFEST_FILE, cache_root, read_manifest
 from specheads.version import __version__
 

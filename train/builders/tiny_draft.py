@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from specheads.heads.checkpoint import replace_dir
+from specheads.heads.atomic import replace_dir
 from specheads.heads.target import vocab_hash
 from specheads.train.builders.tiny_target import (
     HELDOUT_FILE,

@@ -32,8 +32,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from specheads.heads.checkpoint import replace_dir
+from specheads.heads.atomic import replace_dir
 from specheads.heads.named_targets import cache_root
+from specheads.heads.run_folder import check_writable
 from specheads.train.data import stdlib_corpus
 from specheads.version import __version__
 
@@ -378,6 +379,9 @@ def run(args: argparse.Namespace) -> int:
     if args.minutes <= 0 or (args.steps is not None and args.steps <= 0):
         raise SystemExit("error: --minutes and --steps must be positive")
     cfg = TinyTargetConfig(**{f.name: getattr(args, f.name) for f in fields(TinyTargetConfig)})
+    check_writable(
+        args.out if args.out is not None else default_output_dir(cfg)
+    )  # before minutes of training
     out, meta, reused = ensure_tiny_target(cfg, args.out, force=args.force)
     print(f"{'reused' if reused else 'built'} tiny target: {out}")
     print(

@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -58,6 +57,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from specheads.heads.atomic import write_text
 from specheads.train.data.readers import (
     STREAM_MIN_ROWS,
     BadRowsError,
@@ -314,12 +314,6 @@ def distill_chunk(target, chunk: list[Prompt], cfg: DistillConfig, on_batch=None
 # -- the output directory -------------------------------------------------------------------------
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def part_path(out: Path, k: int) -> Path:
     return out / f"part-{k:05d}.jsonl"
 
@@ -338,7 +332,7 @@ def read_chunk_record(out: Path, k: int) -> dict | None:
 def commit_chunk(out: Path, k: int, chunk: list[Prompt], result: ChunkResult) -> dict:
     """Write chunk k's part, then its record (the part alone does not count as done)."""
     lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in result.rows)
-    _write_atomic(part_path(out, k), lines)
+    write_text(part_path(out, k), lines)
     record = {
         "first_index": chunk[0].index,
         "read": len(chunk),
@@ -348,7 +342,7 @@ def commit_chunk(out: Path, k: int, chunk: list[Prompt], result: ChunkResult) ->
         "unfinished": result.unfinished,
         "failures": result.failures,
     }
-    _write_atomic(chunk_record_path(out, k), json.dumps(record, indent=1))
+    write_text(chunk_record_path(out, k), json.dumps(record, indent=1))
     return record
 
 
@@ -367,7 +361,7 @@ def check_settings(out: Path, settings: dict) -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     (out / CHUNKS_DIR).mkdir(exist_ok=True)
-    _write_atomic(path, json.dumps(settings, indent=1))
+    write_text(path, json.dumps(settings, indent=1))
 
 
 def is_complete(out: Path) -> bool:
@@ -454,7 +448,7 @@ def distill(rows, target, out: Path, cfg: DistillConfig, *, source: str = "", pr
     if too_many_bad_rows(report, cfg.max_bad_rows):
         raise BadRowsError(report, cfg.max_bad_rows)
     summary = _summarise(out, counts, records, time.perf_counter() - started)
-    _write_atomic(out / SUMMARY_FILE, json.dumps(summary, indent=1))
+    write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
     return summary
 
 
@@ -523,9 +517,11 @@ def run(args: argparse.Namespace) -> int:
 
     from specheads.heads import FrozenTarget
     from specheads.heads.named_targets import resolve_target
+    from specheads.heads.run_folder import check_writable
     from specheads.train import data as data_lib
     from specheads.train.data.sources import stdlib_rows
 
+    check_writable(args.out)  # before the rows and the target load
     bad = args.max_bad_rows
     cfg = DistillConfig(
         temperature=args.temperature,

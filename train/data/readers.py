@@ -330,6 +330,12 @@ def _looks_like_path(source: str) -> bool:
     return source.startswith(("/", ".", "~")) or source.count("/") > 1 or source.lower().endswith(known)
 
 
+def check_distill_folder(path: Path, source: str) -> None:
+    from specheads.train.data.checks import check_distill_folder as check
+
+    check(path, source)
+
+
 def _relative_note(path: Path) -> str:
     """Where a relative data path was looked for: the working folder, not the recipe's."""
     if path.is_absolute():
@@ -347,6 +353,7 @@ def _data_files(source: str) -> tuple[str, list[str]] | None:
                 f"data source {source!r}: the pattern matches no files{_relative_note(path)}"
             )
     elif path.is_dir():
+        check_distill_folder(path, source)  # a half-finished distill output is not data yet
         files = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path)))
         files = [
             p for p in files if p.name.lower().endswith(TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES)

@@ -23,6 +23,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from specheads.heads.atomic import write_text
+
 # fmt: off
 TOPICS = (
     "sourdough baking", "composting at home", "the water cycle", "volcanoes", "plate tectonics",
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"no 6-word sequence shared with {path}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    write_text(args.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print(f"{len(rows)} prompts written to {args.out}")
     return 0
 

@@ -27,12 +27,11 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import datasets
 
+from specheads.heads.atomic import replace_dir
 from specheads.heads.named_targets import resolve_target
 from specheads.train import data as data_lib
 from specheads.train.builders.tiny_target import TinyTargetConfig, default_cache_dir
@@ -57,16 +56,8 @@ def stdlib_rows(heldout: bool) -> datasets.Dataset:
 
 def _save_atomic(dataset: datasets.Dataset, path: Path) -> None:
     """save_to_disk into a temporary folder renamed to `path`; another process's finished copy wins."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
+    with replace_dir(path, keep_existing=True) as tmp:
         dataset.save_to_disk(str(tmp))
-        os.replace(tmp, path)
-    except OSError:
-        if not (path / "dataset_info.json").is_file():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def epoch_rows(cfg: TrainConfig, num_processes: int | None = None) -> int:
