@@ -254,14 +254,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0, the default: all)"
     )
     p.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus mass kept (default 1.0: all)")
-    p.add_argument("--seed", type=int, default=0, help="sampling: prompt i is sampled with seed + i")
+    p.add_argument("--seed", type=int, default=0, help="sampling: prompt (or batch) i is sampled with seed + i")
     p.add_argument("--warmup", type=int, default=1, help="untimed prompts decoded first")
     p.add_argument(
         "--batch-size",
         type=int,
         default=1,
         help="decode the prompts B at a time, left-padded, against the target's own batched generate "
-        "(greedy only; each prompt's seconds are its batch's, shared evenly)",
+        "(with --temperature, batch i sampled with seed + i; each prompt's seconds are its batch's, shared "
+        "evenly)",
     )
     p.add_argument("--dtype", default="float32", choices=[*sorted(DTYPES), "auto"])
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
@@ -282,8 +283,6 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.batch_size > 1 and args.temperature > 0:
-        raise ValueError("--batch-size > 1 decodes greedily; it cannot be combined with --temperature > 0")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -436,7 +435,15 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size > 1:
         decoder = BatchedSpeculativeDecoder(target, drafter)
         records = evaluate_batched(
-            decoder, target, prompts, args.max_new_tokens, args.batch_size, args.warmup, not args.no_progress
+            decoder,
+            target,
+            prompts,
+            args.max_new_tokens,
+            args.batch_size,
+            args.warmup,
+            not args.no_progress,
+            sampling=sampling,
+            seed=args.seed,
         )
     else:
         records = evaluate(

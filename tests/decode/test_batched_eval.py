@@ -65,3 +65,31 @@ def test_baseline_rows_stop_at_their_own_eos():
     assert rows[1] == (free[1][: free[1].index(eos) + 1] if eos in free[1] else free[1])
     assert first_mismatch([1, 2, 3], [1, 2, 3]) is None and first_mismatch([1, 2], [1, 2, 3]) == 2
     assert first_mismatch([1, 5, 3], [1, 2, 3]) == 1
+
+
+def test_sampled_batches_leave_identical_unmeasured_and_a_seed_reproduces_them():
+    from specheads.decode.sampling import SamplingParams
+
+    model = tiny_model("llama", vocab_size=VOCAB)
+    target = FrozenTarget(model)
+    heads = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=2))
+    drafter = MedusaDrafter(
+        heads.init_lm_heads_from(target.lm_head).eval(), default_tree("medusa-15", num_heads=2)
+    )
+    decoder = BatchedSpeculativeDecoder(target, drafter)
+    g = torch.Generator().manual_seed(1)
+    prompts = [
+        Prompt(str(i), "c", torch.randint(0, 256, (1, t), generator=g)) for i, t in enumerate((4, 9, 3))
+    ]
+    sampling = SamplingParams(temperature=0.9, top_k=20, top_p=0.95)
+
+    def run(seed):
+        return evaluate_batched(
+            decoder, target, prompts, 8, batch_size=2, warmup=0, progress=False, sampling=sampling, seed=seed
+        )
+
+    first, again = run(3), run(3)
+    assert all(r["identical_to_baseline"] is None and r["first_mismatch"] is None for r in first)
+    assert all(r["new_tokens"] == 1 + sum(r["accept_lengths"]) for r in first)
+    tokens = [[r["new_tokens"], r["accept_lengths"]] for r in first]
+    assert tokens == [[r["new_tokens"], r["accept_lengths"]] for r in again]
