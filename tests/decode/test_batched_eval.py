@@ -93,3 +93,16 @@ def test_sampled_batches_leave_identical_unmeasured_and_a_seed_reproduces_them()
     assert all(r["new_tokens"] == 1 + sum(r["accept_lengths"]) for r in first)
     tokens = [[r["new_tokens"], r["accept_lengths"]] for r in first]
     assert tokens == [[r["new_tokens"], r["accept_lengths"]] for r in again]
+
+
+def test_pad_token_id_falls_back_to_an_eos_then_zero():
+    from specheads.decode.baseline import pad_token_id
+
+    target = FrozenTarget(tiny_model("llama", vocab_size=VOCAB))
+    config = target.model.generation_config
+    config.pad_token_id, config.eos_token_id = 7, [9, 4]
+    assert pad_token_id(target) == 7
+    config.pad_token_id = None
+    assert pad_token_id(target) == 4
+    config.eos_token_id = None
+    assert pad_token_id(target) == 0
