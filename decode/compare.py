@@ -51,6 +51,7 @@ from specheads.decode.conversations import (
     select_prompts,
 )
 from specheads.decode.decoder import timed
+from specheads.decode.eval_drafters import add_tree_argument
 from specheads.decode.evaluate import REPORT_FILE, RESULTS_FILE, drafter_for, write_atomic
 from specheads.decode.peers import (
     BASELINE,
@@ -72,7 +73,6 @@ from specheads.decode.report import (
     render_comparison,
     summarize,
 )
-from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
 from specheads.heads.named_targets import resolve_target
@@ -281,13 +281,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chat-template", action="store_true", help="questions as raw text, not chat turns")
     p.add_argument("--prompt-tokens", type=int, default=64, help="tokens taken from the start of each file")
     p.add_argument("--max-new-tokens", type=int, default=128, help="per turn")
-    p.add_argument(
-        "--tree",
-        nargs="*",
-        default=None,
-        help=f"draft tree per --heads directory (one name for all, or one each): {', '.join(sorted(DEFAULT_TREES))} "
-        "or dynamic[-N] for EAGLE heads (default: each method's own, as in `specheads eval`)",
-    )
+    add_tree_argument(p, per_heads=True)
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt-lookup draft length N")
     p.add_argument("--prompt-lookup-ngram", type=int, default=None, help="n-gram matched (transformers: 2)")
     p.add_argument(

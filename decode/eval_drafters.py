@@ -12,7 +12,7 @@ import torch
 
 from specheads.decode.drafters import Drafter, MedusaDrafter
 from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.decode.trees import StaticTree, default_tree
+from specheads.decode.trees import DEFAULT_TREES, StaticTree, default_tree
 from specheads.heads.target import FrozenTarget
 
 
@@ -30,6 +30,35 @@ def default_tree_name(num_heads: int) -> str:
 # EAGLE-2 dynamic trees: children per expanded node, levels below the root, nodes verified per step
 # (root included). Smaller than the paper's (10, 6, 60), which is sized for a GPU's wide forward.
 EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_TOTAL_TOKENS = 8, 5, 32
+
+
+def add_tree_argument(parser, *, per_heads: bool = False, auto: bool = False) -> None:
+    """`--tree`, as every command that decodes with heads takes it (eval, compare, the batched benchmark).
+
+    A name is one of DEFAULT_TREES (a static tree, cut to the heads' depth), dynamic[-N] for EAGLE heads
+    (EAGLE-2, N nodes), or, where `auto`, auto (calibrate.py); `drafter_for` reads it. `per_heads`: one
+    name for every --heads directory or one each.
+    """
+    help = (
+        f"draft tree: one of {', '.join(sorted(DEFAULT_TREES))}, cut to the heads' depth (default for "
+        "Medusa: medusa-15 for <= 2 heads, -31 for 3, -63 for more); for EAGLE heads also dynamic[-N] "
+        f"(EAGLE-2, N nodes; the default, N={EAGLE_TOTAL_TOKENS})"
+    )
+    if auto:
+        help += (
+            "; or auto: the size with the most expected tokens/s, measured here on --calibration-prompts "
+            "(decode/calibrate.py)"
+        )
+    if per_heads:
+        help += "; one name for every --heads directory, or one each"
+    parser.add_argument("--tree", nargs="*" if per_heads else None, default=None, help=help)
+
+
+def dynamic_size(tree: str | None) -> int | None:
+    """N of a `dynamic[-N]` tree name (the default size for plain `dynamic`); None for any other name."""
+    if tree is None or not tree.startswith("dynamic"):
+        return None
+    return int(tree.split("-", 1)[1]) if "-" in tree else EAGLE_TOTAL_TOKENS
 
 
 def static_record(name: str, tree: StaticTree) -> dict[str, Any]:
@@ -76,10 +105,10 @@ def drafter_for(
         name = tree or default_tree_name(heads.num_heads)
         return medusa_drafter(heads, target, default_tree(name, num_heads=heads.num_heads), name)
     if method in ("eagle", "eagle3"):
-        if tree is not None and not tree.startswith("dynamic"):
+        if tree is not None and dynamic_size(tree) is None:
             static = default_tree(tree)  # an EAGLE-1 static tree: ranks of the head's own top-k per depth
             return EagleDrafter(heads, target, static), static_record(tree, static)
-        total = int(tree.split("-", 1)[1]) if tree and "-" in tree else EAGLE_TOTAL_TOKENS
+        total = dynamic_size(tree) or EAGLE_TOTAL_TOKENS
         return dynamic_drafter(
             heads, target, top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, total_tokens=total, name=f"dynamic-{total}"
         )

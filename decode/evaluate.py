@@ -64,11 +64,10 @@ from specheads.decode.calibrate import (
     max_tree_depth,
 )
 from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, timed
-from specheads.decode.eval_drafters import EAGLE_TOTAL_TOKENS, drafter_for
+from specheads.decode.eval_drafters import EAGLE_TOTAL_TOKENS, add_tree_argument, drafter_for  # noqa: F401 (EAGLE_TOTAL_TOKENS: re-exported)
 from specheads.decode.prompts import Prompt, check_prompt_lengths, encode_prompts, read_prompts
 from specheads.decode.report import DEFINITIONS, per_category, prompt_record, render_report, summarize
 from specheads.decode.sampling import SamplingParams
-from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
 from specheads.heads.named_targets import resolve_target
@@ -228,14 +227,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--prompt-tokens", type=int, default=64, help="tokens taken from the start of each file prompt"
     )
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument(
-        "--tree",
-        default=None,
-        help=f"draft tree: one of {', '.join(sorted(DEFAULT_TREES))}, cut to the heads' depth "
-        "(default for Medusa: medusa-15 for <= 2 heads, -31 for 3, -63 for more); for EAGLE heads also "
-        f"dynamic[-N] (EAGLE-2, N nodes; the default, N={EAGLE_TOTAL_TOKENS}); or auto: the size with the "
-        "most expected tokens/s, measured here on --calibration-prompts (decode/calibrate.py)",
-    )
+    add_tree_argument(p, auto=True)
     p.add_argument(
         "--calibration-prompts",
         type=int,
@@ -254,7 +246,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0, the default: all)"
     )
     p.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus mass kept (default 1.0: all)")
-    p.add_argument("--seed", type=int, default=0, help="sampling: prompt (or batch) i is sampled with seed + i")
+    p.add_argument(
+        "--seed", type=int, default=0, help="sampling: prompt (or batch) i is sampled with seed + i"
+    )
     p.add_argument("--warmup", type=int, default=1, help="untimed prompts decoded first")
     p.add_argument(
         "--batch-size",
