@@ -16,12 +16,12 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from specheads.decode.baseline import generate_rows, pad_token_id
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
 from specheads.decode.decoder import timed
-from specheads.decode.report import prompt_record, summarize
 from specheads.decode.sampling import SamplingParams
+from specheads.evaluate.baseline import generate_rows, pad_token_id
+from specheads.evaluate.report import prompt_record, summarize
 from specheads.heads.target import FrozenTarget
 
 

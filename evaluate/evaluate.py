@@ -11,7 +11,7 @@ neither. Both are timed end to end (prefill included). Writes `results.json` and
 
 `--tree auto` first calibrates the tree on this machine: the last `--calibration-prompts` prompts (4 by
 default) are held out of the evaluation, and the tree size with the most expected tokens/s on them is used
-(decode/calibrate.py; results.json["calibration"] holds what was measured).
+(evaluate/calibrate.py; results.json["calibration"] holds what was measured).
 
 `--temperature T > 0` (with `--top-k`, `--top-p`) samples instead: the decoder with lossless sampling
 verification and a CPU generator seeded `--seed` + the prompt's index, the baseline with
@@ -53,21 +53,21 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from specheads.decode.baseline import generate_rows
 from specheads.decode.batched import BatchedSpeculativeDecoder
-from specheads.decode.batched_eval import evaluate_batched
-from specheads.decode.calibrate import (
+from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, timed
+from specheads.decode.sampling import SamplingParams
+from specheads.evaluate.baseline import generate_rows
+from specheads.evaluate.batched_eval import evaluate_batched
+from specheads.evaluate.calibrate import (
     CalibrationSettings,
     calibrated_drafter,
     calibration_note,
     hold_out,
     max_tree_depth,
 )
-from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, timed
-from specheads.decode.eval_drafters import EAGLE_TOTAL_TOKENS, add_tree_argument, drafter_for  # noqa: F401 (EAGLE_TOTAL_TOKENS: re-exported)
-from specheads.decode.prompts import Prompt, check_prompt_lengths, encode_prompts, read_prompts
-from specheads.decode.report import DEFINITIONS, per_category, prompt_record, render_report, summarize
-from specheads.decode.sampling import SamplingParams
+from specheads.evaluate.eval_drafters import EAGLE_TOTAL_TOKENS, add_tree_argument, drafter_for  # noqa: F401 (EAGLE_TOTAL_TOKENS: re-exported)
+from specheads.evaluate.prompts import Prompt, check_prompt_lengths, encode_prompts, read_prompts
+from specheads.evaluate.report import DEFINITIONS, per_category, prompt_record, render_report, summarize
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
 from specheads.heads.named_targets import resolve_target
@@ -412,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
     prompts, templated = encode_prompts(
         texts, target.tokenizer, not args.no_chat_template, args.prompt_tokens
     )
-    if args.tree == "auto":  # decode/calibrate.py
+    if args.tree == "auto":  # evaluate/calibrate.py
         held_out, _ = encode_prompts(
             held_out, target.tokenizer, not args.no_chat_template, args.prompt_tokens
         )

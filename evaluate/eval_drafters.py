@@ -47,7 +47,7 @@ def add_tree_argument(parser, *, per_heads: bool = False, auto: bool = False) ->
     if auto:
         help += (
             "; or auto: the size with the most expected tokens/s, measured here on --calibration-prompts "
-            "(decode/calibrate.py)"
+            "(evaluate/calibrate.py)"
         )
     if per_heads:
         help += "; one name for every --heads directory, or one each"

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from specheads.cli import main as cli
-from specheads.decode import DecodeOutput, evaluate
-from specheads.decode import prompts as prompt_io
-from specheads.decode.report import summarize
+from specheads.decode import DecodeOutput
+from specheads.evaluate import evaluate
+from specheads.evaluate import prompts as prompt_io
+from specheads.evaluate.report import summarize
 from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads, TargetMismatchError, save_heads
 
 # A small subset in the MT-Bench format (questions 81, 101, 121 of MT-Bench; two categories).
@@ -345,8 +346,8 @@ def test_eval_and_compare_take_one_tree_argument():
     per --heads directory, and both read dynamic[-N] the same way."""
     import argparse
 
-    from specheads.decode import compare
-    from specheads.decode.eval_drafters import EAGLE_TOTAL_TOKENS, dynamic_size
+    from specheads.evaluate import compare
+    from specheads.evaluate.eval_drafters import EAGLE_TOTAL_TOKENS, dynamic_size
 
     def tree_action(add):
         p = argparse.ArgumentParser()
