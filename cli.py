@@ -1,6 +1,10 @@
 """The `specheads` console script: one subcommand per workflow.
 
 Each subcommand lives with the code it runs and is also runnable on its own with `python -m`.
+
+From the command line an error ends the command with one line, `specheads COMMAND: error: ...` naming the
+file or key at fault, and exit code 1; `--debug` (before or after the command) shows the traceback instead.
+Called from Python with an argument list, `main(argv)` raises the error for its caller to handle.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="specheads", description="Train and prove speculative-decoding draft heads."
     )
     parser.add_argument("--version", action="version", version=f"specheads {__version__}")
+    debug_help = "on an error, show the traceback instead of one line"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
+    debug_flag = argparse.ArgumentParser(add_help=False)  # also accepted after the command
+    debug_flag.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     # (name, help, module with add_arguments and run), in the order a user meets them
@@ -41,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             help=help_text,
             description=module.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
+            parents=[debug_flag],
         )
         module.add_arguments(p)
         p.set_defaults(run=module.run)
@@ -50,12 +59,31 @@ def main(argv: list[str] | None = None) -> int:
         help="read an official engine checkpoint into a native one",
         description=formats_cli.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[debug_flag],
     )
     formats_cli.add_import_arguments(p)
     p.set_defaults(run=formats_cli.run_import)
 
     args = parser.parse_args(argv)
-    return args.run(args)
+    if args.debug or argv is not None:
+        return args.run(args)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print(f"specheads {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - every error ends as one line; --debug shows the traceback
+        print(f"specheads {args.command}: error: {error_line(e)}", file=sys.stderr)
+        return 1
+
+
+def error_line(e: BaseException) -> str:
+    """What the user reads of an error: the message of the errors the toolkit raises on purpose (bad
+    input, missing or corrupt files), the exception's type as well for anything else (a bug's clue)."""
+    message = str(e).strip() or repr(e)
+    if isinstance(e, (ValueError, OSError, LookupError, TypeError)):
+        return message
+    return f"{type(e).__name__}: {message} (run with --debug for the traceback)"
 
 
 if __name__ == "__main__":

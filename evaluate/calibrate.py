@@ -65,6 +65,7 @@ from specheads.decode.verify import Acceptance, verify_greedy
 from specheads.evaluate.baseline import generate_rows
 from specheads.evaluate.eval_drafters import EAGLE_DEPTH, EAGLE_TOP_K, dynamic_drafter, medusa_drafter
 from specheads.evaluate.step_timing import Timer, measured_timer
+from specheads.heads.methods import method_named
 from specheads.heads.target import FrozenTarget
 
 # -- calibration: settings, candidates, the choice ------------------------------------------------------
@@ -398,12 +399,45 @@ def dynamic_candidates(
     return candidates
 
 
+def calibrate_medusa(heads, target: FrozenTarget, ids, settings: CalibrationSettings) -> tuple:
+    """Medusa's `Method.calibrate`: per-head rank accuracies along greedy continuations, and a static tree
+    of each size built from them. Returns (candidates, acceptance record, capture layers, sequences)."""
+    num_ranks = min(settings.medusa_ranks, heads.config.vocab_size)
+    sequences = [(greedy_sequence(target, p, settings.max_new_tokens), p.shape[1]) for p in ids]
+    ranks = medusa_ranks(target, heads, sequences, num_ranks)
+    candidates = medusa_candidates(heads, target, ranks, num_ranks, settings.sizes)
+    acceptance = {
+        "roots": sum(len(r) for r in ranks),
+        "per_head_rank": rank_accuracies(torch.cat(ranks), num_ranks).tolist(),
+        "definition": "per_head_rank[k][r] = P(head k's rank-r guess is the target's greedy token | the "
+        f"true tokens of heads 0..k-1 are among their top {num_ranks})",
+    }
+    return candidates, acceptance, (-1,), sequences
+
+
+def calibrate_eagle(head, target: FrozenTarget, ids, settings: CalibrationSettings) -> tuple:
+    """EAGLE's (and EAGLE-3's) `Method.calibrate`: the full top-k tree recorded at every step of greedy
+    decoding, and the EAGLE-2 dynamic trees of each size cut from it. Returns as `calibrate_medusa`."""
+    top_k, depth = min(settings.top_k, head.draft_vocab_size), settings.max_depth
+    steps, sequences = record_dynamic_steps(
+        target, head, ids, top_k=top_k, depth=depth, max_new_tokens=settings.max_new_tokens
+    )
+    candidates = dynamic_candidates(head, target, steps, settings)
+    everything = top_k + (depth - 1) * top_k**2 + 1
+    acceptance = {
+        "roots": sum(len(s) for s in steps),
+        "full_tree_nodes": everything,
+        "full_tree_accept_length": dynamic_accept_length(steps, depth, everything),
+    }
+    return candidates, acceptance, tuple(head.capture_layers), sequences
+
+
 # -- `--tree auto` -------------------------------------------------------------------------------------
 
 
 def max_tree_depth(heads: torch.nn.Module, config: dict[str, Any], settings: CalibrationSettings) -> int:
     """The deepest tree the calibration may try or choose (for the prompt-length check)."""
-    return heads.num_heads if config.get("method") == "medusa" else settings.max_depth
+    return method_named(config.get("method")).max_tree_depth(heads, settings)
 
 
 def calibrated_drafter(
@@ -417,6 +451,7 @@ def calibrated_drafter(
     """`--tree auto`: measure candidate trees on the calibration prompts, keep the fastest.
 
     Args:
+        config: the checkpoint's config.json; its method's `calibrate` (the method table) measures.
         prompts: the calibration prompts (`hold_out`), each with an `id` and `input_ids` (1, T).
         timer: the timings; None measures them here (`step_timing.MeasuredTimer`).
 
@@ -426,36 +461,11 @@ def calibrated_drafter(
         tokens/s) and the chosen tree.
     """
     begin = time.perf_counter()
-    method, ids = config.get("method"), [p.input_ids for p in prompts]
-    if method == "medusa":
-        num_ranks = min(settings.medusa_ranks, heads.config.vocab_size)
-        sequences = [(greedy_sequence(target, p, settings.max_new_tokens), p.shape[1]) for p in ids]
-        ranks = medusa_ranks(target, heads, sequences, num_ranks)
-        candidates = medusa_candidates(heads, target, ranks, num_ranks, settings.sizes)
-        acceptance = {
-            "roots": sum(len(r) for r in ranks),
-            "per_head_rank": rank_accuracies(torch.cat(ranks), num_ranks).tolist(),
-            "definition": "per_head_rank[k][r] = P(head k's rank-r guess is the target's greedy token | the "
-            f"true tokens of heads 0..k-1 are among their top {num_ranks})",
-        }
-        capture_layers = (-1,)
-    elif method in ("eagle", "eagle3"):
-        top_k, depth = min(settings.top_k, heads.draft_vocab_size), settings.max_depth
-        steps, sequences = record_dynamic_steps(
-            target, heads, ids, top_k=top_k, depth=depth, max_new_tokens=settings.max_new_tokens
-        )
-        candidates = dynamic_candidates(heads, target, steps, settings)
-        everything = top_k + (depth - 1) * top_k**2 + 1
-        acceptance = {
-            "roots": sum(len(s) for s in steps),
-            "full_tree_nodes": everything,
-            "full_tree_accept_length": dynamic_accept_length(steps, depth, everything),
-        }
-        capture_layers = tuple(heads.capture_layers)
-    else:
-        raise ValueError(
-            f"--tree auto has no calibration for heads of method {method!r}; it knows medusa, eagle"
-        )
+    method = method_named(config.get("method"))
+    if method.calibrate is None:
+        raise ValueError(f"--tree auto has no calibration for heads of method {method.name!r}")
+    ids = [p.input_ids for p in prompts]
+    candidates, acceptance, capture_layers, sequences = method.calibrate(heads, target, ids, settings)
     timer = timer or measured_timer(target, capture_layers, sequences, settings.repeats)
     best = choose(timed(candidates, timer))
     record = {

@@ -1,7 +1,8 @@
 """The drafter `specheads eval` uses for a checkpoint's heads and a named tree (`--tree`).
 
-`drafter_for` is the one place where a method plugs into `eval`; `--tree auto` picks a tree by measuring
-instead (calibrate.py) and builds its drafter with the same helpers, so results.json records every tree alike.
+`drafter_for` asks the heads' method (heads/methods.py) for its drafter; `--tree auto` picks a tree by
+measuring instead (calibrate.py) and builds its drafter with the same helpers, so results.json records
+every tree alike.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from specheads.decode.drafters import Drafter, MedusaDrafter
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.trees import DEFAULT_TREES, StaticTree, default_tree
+from specheads.heads.methods import methods
 from specheads.heads.target import FrozenTarget
 
 
@@ -82,10 +84,26 @@ def dynamic_drafter(
     return drafter, {"name": name, "nodes": total_tokens, "depth": depth, "top_k": top_k}
 
 
+def check_tree_for_method(method: str | None, tree: str | None) -> None:
+    """Refuse a `--tree` the heads cannot draw (the method's `check_tree`), before any work."""
+    entry = methods().get(method)
+    if entry is not None and tree is not None:
+        entry.check_tree(tree)
+
+
+def static_tree_only(tree: str) -> None:
+    """Medusa's `Method.check_tree`: dynamic trees grow from an EAGLE head's own features."""
+    if dynamic_size(tree) is not None:
+        raise ValueError(
+            f"--tree {tree}: dynamic trees are for EAGLE heads; these are Medusa heads, which take a "
+            f"static tree ({', '.join(sorted(DEFAULT_TREES))}) or auto"
+        )
+
+
 def drafter_for(
     heads: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | None
 ) -> tuple[Drafter, dict[str, Any]]:
-    """The drafter for a checkpoint's heads and a named tree: the one place where a method plugs into `eval`.
+    """The drafter for a checkpoint's heads and a named tree: its method's `drafter` (the method table).
 
     Args:
         heads: the loaded heads (`load_heads`).
@@ -100,18 +118,32 @@ def drafter_for(
     Raises:
         ValueError: for a method that has no drafter yet, or a tree it cannot use.
     """
-    method = config.get("method")
-    if method == "medusa":
-        name = tree or default_tree_name(heads.num_heads)
-        return medusa_drafter(heads, target, default_tree(name, num_heads=heads.num_heads), name)
-    if method in ("eagle", "eagle3"):
-        if tree is not None and dynamic_size(tree) is None:
-            static = default_tree(tree)  # an EAGLE-1 static tree: ranks of the head's own top-k per depth
-            return EagleDrafter(heads, target, static), static_record(tree, static)
-        total = dynamic_size(tree) or EAGLE_TOTAL_TOKENS
-        return dynamic_drafter(
-            heads, target, top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, total_tokens=total, name=f"dynamic-{total}"
+    method = methods().get(config.get("method"))
+    if method is None or method.drafter is None:
+        known = ", ".join(name for name, m in methods().items() if m.drafter is not None)
+        raise ValueError(
+            f"`specheads eval` has no drafter for heads of method {config.get('method')!r}; it knows: {known}"
         )
-    raise ValueError(
-        f"`specheads eval` has no drafter for heads of method {method!r}; it knows: medusa, eagle, eagle3"
+    if tree is not None:
+        method.check_tree(tree)
+    return method.drafter(heads, config, target, tree)
+
+
+def medusa_drafter_for(
+    heads: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | None
+):
+    """Medusa's `Method.drafter`: its heads over a static tree (`--tree` or one sized to the heads)."""
+    name = tree or default_tree_name(heads.num_heads)
+    return medusa_drafter(heads, target, default_tree(name, num_heads=heads.num_heads), name)
+
+
+def eagle_drafter_for(head: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | None):
+    """EAGLE's and EAGLE-3's `Method.drafter`: a static EAGLE-1 tree when `--tree` names one, else EAGLE-2
+    dynamic trees (`dynamic-N`: N nodes verified a step)."""
+    if tree is not None and dynamic_size(tree) is None:
+        static = default_tree(tree)  # an EAGLE-1 static tree: ranks of the head's own top-k per depth
+        return EagleDrafter(head, target, static), static_record(tree, static)
+    total = dynamic_size(tree) or EAGLE_TOTAL_TOKENS
+    return dynamic_drafter(
+        head, target, top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, total_tokens=total, name=f"dynamic-{total}"
     )

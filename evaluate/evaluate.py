@@ -65,7 +65,12 @@ from specheads.evaluate.calibrate import (
     hold_out,
     max_tree_depth,
 )
-from specheads.evaluate.eval_drafters import EAGLE_TOTAL_TOKENS, add_tree_argument, drafter_for  # noqa: F401 (EAGLE_TOTAL_TOKENS: re-exported)
+from specheads.evaluate.eval_drafters import (  # noqa: F401 (EAGLE_TOTAL_TOKENS: re-exported)
+    EAGLE_TOTAL_TOKENS,
+    add_tree_argument,
+    check_tree_for_method,
+    drafter_for,
+)
 from specheads.evaluate.prompts import Prompt, check_prompt_lengths, encode_prompts, read_prompts
 from specheads.evaluate.report import DEFINITIONS, per_category, prompt_record, render_report, summarize
 from specheads.heads import FrozenTarget, load_heads, read_head_config
@@ -396,6 +401,7 @@ def run(args: argparse.Namespace) -> int:
     """`specheads eval`: check every input, decode every prompt both ways, write the results."""
     _check_args(args)
     head_config = read_head_config(args.heads)  # a missing or foreign checkpoint fails before any loading
+    check_tree_for_method(head_config["method"], None if args.tree == "auto" else args.tree)
     target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
     texts = read_prompts(args.prompts, target_path, args.category)
     held_out, texts = hold_out(texts, args.calibration_prompts) if args.tree == "auto" else ([], texts)

@@ -3,7 +3,7 @@
 config.json:
     format             "specheads"
     specheads_version  the version that wrote it
-    method             "medusa" | "eagle" | "eagle3"
+    method             "medusa" | "eagle" | "eagle3" (an entry of the method table, heads/methods.py)
     head_config        the head class's config (its constructor arguments)
     target             the TargetRecord of the target the heads were trained against
     capture_layers     (EAGLE heads) the target layer ids the heads read, with the indexing they use
@@ -28,21 +28,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from specheads.heads.eagle import EagleConfig, EagleHead
-from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
-from specheads.heads.medusa import MedusaConfig, MedusaHeads
+from specheads.heads.methods import methods
 from specheads.heads.target import ADAPTER_CONFIG, FrozenTarget, TargetRecord
 from specheads.version import __version__
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 ADAPTER_DIR = "adapter"  # Medusa-2: the peft adapter trained with the heads (train/medusa2.py)
-# method name -> (head class, its config class)
-HEAD_CLASSES: dict[str, tuple[type[nn.Module], type]] = {
-    "medusa": (MedusaHeads, MedusaConfig),
-    "eagle": (EagleHead, EagleConfig),
-    "eagle3": (Eagle3Head, Eagle3Config),
-}
 CAPTURE_LAYERS_INDEXING = (
     "Hugging Face hidden_states indexing: 0 = the embeddings, i = the output of decoder layer i-1, "
     "L = the last layer's output after the final norm. SGLang and ModelOpt count decoder-layer outputs "
@@ -58,7 +50,7 @@ def save_heads(
     Never half-written: config.json is removed first and written last, each file is written to a
     temporary name and renamed, so a folder with a config.json always holds a whole checkpoint.
     """
-    if heads.method not in HEAD_CLASSES:
+    if heads.method not in methods():
         raise ValueError(f"cannot save heads of unknown method {heads.method!r}")
     path = Path(path)
     config = {
@@ -75,9 +67,10 @@ def save_heads(
     state = {k: v.detach().to("cpu").contiguous() for k, v in heads.state_dict().items()}
     path.mkdir(parents=True, exist_ok=True)
     (path / CONFIG_FILE).unlink(missing_ok=True)
-    _write_atomic(
-        path / WEIGHTS_FILE, lambda f: save_file(state, f, metadata={"format": "pt", "method": heads.method})
-    )
+    # One metadata key: safetensors writes its metadata map in hash order, so two keys could come out in
+    # either order and the same weights in different bytes (runs are compared by sha256). The method is
+    # in config.json.
+    _write_atomic(path / WEIGHTS_FILE, lambda f: save_file(state, f, metadata={"format": "pt"}))
     _write_atomic(path / CONFIG_FILE, lambda f: Path(f).write_text(json.dumps(config, indent=1, default=str)))
     return path
 
@@ -118,6 +111,16 @@ def _write_atomic(dest: Path, write) -> None:
             os.unlink(tmp)
 
 
+def read_weights(file: str | Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; a truncated or damaged file is an error that names it."""
+    try:
+        return load_file(str(file))
+    except Exception as e:
+        if type(e).__name__ != "SafetensorError":  # safetensors' own error, which names no file
+            raise
+        raise ValueError(f"{file} cannot be read ({e}): truncated or damaged") from None
+
+
 def read_head_config(path: str | Path) -> dict[str, Any]:
     """The parsed config.json of a native head checkpoint, with clear errors for anything else."""
     path = Path(path)
@@ -125,13 +128,17 @@ def read_head_config(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{path} is not a specheads head checkpoint (needs {CONFIG_FILE} and {WEIGHTS_FILE})"
         )
-    config = json.loads((path / CONFIG_FILE).read_text())
-    if config.get("format") != "specheads":
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path / CONFIG_FILE} is not valid JSON ({e}): a damaged checkpoint") from None
+    if not isinstance(config, dict) or config.get("format") != "specheads":
         raise ValueError(
-            f"{path / CONFIG_FILE} is not a specheads head config (format {config.get('format')!r})"
+            f"{path / CONFIG_FILE} is not a specheads head config (format "
+            f"{config.get('format') if isinstance(config, dict) else None!r})"
         )
-    if config.get("method") not in HEAD_CLASSES:
-        raise ValueError(f"{path}: unknown method {config.get('method')!r}; known: {sorted(HEAD_CLASSES)}")
+    if config.get("method") not in methods():
+        raise ValueError(f"{path}: unknown method {config.get('method')!r}; known: {sorted(methods())}")
     return config
 
 
@@ -163,9 +170,9 @@ def load_heads(
     if target is not None:
         actual = target.record() if isinstance(target, FrozenTarget) else target
         TargetRecord.from_dict(config["target"]).check_matches(actual, what=f"heads in {path}")
-    head_cls, config_cls = HEAD_CLASSES[config["method"]]
-    heads = head_cls(config_cls(**config["head_config"]))
-    state = load_file(str(Path(path) / WEIGHTS_FILE))
+    method = methods()[config["method"]]
+    heads = method.head_class(method.config_class(**config["head_config"]))
+    state = read_weights(Path(path) / WEIGHTS_FILE)
     missing, unexpected = heads.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(

@@ -227,6 +227,10 @@ class FrozenTarget:
         try:
             config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         except OSError as e:
+            if os.path.isdir(path):  # the directory is there: its config.json is what is wrong
+                raise ValueError(
+                    f"target {name_or_path!r}: cannot read {os.path.join(path, 'config.json')} ({e})"
+                ) from e
             raise FileNotFoundError(
                 f"cannot load target {name_or_path!r}: not a local directory, and not reachable on the hub ({e})"
             ) from e
@@ -247,6 +251,14 @@ class FrozenTarget:
                     f"target {name_or_path!r} (model_type {config.model_type!r}) is not a causal LM"
                 ) from e
             raise
+        except Exception as e:
+            if type(e).__name__ != "SafetensorError":  # a truncated or damaged weights file names no file
+                raise
+            files = sorted(str(f) for f in Path(path).glob("*.safetensors")) if os.path.isdir(path) else []
+            raise ValueError(
+                f"target {name_or_path!r}: cannot read its weights {', '.join(files) or path} ({e}): "
+                "truncated or damaged"
+            ) from None
         tokenizer = (
             AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
             if load_tokenizer

@@ -33,11 +33,12 @@ from pathlib import Path
 
 import torch
 
+from specheads.heads.methods import method_named, methods
 from specheads.train.sources import stdlib_rows
 from specheads.train.tiny_target import ensure_tiny_target
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("medusa", "medusa2", "eagle", "eagle3")
+METHODS = tuple(methods())  # the method table: one recipe each in recipes/tiny/
 FP32_BYTES = 4
 
 
@@ -92,7 +93,7 @@ def bench_method(args, method: str, target: Path, data: Path, work: Path) -> dic
     online = work / f"{method}-online"
     run([*train, *overrides(args, target, data, online), "--no-progress"], args.threads)
     result = {"online": step_figures(summary_of(online))}
-    if method == "medusa2":  # its adapters change the hidden states: no offline mode
+    if method_named(method).online_only:  # Medusa-2's adapters change the hidden states: no offline mode
         return result
     cache = work / f"{method}-cache"
     cache_cmd = [

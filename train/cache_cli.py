@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from specheads.heads.methods import method_named
 from specheads.heads.named_targets import resolve_target
 from specheads.train import loop
 from specheads.train.config import load_config
@@ -36,11 +37,9 @@ def cache_recipe(
     progress: bool = True,
 ) -> dict[str, dict]:
     """Build the cache of each split of `cfg`'s data under `out` ({split: build_cache summary})."""
-    if cfg.method == "medusa2":
-        raise ValueError(
-            "method 'medusa2' trains LoRA adapters that change the target's hidden states: it trains online, "
-            "and has nothing to cache"
-        )
+    why = method_named(cfg.method).online_only
+    if why:
+        raise ValueError(f"method {cfg.method!r} {why}: it trains online, and has nothing to cache")
     if getattr(cfg, "mode", "online") != "online":
         cfg = dataclasses.replace(cfg, mode="online")  # the rows come from the data, not from a cache
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -16,7 +16,8 @@ see train/sampler.py) are what an uninterrupted run holds after step N, so the r
 bit for bit. It needs the same number of processes (each has its own RNG state).
 
 SIGTERM (a scheduler's preemption, torchrun passing on a kill) sets a flag; the loop finishes its
-step, saves a checkpoint and returns.
+step, saves a checkpoint and returns; `specheads train` then exits with INTERRUPTED_EXIT_CODE (143, what a
+shell reports for a process SIGTERM ended), never 0: the run is not finished.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from specheads.train.distributed import zero_stage
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
 ACCELERATE_STATE = "accelerate"
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGTERM  # 143
 _STEP_DIR = re.compile(r"step-(\d+)")
 # Recipe keys a resumed run may change: they decide what is logged or kept, or where, not the numbers.
 # (max_steps moves the end, and with it the cosine schedule from the resumed step on.)

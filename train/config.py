@@ -10,16 +10,17 @@ import dataclasses
 import difflib
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from specheads.heads.methods import methods
 from specheads.train.data_sources import check_max_bad_rows
-from specheads.train.medusa2 import LAMBDA0_SCHEDULES, LORA_TARGET_MODULES
+from specheads.train.medusa2 import LORA_TARGET_MODULES
 
-METHODS = ("medusa", "medusa2", "eagle", "eagle3")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 MODES = ("online", "offline")
 REPORT_TO = ("wandb", "none")
@@ -102,9 +103,11 @@ class TrainConfig:
     run_name: str = ""  # wandb's run name; empty: wandb picks one
 
     def __post_init__(self):
+        table = methods()
+        if self.method not in table:
+            raise ValueError(f"bad recipe value: method must be one of {tuple(table)}, got {self.method!r}")
+        method = table[self.method]
         checks = [
-            (self.method in METHODS, f"method must be one of {METHODS}, got {self.method!r}"),
-            (self.labels in ("data", "target"), f"labels must be 'data' or 'target', got {self.labels!r}"),
             (
                 self.loss_on in ("assistant", "last_assistant", "all"),
                 f"loss_on must be 'assistant', 'last_assistant' or 'all', got {self.loss_on!r}",
@@ -116,46 +119,33 @@ class TrainConfig:
                 "mode 'offline' reads the hidden-state cache: set cache_dir (written by `specheads cache`)",
             ),
             (
-                self.method != "medusa2" or self.mode == "online",
-                "method 'medusa2' trains LoRA adapters that change the target's hidden states, so it "
-                "cannot read them from a cache: use mode 'online'",
+                not method.online_only or self.mode == "online",
+                f"method {self.method!r} {method.online_only}, so it cannot read them from a cache: use "
+                "mode 'online'",
             ),
-            (
-                self.lambda0_schedule in LAMBDA0_SCHEDULES,
-                f"lambda0_schedule must be one of {LAMBDA0_SCHEDULES}, got {self.lambda0_schedule!r}",
-            ),
-            (0 < self.lambda0_warmup <= 1, f"lambda0_warmup must be in (0, 1], got {self.lambda0_warmup}"),
-            (0 <= self.lora_dropout < 1, f"lora_dropout must be in [0, 1), got {self.lora_dropout}"),
-            (bool(self.lora_target_modules), "lora_target_modules must name at least one linear layer"),
             (self.report_to in REPORT_TO, f"report_to must be one of {REPORT_TO}, got {self.report_to!r}"),
             (self.save_every >= 0, f"save_every must be >= 0, got {self.save_every}"),
             (self.keep_checkpoints >= 0, f"keep_checkpoints must be >= 0, got {self.keep_checkpoints}"),
             (0 <= self.eval_fraction < 1, f"eval_fraction must be in [0, 1), got {self.eval_fraction}"),
             (bool(self.data), "data must name at least one source"),
-            (self.noise >= 0, f"noise must be >= 0, got {self.noise}"),
-            (
-                len(self.eagle3_layers) in (0, 3),
-                f"eagle3_layers takes 3 layer ids (low, mid, high) or none, got {self.eagle3_layers}",
-            ),
-            (
-                _ascending_or_mixed(self.eagle3_layers),
-                f"eagle3_layers {self.eagle3_layers} must be distinct and ascending (low, mid, high): SGLang "
-                "and vLLM capture each layer once, in ascending order",
-            ),
         ]
+        for entry in table.values():  # a bad value is an error whatever the method (a later method= override)
+            checks += entry.check_recipe(self)
         for name in (
-            "num_heads",
-            "num_layers",
             "batch_size",
             "grad_accum",
             "max_steps",
             "max_length",
             "topk",
-            "draft_vocab_size",
-            "ttt_steps",
-            "lora_r",
+            "eval_every",  # a step count that divides: 0 would never come round
+            "eval_batches",
+            "log_every",
         ):
             checks.append((getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}"))
+        for name in ("lr", "lr_adapter", "max_grad_norm"):
+            checks.append((getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}"))
+        for name in ("warmup_steps", "weight_decay", "num_workers"):
+            checks.append((getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad recipe value: {message}")
@@ -166,14 +156,6 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _ascending_or_mixed(layers: list[int]) -> bool:
-    """Ids of one sign must ascend strictly; mixed signs (e.g. [2, 16, -3]) are checked against the
-    target's depth when the head is built (Eagle3Config)."""
-    if not (all(i >= 0 for i in layers) or all(i < 0 for i in layers)):
-        return True
-    return all(a < b for a, b in zip(layers, layers[1:]))
 
 
 def _coerce(name: str, value: Any, annotation: Any) -> Any:
@@ -219,7 +201,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"override {item!r} is not key=value")
-        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError as e:
+            raise ValueError(f"override {item!r}: the value is not valid YAML ({_first_line(e)})") from None
     return out
 
 
@@ -232,6 +217,13 @@ def find_recipe(recipe: str | Path) -> Path:
     if not path.is_absolute() and packaged.is_file():
         return packaged
     raise FileNotFoundError(f"recipe {recipe} not found")
+
+
+def _first_line(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: its problem and where (`line 3, column 5`)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(e, 'problem', None) or str(e).splitlines()[0]}{where}"
 
 
 def _reject_unknown(values: dict[str, Any], known: dict[str, Any], where: str) -> None:
@@ -250,7 +242,10 @@ def load_config(recipe: str | Path | None, overrides: list[str] | dict[str, Any]
     known = {f.name: f for f in fields(TrainConfig)}
     if recipe is not None:
         path = find_recipe(recipe)
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"recipe {path} is not valid YAML: {_first_line(e)}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"recipe {recipe} must be a mapping of keys to values")
         _reject_unknown(loaded, known, f"in {recipe}")
@@ -259,4 +254,29 @@ def load_config(recipe: str | Path | None, overrides: list[str] | dict[str, Any]
     _reject_unknown(overrides, known, "on the command line")
     values.update(overrides)
     typed = {k: _coerce(k, v, known[k].type) for k, v in values.items()}
+    _warn_other_methods_keys(typed, recipe)
     return TrainConfig(**typed)
+
+
+def _warn_other_methods_keys(values: dict[str, Any], recipe) -> None:
+    """A key set away from its default that only other methods read does nothing for this one: say so,
+    naming whose it is (a whole saved config, every key at its value, says nothing)."""
+    table = methods()
+    defaults = TrainConfig.__dataclass_fields__
+    method = table.get(values.get("method", TrainConfig.method))
+    if method is None:
+        return  # TrainConfig names the known methods
+    for key in values:
+        owners = [name for name, m in table.items() if key in m.recipe_keys]
+        default = (
+            defaults[key].default_factory()
+            if callable(defaults[key].default_factory)
+            else defaults[key].default
+        )
+        if owners and key not in method.recipe_keys and values[key] != default:
+            where = f"in {recipe}" if recipe is not None else "on the command line"
+            warnings.warn(
+                f"recipe key {key!r} {where} is read by method {', '.join(owners)} only; method "
+                f"{method.name!r} ignores it",
+                stacklevel=3,
+            )

@@ -330,13 +330,22 @@ def _looks_like_path(source: str) -> bool:
     return source.startswith(("/", ".", "~")) or source.count("/") > 1 or source.lower().endswith(known)
 
 
+def _relative_note(path: Path) -> str:
+    """Where a relative data path was looked for: the working folder, not the recipe's."""
+    if path.is_absolute():
+        return ""
+    return f" (a relative path is resolved against the working folder, {Path.cwd()}, not the recipe's)"
+
+
 def _data_files(source: str) -> tuple[str, list[str]] | None:
     """(family, files) for a local file, a glob, or a directory of data files; None for a hub name."""
     path = Path(source).expanduser()
     if _GLOB_CHARS.search(source):
         files = [Path(f) for f in sorted(glob.glob(str(path), recursive=True)) if Path(f).is_file()]
         if not files:
-            raise FileNotFoundError(f"data source {source!r}: the pattern matches no files")
+            raise FileNotFoundError(
+                f"data source {source!r}: the pattern matches no files{_relative_note(path)}"
+            )
     elif path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path)))
         files = [
@@ -350,7 +359,7 @@ def _data_files(source: str) -> tuple[str, list[str]] | None:
     elif path.is_file():
         files = [path]
     elif _looks_like_path(source):
-        raise FileNotFoundError(f"data source {source!r}: no such file or directory")
+        raise FileNotFoundError(f"data source {source!r}: no such file or directory{_relative_note(path)}")
     else:
         return None
     families = {_family(f) for f in files}

@@ -61,8 +61,9 @@ from safetensors.torch import save_file
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from specheads.heads import FrozenTarget, TargetRecord, default_eagle3_layers, resolve_dtype
+from specheads.heads import FrozenTarget, TargetRecord, resolve_dtype
 from specheads.heads.checkpoint import sha256_file
+from specheads.heads.methods import methods
 from specheads.train.offline_target import OfflineTarget, target_output
 from specheads.train.packing import collate
 
@@ -113,14 +114,15 @@ class TokenMismatchError(CacheError):
 
 
 def cache_layers(method: str, num_layers: int, eagle3_layers: Sequence[int] = ()) -> tuple[int, ...]:
-    """The layer ids a method's training reads: L (after the final norm; logits are lm_head of it),
-    plus EAGLE-3's three fused layers ((2, L//2, L-3) unless given)."""
-    if method in ("medusa", "medusa2", "eagle"):
-        return (num_layers,)
-    if method == "eagle3":
-        fused = [i % (num_layers + 1) for i in eagle3_layers] or list(default_eagle3_layers(num_layers))
-        return tuple(sorted({*fused, num_layers}))
-    raise ValueError(f"no cache layout for method {method!r}; expected medusa, eagle or eagle3")
+    """The layer ids a method's training reads (its `target_layers` in the method table): L (after the
+    final norm; logits are lm_head of it), plus EAGLE-3's three fused layers ((2, L//2, L-3) unless given)."""
+    entry = methods().get(method)
+    if entry is None or entry.online_only:
+        raise ValueError(
+            f"no cache layout for method {method!r}; expected one of "
+            f"{', '.join(n for n, m in methods().items() if not m.online_only)}"
+        )
+    return entry.target_layers(num_layers, eagle3_layers)
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:

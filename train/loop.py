@@ -40,23 +40,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from specheads.heads import (
-    Eagle3Config,
-    Eagle3Head,
-    EagleConfig,
-    EagleHead,
-    FrozenTarget,
-    MedusaConfig,
-    MedusaHeads,
-    TargetRecord,
-    draft_vocab_from_counts,
-    layer_config_from,
-    save_heads,
-)
-from specheads.heads.checkpoint import ADAPTER_DIR
+from specheads.heads import FrozenTarget, TargetRecord, save_heads
+from specheads.heads.methods import Method, method_named
 from specheads.heads.named_targets import resolve_target
 from specheads.train import data as data_lib
 from specheads.train.checkpointing import (
+    INTERRUPTED_EXIT_CODE,
     StopOnSignal,
     check_resumable,
     heads_for_saving,
@@ -78,18 +67,7 @@ from specheads.train.distributed import (
     shard_target,
     target_parameter_counts,
 )
-from specheads.train.eagle_losses import DraftMetrics, count_label_tokens
 from specheads.train.hidden_cache import CachedRows, cache_layers, collate_cached
-from specheads.train.losses import HeadMetrics
-from specheads.train.medusa2 import (
-    Medusa2WithLoss,
-    gathered_adapter,
-    lambda0,
-    param_groups,
-    register_adapter_state_hooks,
-    save_adapter,
-    wrap_target_with_lora,
-)
 from specheads.train.objective import HeadsWithLoss
 from specheads.train.offline_target import OfflineTarget, target_output
 from specheads.train.provenance import provenance, write_provenance
@@ -117,42 +95,11 @@ def load_target(cfg: TrainConfig, path: str, device: torch.device) -> FrozenTarg
 
 
 def build_heads(cfg: TrainConfig, target: FrozenTarget, train_rows=None) -> tuple[nn.Module, dict]:
-    """The heads `cfg.method` names (Medusa-2: Medusa heads), on the target's device, and notes for the
-    training record."""
+    """The heads `cfg.method` builds (its entry in the method table), on the target's device, and notes
+    for the training record."""
     if isinstance(train_rows, CachedRows):  # the heads read tokens only (EAGLE-3's draft vocabulary)
         train_rows = train_rows.expected
-    if cfg.method == "eagle":
-        head = EagleHead(EagleConfig(layer_config_from(target.config), fc_bias=cfg.fc_bias))
-        return head.to(target.device), {}
-    if cfg.method == "eagle3":
-        return build_eagle3_head(cfg, target, train_rows)
-    heads = MedusaHeads(
-        MedusaConfig(
-            hidden_size=target.hidden_size,
-            vocab_size=target.vocab_size,
-            num_heads=cfg.num_heads,
-            num_layers=cfg.num_layers,
-            share_lm_head=cfg.share_lm_head,
-        )
-    )
-    if not cfg.share_lm_head:
-        heads.init_lm_heads_from(target.lm_head)
-    return heads.to(target.device), {}
-
-
-def build_eagle3_head(cfg: TrainConfig, target: FrozenTarget, train_rows) -> tuple[Eagle3Head, dict]:
-    """An EAGLE-3 head whose draft vocabulary is the most frequent label tokens of `train_rows`."""
-    size = min(cfg.draft_vocab_size, target.vocab_size)
-    config = Eagle3Config(
-        layer_config_from(target.config),
-        draft_vocab_size=size,
-        target_layers=tuple(target.layer_id(i) for i in cfg.eagle3_layers),
-    )
-    counts = count_label_tokens(train_rows, target.vocab_size)
-    draft_vocab = draft_vocab_from_counts(counts, size)
-    coverage = counts[draft_vocab].sum().item() / max(counts.sum().item(), 1)
-    head = Eagle3Head(config).set_draft_vocab(draft_vocab)
-    return head.to(target.device), {"draft_vocab_size": size, "draft_vocab_label_coverage": coverage}
+    return method_named(cfg.method).build_heads(cfg, target, train_rows)
 
 
 def lr_lambda(step: int, cfg: TrainConfig) -> float:
@@ -222,18 +169,21 @@ def train_batches(cfg: TrainConfig, dataset, collate, accelerator, start: int) -
 # -- one step -------------------------------------------------------------------------------------
 
 
-def heads_loss(model, target, batch: dict, weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, float]:
+def heads_loss(
+    method: Method, model, target, batch: dict, weight: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """The frozen target's forward over `batch`, then the heads' loss through `model`.
 
     This is the loop's one call into the target: online it runs, offline (OfflineTarget) it reads the
     cached states the batch carries. `model` is the prepared HeadsWithLoss: calling it, not its insides,
-    is what lets DDP and DeepSpeed do their part. Medusa-2's Medusa2WithLoss runs the adapted target
-    itself, with `weight` the heads' λ0. Returns (loss, metric sums, target seconds).
+    is what lets DDP and DeepSpeed do their part. A method whose objective `runs_target` (Medusa-2's
+    adapted target) is called with `weight`, the heads' loss weight. Returns (loss, metric sums, target
+    seconds).
     """
-    objective = getattr(model, "module", model)  # the HeadsWithLoss inside a DDP / DeepSpeed wrapper
-    if isinstance(objective, Medusa2WithLoss):
+    if method.runs_target:
         loss, metrics = model(batch, weight)
         return loss, metrics, 0.0
+    objective = getattr(model, "module", model)  # the HeadsWithLoss inside a DDP / DeepSpeed wrapper
     started = time.perf_counter()
     out = target_output(target, batch, capture=objective.capture_layers, logits=objective.needs_logits)
     target_seconds = time.perf_counter() - started
@@ -241,32 +191,14 @@ def heads_loss(model, target, batch: dict, weight: float = 0.0) -> tuple[torch.T
     return loss, metrics, target_seconds
 
 
-def heads_weight(cfg: TrainConfig, step: int) -> float:
-    """Medusa-2's λ0 at optimizer step `step` (1-based); 0 for the other methods (unused)."""
-    if cfg.method != "medusa2":
-        return 0.0
-    return lambda0(
-        step - 1, cfg.max_steps, peak=cfg.lambda0, schedule=cfg.lambda0_schedule, warmup=cfg.lambda0_warmup
-    )
-
-
 def metric_sums(cfg: TrainConfig) -> torch.Tensor:
     """Zeroed sums of the method's metrics: (rows, heads or draft steps)."""
-    if cfg.method in ("medusa", "medusa2"):  # Medusa-2: one more column, the target's KL
-        return torch.zeros(4, cfg.num_heads + (cfg.method == "medusa2"), dtype=torch.float64)
-    steps = cfg.ttt_steps if cfg.method == "eagle3" else 1
-    return torch.zeros(DraftMetrics.ROWS, steps, dtype=torch.float64)
+    return torch.zeros(*method_named(cfg.method).metric_shape(cfg), dtype=torch.float64)
 
 
 def summarise(cfg: TrainConfig, sums: torch.Tensor) -> dict[str, float]:
     """Summed metrics -> means, tau_sim and the loss as training weighs it."""
-    if cfg.method == "medusa":
-        return HeadMetrics.summarise(sums, cfg.decay, cfg.topk)
-    if cfg.method == "medusa2":
-        return Medusa2WithLoss.summarise(sums, cfg.decay, cfg.topk)
-    if cfg.method == "eagle":
-        return DraftMetrics.summarise(sums, [cfg.w_tok], cfg.topk, w_feat=cfg.w_feat)
-    return DraftMetrics.summarise(sums, [cfg.decay**i for i in range(cfg.ttt_steps)], cfg.topk)
+    return method_named(cfg.method).summarise(cfg, sums)
 
 
 def train_step(
@@ -274,12 +206,12 @@ def train_step(
 ) -> float:
     """Optimizer step `step` over `grad_accum` micro-batches; adds their metrics to `window`. Returns the
     gradient norm before clipping."""
-    weight = heads_weight(cfg, step)
+    weight = run.method.heads_weight(cfg, step)
     for _ in range(cfg.grad_accum):
         batch = next(batches)
         with accelerator.accumulate(run.model):  # gradients sync on the last micro-batch only
             with accelerator.autocast():
-                loss, metrics, target_seconds = heads_loss(run.model, run.target, batch, weight)
+                loss, metrics, target_seconds = heads_loss(run.method, run.model, run.target, batch, weight)
             accelerator.backward(loss)  # divided by grad_accum
         window += metrics
         timing["target"] += target_seconds
@@ -306,7 +238,8 @@ def evaluate(cfg: TrainConfig, accelerator, model, target, loader: DataLoader) -
     sums = metric_sums(cfg)
     for i in range(accelerator.process_index, math.ceil(n / procs) * procs, procs):
         batch = {k: v.to(accelerator.device) for k, v in batches[min(i, n - 1)].items()}
-        _, metrics, _ = heads_loss(model, target, batch, cfg.lambda0)  # metrics do not depend on λ0
+        # metrics do not depend on the heads' weight
+        _, metrics, _ = heads_loss(method_named(cfg.method), model, target, batch, cfg.lambda0)
         if i < n:
             sums += metrics
     model.train()
@@ -322,7 +255,7 @@ def train_record(
     window.zero_()
     seconds, labels = timing["step"] - since[0], timing["labels"] - since[1]
     lrs = run.scheduler.get_last_lr()  # Medusa-2: (heads, adapters)
-    extra = {"lr_adapter": lrs[-1], "lambda0": heads_weight(cfg, step)} if cfg.method == "medusa2" else {}
+    extra = run.method.log_extras(cfg, step, lrs)
     return {
         "step": step,
         "split": "train",
@@ -347,6 +280,7 @@ def stop_requested(accelerator, stop: StopOnSignal) -> bool:
 class Run:
     """What a training run holds from set-up to the end."""
 
+    method: Method  # its entry in the method table
     target: FrozenTarget | OfflineTarget  # Medusa-2: the target with its LoRA adapters
     record: TargetRecord
     model: nn.Module  # HeadsWithLoss (Medusa-2: Medusa2WithLoss), as accelerate prepared it
@@ -360,26 +294,20 @@ class Run:
 
 
 def build_objective(
-    cfg: TrainConfig, target, heads: nn.Module
+    cfg: TrainConfig, method: Method, target, heads: nn.Module
 ) -> tuple[nn.Module, torch.optim.Optimizer, object]:
     """(the module data-parallel wrappers train, its AdamW, the target from here on).
 
-    HeadsWithLoss holds the heads only; the frozen target stays outside it. Medusa-2 puts LoRA adapters
-    on the target and trains them with the heads inside Medusa2WithLoss, at their own learning rate.
+    HeadsWithLoss holds the heads only; the frozen target stays outside it. A method with an objective
+    of its own builds it (Medusa-2: LoRA adapters on the target, trained with the heads).
     """
-    if cfg.method == "medusa2":
-        target = wrap_target_with_lora(
-            target,
-            r=cfg.lora_r,
-            alpha=cfg.lora_alpha,
-            dropout=cfg.lora_dropout,
-            target_modules=cfg.lora_target_modules,
-        )
-        model = Medusa2WithLoss(heads, target, decay=cfg.decay, topk=cfg.topk, labels=cfg.labels)
-        groups = param_groups(heads, target, cfg.lr, cfg.lr_adapter, cfg.weight_decay)
-        return model, torch.optim.AdamW(groups), target
+    if method.objective is not None:
+        return method.objective(cfg, target, heads)
     model = HeadsWithLoss(
         heads,
+        method.loss,
+        capture_layers=method.capture(heads),
+        needs_logits=method.needs_logits(cfg),
         labels=cfg.labels,
         decay=cfg.decay,
         topk=cfg.topk,
@@ -392,6 +320,7 @@ def build_objective(
 
 
 def set_up(cfg: TrainConfig, accelerator) -> Run:
+    method = method_named(cfg.method)
     with accelerator.main_process_first():  # builds the embedded target once
         path = resolve_target(cfg.target)
     target = load_target(cfg, path, accelerator.device)
@@ -405,19 +334,27 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
         )
     with gathered_lm_head(target):
         heads, notes = build_heads(cfg, target, train_rows)
-    model, optimizer, target = build_objective(cfg, target, heads)
+    model, optimizer, target = build_objective(cfg, method, target, heads)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, cfg=cfg))
     fill_deepspeed_config(accelerator, cfg)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    # Offline there are no decoder layers to shard; Medusa-2's target is inside the prepared model.
-    engine = shard_target(accelerator, target) if cfg.mode == "online" and cfg.method != "medusa2" else None
+    # Offline there are no decoder layers to shard; an objective that runs the target holds it.
+    engine = shard_target(accelerator, target) if cfg.mode == "online" and not method.runs_target else None
     register_state_hooks(accelerator)
-    if cfg.method == "medusa2":
-        register_adapter_state_hooks(accelerator, target)
-        notes["adapter"] = ADAPTER_DIR  # a peft adapter beside the heads: the target they were trained on
+    notes.update(method.after_prepare(accelerator, target))
     training = {**cfg.to_dict(), "target_resolved": target.name_or_path, **notes}
     return Run(
-        target, record, model, optimizer, scheduler, train_rows, collate, eval_loader, training, engine
+        method,
+        target,
+        record,
+        model,
+        optimizer,
+        scheduler,
+        train_rows,
+        collate,
+        eval_loader,
+        training,
+        engine,
     )
 
 
@@ -508,7 +445,7 @@ def finish(
     total, resident = target_parameter_counts(run.target)
     resident_all = accelerator.gather(torch.tensor([resident], device=accelerator.device)).tolist()
     memory = memory_per_process(accelerator)
-    inside = cfg.method == "medusa2"  # its target runs inside the objective's forward: not timed apart
+    inside = run.method.runs_target  # its target runs inside the objective's forward: not timed apart
     summary = {
         "steps": cfg.max_steps,
         "completed": completed,  # False: stopped by SIGTERM after `last_step`; resume=auto continues
@@ -526,10 +463,8 @@ def finish(
         "eval": last_eval,
     }
     heads = heads_for_saving(accelerator, run.model) if completed else None
-    if completed and cfg.method == "medusa2":  # before the heads: their config.json is written last
-        with gathered_adapter(run.target):
-            if accelerator.is_main_process:
-                save_adapter(run.target, out_dir)
+    if completed and run.method.save_extra is not None:  # before the heads: config.json is written last
+        run.method.save_extra(accelerator, run.target, out_dir)
     if accelerator.is_main_process:
         if completed:
             save_heads(heads, out_dir, run.record, {**run.training, "step": cfg.max_steps, "eval": last_eval})
@@ -560,17 +495,17 @@ def train_and_report(args: argparse.Namespace) -> int:
     cfg = load_config(args.recipe, args.overrides)
     summary = train(cfg, progress=not args.no_progress)
     if not PartialState().is_main_process:
-        return 0
+        return 0 if summary["completed"] else INTERRUPTED_EXIT_CODE
     if not summary["completed"]:
         print(
             f"stopped by SIGTERM after step {summary['last_step']} of {cfg.max_steps}; checkpoint written to "
             f"{cfg.output_dir}/checkpoints; continue with: specheads train {args.recipe} ... resume=auto"
         )
-        return 0
+        return INTERRUPTED_EXIT_CODE  # unfinished: a scheduler or script must not take it for done
     ev = summary["eval"]
     if ev:
         accs = " ".join(f"{value:.3f}" for key, value in ev.items() if key.endswith("/top1"))
-        per = "head" if cfg.method in ("medusa", "medusa2") else "draft step"
+        per = method_named(cfg.method).metric_unit
         print(f"held-out top-1 per {per}: {accs}   tau_sim {ev['tau_sim']:.2f}")
     print(f"heads written to {cfg.output_dir} ({summary['wall_seconds']} s)")
     return 0

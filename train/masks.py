@@ -149,14 +149,14 @@ def _prefix_spans(
 
 
 def tokenize_chat(
-    messages: Sequence[dict], tokenizer, *, loss_on: str | Iterable[str] = "assistant", method: str = "auto"
+    messages: Sequence[dict], tokenizer, *, loss_on: str | Iterable[str] = "assistant", mask_by: str = "auto"
 ) -> tuple[list[int], list[int]]:
     """Token ids of one conversation in the tokenizer's chat template, and its loss mask (untruncated).
 
     Args:
         messages: [{"role", "content"}, ...] with roles in ROLES.
         loss_on: see the module docstring.
-        method: "auto" (generation markers when the template has them and every assistant turn is
+        mask_by: "auto" (generation markers when the template has them and every assistant turn is
             trained on, else prefix renders), "prefix" or "markers".
 
     Raises:
@@ -166,17 +166,17 @@ def tokenize_chat(
     roles, last_only = parse_loss_on(loss_on)
     if tokenizer.chat_template is None:
         raise ChatMaskError(f"{type(tokenizer).__name__} has no chat_template; conversations need one")
-    if method not in ("auto", "prefix", "markers"):
-        raise ValueError(f"unknown method {method!r}; expected 'auto', 'prefix' or 'markers'")
+    if mask_by not in ("auto", "prefix", "markers"):
+        raise ValueError(f"unknown mask_by {mask_by!r}; expected 'auto', 'prefix' or 'markers'")
     markers = has_generation_markers(tokenizer.chat_template)
-    if method == "markers" and not (markers and roles == {"assistant"} and not last_only):
-        raise ValueError("method='markers' needs a template with {% generation %} and loss_on='assistant'")
+    if mask_by == "markers" and not (markers and roles == {"assistant"} and not last_only):
+        raise ValueError("mask_by='markers' needs a template with {% generation %} and loss_on='assistant'")
     try:
         full = _render(tokenizer, messages, False)
         if roles is None:
             ids = tokenizer(full, add_special_tokens=False)["input_ids"]
             return ids, [1] * len(ids)
-        if method != "prefix" and markers and roles == {"assistant"} and not last_only:
+        if mask_by != "prefix" and markers and roles == {"assistant"} and not last_only:
             enc = tokenizer.apply_chat_template(
                 list(messages), tokenize=True, return_dict=True, return_assistant_tokens_mask=True
             )

@@ -18,19 +18,24 @@ token-weighted mean over the global batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import nn
 
 from specheads.heads import TargetOutput
-from specheads.train.eagle_losses import eagle3_loss, eagle_loss
-from specheads.train.losses import medusa_loss
 
 
 class HeadsWithLoss(nn.Module):
     """forward(batch, out, target) -> (loss (), metrics (rows, heads or draft steps) float64 sums).
 
     Args:
-        heads: MedusaHeads, EagleHead or Eagle3Head (its `method` picks the loss).
+        heads: the method's heads (MedusaHeads, EagleHead, Eagle3Head, ...).
+        loss: the method's loss (`Method.loss`), called as loss(self, batch, out, target); it reads the
+            settings below from `self`.
+        capture_layers: the target layers the loss reads (`Method.capture`).
+        needs_logits: whether the loss reads the target's logits.
         labels: Medusa only: "data" (the text's tokens) or "target" (the target's distributions).
         decay: weight of Medusa head k / EAGLE-3 step k is decay**k.
         topk: the k of the top-k accuracy in the metrics.
@@ -41,7 +46,10 @@ class HeadsWithLoss(nn.Module):
     def __init__(
         self,
         heads: nn.Module,
+        loss: Callable[..., tuple[torch.Tensor, Any]],
         *,
+        capture_layers: tuple[int, ...],
+        needs_logits: bool = True,
         labels: str = "data",
         decay: float = 0.8,
         topk: int = 5,
@@ -52,72 +60,12 @@ class HeadsWithLoss(nn.Module):
     ):
         super().__init__()
         self.heads = heads
-        self.method = heads.method
+        self.loss, self.capture_layers, self.needs_logits = loss, tuple(capture_layers), needs_logits
         self.labels, self.decay, self.topk = labels, decay, topk
         self.w_feat, self.w_tok, self.noise, self.ttt_steps = w_feat, w_tok, noise, ttt_steps
-
-    @property
-    def capture_layers(self) -> tuple[int, ...]:
-        """The target layers the loss reads (Medusa: the last hidden state, id -1)."""
-        return (-1,) if self.method == "medusa" else tuple(self.heads.capture_layers)
-
-    @property
-    def needs_logits(self) -> bool:
-        """Whether the loss reads the target's logits."""
-        return self.method != "medusa" or self.labels == "target"
 
     def forward(self, batch: dict, out: TargetOutput, target) -> tuple[torch.Tensor, torch.Tensor]:
         """batch: input_ids, loss_mask, position_ids (B, T), attention_mask; out: the target's forward
         over it; target: lends embed_tokens, lm_head and num_layers."""
-        if self.method == "medusa":
-            loss, metrics = self.medusa(batch, out, target)
-        elif self.method == "eagle":
-            loss, metrics = eagle_loss(
-                self.heads,
-                out.hidden[target.num_layers],  # f_t, after the final norm
-                batch["input_ids"],
-                batch["loss_mask"],
-                batch["position_ids"],
-                out.logits,
-                target.embed_tokens,
-                target.lm_head,
-                attention_mask=batch["attention_mask"],
-                w_feat=self.w_feat,
-                w_tok=self.w_tok,
-                noise=self.noise,
-                topk=self.topk,
-            )
-        else:
-            loss, metrics = eagle3_loss(
-                self.heads,
-                out.hidden,
-                batch["input_ids"],
-                batch["loss_mask"],
-                batch["position_ids"],
-                out.logits,
-                target.embed_tokens,
-                attention_mask=batch["attention_mask"],
-                steps=self.ttt_steps,
-                decay=self.decay,
-                topk=self.topk,
-            )
+        loss, metrics = self.loss(self, batch, out, target)
         return loss, metrics.as_tensor()
-
-    def medusa(self, batch: dict, out: TargetOutput, target):
-        hidden = out.hidden[target.num_layers]  # (B, T, H), after the final norm
-        loss, metrics = medusa_loss(
-            self.heads,
-            hidden,
-            batch["input_ids"],
-            batch["loss_mask"],
-            batch["position_ids"],
-            decay=self.decay,
-            topk=self.topk,
-            target_logits=out.logits if self.labels == "target" else None,
-            lm_head=target.lm_head,
-        )
-        # Heads whose offset passes the batch's length get no loss; DDP needs every parameter in the
-        # graph, so run them on no positions (a zero with zero gradients).
-        for k in range(max(0, hidden.shape[1] - 2), self.heads.num_heads):
-            loss = loss + self.heads.head(k, hidden[:0, 0], target.lm_head).sum()
-        return loss, metrics

@@ -33,15 +33,16 @@ from specheads.heads.formats.io import (
     write_export,
 )
 from specheads.heads.formats.medusa import from_medusa, from_vllm_medusa, to_medusa, to_vllm_medusa
+from specheads.heads.methods import methods
 from specheads.heads.target import FrozenTarget, TargetMismatchError
 
-# format -> (the head method it holds, exporter, importer)
+# format -> (exporter, importer); which method's heads each holds is the method table's `export_formats`
 FORMATS = {
-    "medusa": ("medusa", to_medusa, from_medusa),
-    "vllm-medusa": ("medusa", to_vllm_medusa, from_vllm_medusa),
-    "eagle": ("eagle", to_eagle, from_eagle),
-    "eagle3": ("eagle3", to_eagle3, from_eagle3),
-    "speculators": ("eagle3", to_speculators, from_speculators),
+    "medusa": (to_medusa, from_medusa),
+    "vllm-medusa": (to_vllm_medusa, from_vllm_medusa),
+    "eagle": (to_eagle, from_eagle),
+    "eagle3": (to_eagle3, from_eagle3),
+    "speculators": (to_speculators, from_speculators),
 }
 
 
@@ -49,6 +50,11 @@ def _format(fmt: str) -> tuple:
     if fmt not in FORMATS:
         raise FormatError(f"unknown format {fmt!r}; known: {sorted(FORMATS)}")
     return FORMATS[fmt]
+
+
+def format_method(fmt: str) -> str:
+    """The method whose heads `fmt` holds (its entry lists the format)."""
+    return next(name for name, m in methods().items() if fmt in m.export_formats)
 
 
 def export_heads(
@@ -70,15 +76,18 @@ def export_heads(
     Raises:
         FormatError: the heads cannot be expressed in `fmt` (nothing is written).
     """
-    method, exporter, _ = _format(fmt)
+    exporter, _ = _format(fmt)
     out = Path(out)
     check_out_dir(out)
     native_config = read_head_config(heads_dir)
-    if native_config["method"] != method and not (
-        fmt == "speculators" and native_config["method"] == "eagle"
-    ):
+    method = methods()[native_config["method"]]
+    if fmt not in method.export_formats:
+        why = method.refused_formats.get(fmt)
         raise FormatError(
-            f"format {fmt!r} holds {method} heads; {heads_dir} holds {native_config['method']} heads"
+            f"format {fmt!r}: {why}"
+            if why
+            else f"format {fmt!r} holds {format_method(fmt)} heads; {heads_dir} holds {method.name} heads "
+            f"(its formats: {', '.join(method.export_formats) or 'none'})"
         )
     try:
         heads, native_config = load_heads(heads_dir, target)
@@ -94,7 +103,7 @@ def export_heads(
 
 def import_heads(checkpoint: str | Path, fmt: str, target: FrozenTarget, out: str | Path) -> nn.Module:
     """Read an official (or exported) engine checkpoint against `target`; save it natively in `out`."""
-    _, _, importer = _format(fmt)
+    _, importer = _format(fmt)
     out = Path(out)
     check_out_dir(out)
     heads = importer(Path(checkpoint), target)
@@ -107,6 +116,7 @@ def import_heads(checkpoint: str | Path, fmt: str, target: FrozenTarget, out: st
 
 __all__ = [
     "FORMATS",
+    "format_method",
     "Export",
     "FormatError",
     "export_heads",

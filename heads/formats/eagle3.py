@@ -219,13 +219,9 @@ def to_speculators(
     """An Eagle3Head as a vLLM speculators checkpoint (`vllm serve DIR` runs it with its verifier).
 
     `speculative_tokens` (proposal_methods[0]) defaults to the training-time-test steps it was trained with.
-    EAGLE-1/2 heads are refused: vLLM's speculators loader registers eagle3 only (algos.py).
+    EAGLE-1/2 heads are refused: vLLM's speculators loader registers eagle3 only (algos.py; the method
+    table's EAGLE entry says so).
     """
-    if getattr(heads, "method", None) == "eagle":
-        raise FormatError(
-            "format 'speculators': vLLM's speculators loader supports speculators_model_type 'eagle3' only "
-            "(vllm/transformers_utils/configs/speculators/algos.py); export EAGLE-1/2 heads with --format eagle"
-        )
     tensors, layer_config, ids, draft_vocab = _eagle3_export_parts(heads, "speculators", SPECULATORS_KEYS)
     training = native_config.get("training") or {}
     tokens = int(speculative_tokens or training.get("ttt_steps") or 3)

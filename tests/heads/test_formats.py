@@ -19,7 +19,7 @@ from specheads.heads import (
     layer_config_from,
     save_heads,
 )
-from specheads.heads.formats import FORMATS, FormatError, export_heads, import_heads
+from specheads.heads.formats import FORMATS, FormatError, export_heads, format_method, import_heads
 from specheads.heads.formats import io as formats_io
 
 from helpers import perturbed, tiny_model, tiny_tokenizer
@@ -137,7 +137,7 @@ def outputs(heads, target):
     return [out, logits, heads.to_target_ids(logits.argmax(-1))]
 
 
-METHOD_OF = {fmt: method for fmt, (method, _, _) in FORMATS.items()}
+METHOD_OF = {fmt: format_method(fmt) for fmt in FORMATS}
 
 
 def export(src, fmt, out, **kw):

@@ -125,10 +125,10 @@ def test_generation_markers_agree_with_prefix_renders():
     tok = family_tokenizer("tiny")
     assert "{% generation %}" in tok.chat_template
     for conversation in ([SYSTEM, *TURNS], TURNS, TURNS[:2], [*TURNS, {"role": "assistant", "content": ""}]):
-        by_markers = tokenize_chat(conversation, tok, method="markers")
-        assert by_markers == tokenize_chat(conversation, tok, method="prefix")
+        by_markers = tokenize_chat(conversation, tok, mask_by="markers")
+        assert by_markers == tokenize_chat(conversation, tok, mask_by="prefix")
     with pytest.raises(ValueError, match="needs a template with"):
-        tokenize_chat(TURNS, family_tokenizer("chatml"), method="markers")
+        tokenize_chat(TURNS, family_tokenizer("chatml"), mask_by="markers")
 
 
 def test_a_token_merged_across_the_turn_boundary_belongs_to_the_turn():
@@ -142,11 +142,11 @@ def test_a_token_merged_across_the_turn_boundary_belongs_to_the_turn():
         [inspect.getsource(json_module.decoder), inspect.getsource(json_module.encoder)], 600
     )
     conversation = [{"role": "user", "content": "write it"}, {"role": "assistant", "content": "    return 1"}]
-    ids, mask = tokenize_chat(conversation, tok, method="prefix")
+    ids, mask = tokenize_chat(conversation, tok, mask_by="prefix")
     start = mask.index(1)
     assert tok.decode(ids[start : start + 1]).startswith("\n")  # the merged token, header newline included
     assert runs(tok, ids, mask) == ["\n    return 1<|end|>"]
-    assert (ids, mask) == tokenize_chat(conversation, tok, method="markers")
+    assert (ids, mask) == tokenize_chat(conversation, tok, mask_by="markers")
 
 
 def test_degenerate_masks_and_template_failures_show_the_row():

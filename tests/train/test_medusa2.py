@@ -234,6 +234,7 @@ def medusa2_args(target_dir: Path, data: Path, out: Path, *extra: str) -> list[s
 @pytest.fixture(scope="module")
 def cli_run(tiny_target_dirs, text_data, tmp_path_factory):
     """`specheads train recipes/tiny/medusa2.yaml` on the tiny llama; keeps the run's adapted target."""
+    from specheads.methods import medusa2 as medusa2_method
     from specheads.train import loop
 
     out = tmp_path_factory.mktemp("medusa2") / "run"
@@ -244,7 +245,7 @@ def cli_run(tiny_target_dirs, text_data, tmp_path_factory):
         return wrapped[-1]
 
     patch = pytest.MonkeyPatch()
-    patch.setattr(loop, "wrap_target_with_lora", keep)
+    patch.setattr(medusa2_method, "wrap_target_with_lora", keep)  # the entry's objective wraps the target
     try:
         assert loop.main(medusa2_args(tiny_target_dirs["llama"], text_data, out)) == 0
     finally:

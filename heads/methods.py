@@ -1,0 +1,134 @@
+"""The table of methods: one `Method` entry per kind of draft head, read by every command.
+
+An entry carries everything the rest of the code asks of a method: its head class and config, the
+target layers its training reads, its objective and metrics, its recipe keys and their checks, its
+drafter and calibration for decoding, and the export formats that hold it. Training (train/),
+decoding (decode/) and export (heads/formats/) read the table; none of them names a method.
+
+The entries themselves stand on every floor (a loss from train/, a drafter from decode/), so they live
+in their own package on top, `specheads.methods`, one module a method, and are registered here the first
+time the table is read. A new method is one module there and one line in its `BUILTIN` (or, outside
+this repository, one `register(...)` call before the command runs).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method's entry. `cfg` is the recipe (train/config.TrainConfig), `heads` the head module.
+
+    Training:
+        build_heads(cfg, target, train_rows) -> (heads, notes for the checkpoint's training record).
+        target_layers(num_layers, chosen) -> the target layer ids its training reads (HF hidden_states
+            indexing: num_layers = after the final norm), `chosen` the ids the recipe names (EAGLE-3's
+            eagle3_layers); what the hidden-state cache stores.
+        capture(heads) -> the layer ids the loss asks the target's forward for (-1: the last).
+        loss(objective, batch, out, target) -> (loss, metrics (rows, columns) float64 sums); run inside
+            `train.objective.HeadsWithLoss`, which holds `objective.heads` and the recipe's loss settings.
+        needs_logits(cfg) -> whether the loss reads the target's logits.
+        metric_shape(cfg) -> (rows, columns) of the metric sums.
+        summarise(cfg, sums) -> the logged means (with `loss` and `tau_sim`).
+        metric_unit: what a metric column is ("head", "draft step"), for the final line.
+        recipe_keys: the recipe keys only this method (or its family) reads; a recipe for another method
+            that sets one is refused. check_recipe(cfg) -> [(ok, message)] checks their values.
+        online_only: why its training cannot read the target's states from a cache ("" = it can).
+        objective(cfg, target, heads) -> (module to train, optimizer, target) when it is not the
+            default HeadsWithLoss + AdamW (Medusa-2: LoRA adapters trained with the heads).
+        runs_target: the objective runs the target itself (called as `model(batch, weight)`).
+        heads_weight(cfg, step) -> the heads' loss weight at a step, handed to such an objective.
+        log_extras(cfg, step, lrs) -> what a train log record adds.
+        after_prepare(accelerator, target) -> notes; save_extra(accelerator, target, out_dir): a method's
+            own state beside the heads (Medusa-2's adapter).
+    Decoding:
+        drafter(heads, config, target, tree) -> (drafter, results.json's record of its trees).
+        calibrate(heads, target, prompt_ids, settings) -> (candidates, acceptance record, capture layers,
+            greedy sequences) for `--tree auto`; None: the method has no calibration.
+        max_tree_depth(heads, settings) -> the deepest tree a draft reaches.
+        check_tree(tree): refuse a `--tree` name its drafter cannot use, before any work.
+    Export:
+        export_formats: the `specheads export` formats that hold its heads.
+        refused_formats: format -> why it cannot hold them, where a user would expect it to.
+    """
+
+    name: str
+    head_class: type[nn.Module]
+    config_class: type
+    build_heads: Callable[..., tuple[nn.Module, dict]]
+    target_layers: Callable[[int, Any], tuple[int, ...]]
+    capture: Callable[[nn.Module], tuple[int, ...]]
+    metric_shape: Callable[[Any], tuple[int, int]]
+    summarise: Callable[[Any, Any], dict[str, float]]
+    loss: Callable[..., tuple[Any, Any]] | None = None
+    drafter: Callable[..., tuple[Any, dict[str, Any]]] | None = None
+    needs_logits: Callable[[Any], bool] = lambda cfg: True
+    metric_unit: str = "draft step"
+    recipe_keys: tuple[str, ...] = ()
+    check_recipe: Callable[[Any], list[tuple[bool, str]]] = lambda cfg: []
+    online_only: str = ""
+    objective: Callable[..., tuple[Any, Any, Any]] | None = None
+    runs_target: bool = False
+    heads_weight: Callable[[Any, int], float] = lambda cfg, step: 0.0
+    log_extras: Callable[[Any, int, list[float]], dict[str, float]] = lambda cfg, step, lrs: {}
+    after_prepare: Callable[[Any, Any], dict[str, Any]] = lambda accelerator, target: {}
+    save_extra: Callable[[Any, Any, Any], None] | None = None
+    calibrate: Callable[..., tuple] | None = None
+    max_tree_depth: Callable[[Any, Any], int] = lambda heads, settings: settings.max_depth
+    check_tree: Callable[[str], None] = lambda tree: None
+    export_formats: tuple[str, ...] = ()
+    refused_formats: dict[str, str] = field(default_factory=dict)
+    checkpoint_method: str = ""  # the method its saved heads name ("" = its own); Medusa-2 saves Medusa heads
+
+    @property
+    def saved_as(self) -> str:
+        return self.checkpoint_method or self.name
+
+
+_TABLE: dict[str, Method] = {}
+_BUILTINS_LOADED = False
+
+
+def register(method: Method, *, replace: bool = False) -> Method:
+    """Add `method` to the table (a second entry of one name is an error unless `replace`)."""
+    _load_builtins()
+    if method.name in _TABLE and not replace:
+        raise ValueError(f"method {method.name!r} is already registered")
+    _TABLE[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    """Remove an entry (tests that register a method of their own)."""
+    _TABLE.pop(name, None)
+
+
+def methods() -> dict[str, Method]:
+    """The table: name -> entry, the built-in ones first."""
+    _load_builtins()
+    return dict(_TABLE)
+
+
+def method_named(name: str, what: str = "method") -> Method:
+    """The entry for `name`, or a ValueError naming the known ones."""
+    table = methods()
+    if name not in table:
+        raise ValueError(f"{what} must be one of {tuple(table)}, got {name!r}")
+    return table[name]
+
+
+def _load_builtins() -> None:
+    # The built-in entries import train/ and decode/, which import this module: they are loaded on the
+    # first read of the table, not when this module is imported.
+    global _BUILTINS_LOADED
+    if _BUILTINS_LOADED:
+        return
+    _BUILTINS_LOADED = True
+    for entry in importlib.import_module("specheads.methods").BUILTIN:
+        _TABLE.setdefault(entry.name, entry)

@@ -1,0 +1,61 @@
+"""EAGLE-1/2: one decoder layer that predicts the target's next feature from (feature, next token).
+
+Decoded over EAGLE-1 static trees of its own top-k ranks, or EAGLE-2 dynamic trees grown by its scores;
+`--tree auto` sizes the dynamic tree from the full top-k tree recorded along greedy decoding.
+"""
+
+from __future__ import annotations
+
+from specheads.evaluate.calibrate import calibrate_eagle
+from specheads.evaluate.eval_drafters import eagle_drafter_for
+from specheads.heads import EagleConfig, EagleHead, layer_config_from
+from specheads.heads.methods import Method
+from specheads.methods.medusa import last_layer
+from specheads.train.eagle_losses import DraftMetrics, eagle_loss
+
+
+def build_heads(cfg, target, train_rows=None) -> tuple[EagleHead, dict]:
+    """One EAGLE layer shaped like the target's decoder layers."""
+    head = EagleHead(EagleConfig(layer_config_from(target.config), fc_bias=cfg.fc_bias))
+    return head.to(target.device), {}
+
+
+def loss(objective, batch: dict, out, target):
+    """Feature regression plus the token loss against the target's distribution (train/eagle_losses.py)."""
+    return eagle_loss(
+        objective.heads,
+        out.hidden[target.num_layers],  # f_t, after the final norm
+        batch["input_ids"],
+        batch["loss_mask"],
+        batch["position_ids"],
+        out.logits,
+        target.embed_tokens,
+        target.lm_head,
+        attention_mask=batch["attention_mask"],
+        w_feat=objective.w_feat,
+        w_tok=objective.w_tok,
+        noise=objective.noise,
+        topk=objective.topk,
+    )
+
+
+EAGLE = Method(
+    name="eagle",
+    head_class=EagleHead,
+    config_class=EagleConfig,
+    build_heads=build_heads,
+    target_layers=last_layer,
+    capture=lambda head: tuple(head.capture_layers),
+    loss=loss,
+    metric_shape=lambda cfg: (DraftMetrics.ROWS, 1),
+    summarise=lambda cfg, sums: DraftMetrics.summarise(sums, [cfg.w_tok], cfg.topk, w_feat=cfg.w_feat),
+    recipe_keys=("w_feat", "w_tok", "noise", "fc_bias"),
+    check_recipe=lambda cfg: [(cfg.noise >= 0, f"noise must be >= 0, got {cfg.noise}")],
+    drafter=eagle_drafter_for,
+    calibrate=calibrate_eagle,
+    export_formats=("eagle",),
+    refused_formats={
+        "speculators": "vLLM's speculators loader supports speculators_model_type 'eagle3' only "
+        "(vllm/transformers_utils/configs/speculators/algos.py); export EAGLE-1/2 heads with --format eagle"
+    },
+)

@@ -1,0 +1,96 @@
+"""EAGLE-3: a layer fed by three of the target's layers fused, trained with training-time test over a
+draft vocabulary of the data's most frequent label tokens. Decoded like EAGLE (the same drafter)."""
+
+from __future__ import annotations
+
+from specheads.evaluate.calibrate import calibrate_eagle
+from specheads.evaluate.eval_drafters import eagle_drafter_for
+from specheads.heads import (
+    Eagle3Config,
+    Eagle3Head,
+    default_eagle3_layers,
+    draft_vocab_from_counts,
+    layer_config_from,
+)
+from specheads.heads.methods import Method
+from specheads.train.eagle_losses import DraftMetrics, count_label_tokens, eagle3_loss
+
+
+def build_heads(cfg, target, train_rows) -> tuple[Eagle3Head, dict]:
+    """An EAGLE-3 head whose draft vocabulary is the most frequent label tokens of `train_rows`."""
+    size = min(cfg.draft_vocab_size, target.vocab_size)
+    config = Eagle3Config(
+        layer_config_from(target.config),
+        draft_vocab_size=size,
+        target_layers=tuple(target.layer_id(i) for i in cfg.eagle3_layers),
+    )
+    counts = count_label_tokens(train_rows, target.vocab_size)
+    draft_vocab = draft_vocab_from_counts(counts, size)
+    coverage = counts[draft_vocab].sum().item() / max(counts.sum().item(), 1)
+    head = Eagle3Head(config).set_draft_vocab(draft_vocab)
+    return head.to(target.device), {"draft_vocab_size": size, "draft_vocab_label_coverage": coverage}
+
+
+def fused_and_last(num_layers: int, chosen=()) -> tuple[int, ...]:
+    """The three fused layers ((2, L//2, L-3) unless chosen) and L, whose lm_head gives the logits."""
+    fused = [i % (num_layers + 1) for i in chosen] or list(default_eagle3_layers(num_layers))
+    return tuple(sorted({*fused, num_layers}))
+
+
+def loss(objective, batch: dict, out, target):
+    """Training-time test over `ttt_steps` steps, step k weighted decay**k (train/eagle_losses.py)."""
+    return eagle3_loss(
+        objective.heads,
+        out.hidden,
+        batch["input_ids"],
+        batch["loss_mask"],
+        batch["position_ids"],
+        out.logits,
+        target.embed_tokens,
+        attention_mask=batch["attention_mask"],
+        steps=objective.ttt_steps,
+        decay=objective.decay,
+        topk=objective.topk,
+    )
+
+
+def ascending_or_mixed(layers: list[int]) -> bool:
+    """Ids of one sign must ascend strictly; mixed signs (e.g. [2, 16, -3]) are checked against the
+    target's depth when the head is built (Eagle3Config)."""
+    if not (all(i >= 0 for i in layers) or all(i < 0 for i in layers)):
+        return True
+    return all(a < b for a, b in zip(layers, layers[1:]))
+
+
+def check_recipe(cfg) -> list[tuple[bool, str]]:
+    layers = cfg.eagle3_layers
+    return [
+        (len(layers) in (0, 3), f"eagle3_layers takes 3 layer ids (low, mid, high) or none, got {layers}"),
+        (
+            ascending_or_mixed(layers),
+            f"eagle3_layers {layers} must be distinct and ascending (low, mid, high): SGLang "
+            "and vLLM capture each layer once, in ascending order",
+        ),
+        (cfg.draft_vocab_size >= 1, f"draft_vocab_size must be >= 1, got {cfg.draft_vocab_size}"),
+        (cfg.ttt_steps >= 1, f"ttt_steps must be >= 1, got {cfg.ttt_steps}"),
+    ]
+
+
+EAGLE3 = Method(
+    name="eagle3",
+    head_class=Eagle3Head,
+    config_class=Eagle3Config,
+    build_heads=build_heads,
+    target_layers=fused_and_last,
+    capture=lambda head: tuple(head.capture_layers),
+    loss=loss,
+    metric_shape=lambda cfg: (DraftMetrics.ROWS, cfg.ttt_steps),
+    summarise=lambda cfg, sums: DraftMetrics.summarise(
+        sums, [cfg.decay**i for i in range(cfg.ttt_steps)], cfg.topk
+    ),
+    recipe_keys=("eagle3_layers", "draft_vocab_size", "ttt_steps", "decay"),
+    check_recipe=check_recipe,
+    drafter=eagle_drafter_for,
+    calibrate=calibrate_eagle,
+    export_formats=("eagle3", "speculators"),
+)
