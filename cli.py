@@ -17,7 +17,7 @@ from specheads.version import __version__
 
 def main(argv: list[str] | None = None) -> int:
     from specheads import quickstart
-    from specheads.decode import compare, evaluate
+    from specheads.evaluate import compare, evaluate
     from specheads.heads.formats import cli as formats_cli
     from specheads.train import cache_cli, loop
     from specheads.train.builders import tiny_draft, tiny_target

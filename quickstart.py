@@ -18,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from specheads.decode import compare
-from specheads.decode.evaluate import REPORT_FILE, RESULTS_FILE
+from specheads.evaluate import compare
+from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE
 from specheads.heads.checkpoint import CONFIG_FILE
 from specheads.train import loop
 from specheads.train.builders.tiny_draft import TinyDraftConfig, ensure_tiny_draft

@@ -1,4 +1,4 @@
-"""Decoding: trees, tree inputs, verification, drafters, the speculative decoder and evaluation."""
+"""Decoding: trees, tree inputs, verification, drafters, the one speculative step and the decoders."""
 
 from specheads.decode.batched import BatchedSpeculativeDecoder, as_batched
 from specheads.decode.batched_inputs import left_pad

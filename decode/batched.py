@@ -1,4 +1,5 @@
-"""Batched speculative decoding: B prompts at once, greedy verification, Medusa or EAGLE draft trees.
+"""Batched speculative decoding: B prompts at once, greedy or sampled (the verification of decoder.py, per
+row), Medusa or EAGLE draft trees.
 
 Every row runs the one step (`speculative_step`, step.py) in lockstep, on one shared KV cache:
 
@@ -51,17 +52,19 @@ from specheads.decode.decoder import DecodeOutput
 from specheads.decode.drafters import BatchDraftContext, DraftContext, MedusaDrafter
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.kv_cache import new_cache
+from specheads.decode.sampling import SamplingParams
 from specheads.decode.step import (
     PHASES,
     PhaseClock,
     TreeDecoder,
-    eos_ids,
     extend,
     first_tokens,
+    sampling_settings,
     speculative_step,
+    stop_ids,
 )
 from specheads.decode.trees import DraftTree
-from specheads.decode.verify import Acceptance
+from specheads.decode.verify import Acceptance, TypicalAcceptance
 from specheads.heads.target import FrozenTarget
 
 
@@ -96,7 +99,13 @@ class BatchedMedusaDrafter:
         hidden = context.hidden[layer]  # (B, M, H)
         index = context.last_column().to(hidden.device)[:, None, None].expand(-1, 1, hidden.shape[-1])
         feature = hidden.gather(1, index)  # (B, 1, H) at the root's predecessor
-        one = DraftContext(tokens=context.roots[:, None], hidden={layer: feature}, step=context.step)
+        one = DraftContext(
+            tokens=context.roots[:, None],
+            hidden={layer: feature},
+            step=context.step,
+            sampling=context.sampling,
+            generator=context.generator,
+        )
         return self.drafter.propose(one)
 
     def select_rows(self, rows: torch.Tensor) -> None:
@@ -144,7 +153,7 @@ class BatchedDecodeOutput:
 
 
 class BatchedSpeculativeDecoder(TreeDecoder):
-    """Greedy tree-attention speculative decoding of B left-padded prompts at once."""
+    """Tree-attention speculative decoding of B left-padded prompts at once, greedy or sampled."""
 
     def __init__(self, target: FrozenTarget, drafter):
         """
@@ -162,8 +171,15 @@ class BatchedSpeculativeDecoder(TreeDecoder):
         max_new_tokens: int = 128,
         eos_token_id: int | Sequence[int] | None = None,
         profile: bool = False,
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+        acceptance: str | TypicalAcceptance = "exact",
     ) -> BatchedDecodeOutput:
-        """Greedy speculative decoding of B prompts.
+        """Speculative decoding of B prompts, greedy or sampled.
 
         Args:
             input_ids: (B, T) token ids, left-padded (`left_pad`).
@@ -172,6 +188,9 @@ class BatchedSpeculativeDecoder(TreeDecoder):
             eos_token_id: id(s) that end a row (kept, as `generate` keeps them); None takes the target's
                 generation config, [] never stops early.
             profile: synchronise the accelerator around each timed phase.
+            do_sample, temperature, top_k, top_p, generator, acceptance: as `SpeculativeDecoder.generate`;
+                every row draws from the one generator, rows in order at each draw (the first tokens,
+                then each step's verification).
         """
         if input_ids.ndim != 2 or input_ids.shape[0] == 0:
             raise ValueError(f"generate takes prompts (B, T), got shape {tuple(input_ids.shape)}")
@@ -181,9 +200,8 @@ class BatchedSpeculativeDecoder(TreeDecoder):
             raise ValueError(
                 f"attention_mask {tuple(attention_mask.shape)} does not match input_ids {tuple(input_ids.shape)}"
             )
-        if isinstance(eos_token_id, int):
-            eos_token_id = [eos_token_id]
-        eos = eos_ids(self.target) if eos_token_id is None else {int(e) for e in eos_token_id}
+        eos = stop_ids(self.target, eos_token_id)
+        settings = sampling_settings(do_sample, temperature, top_k, top_p, generator, acceptance)
         clock = PhaseClock(sync=profile and self.target.device.type == "cuda")
         begin = time.perf_counter()
         device = self.target.device
@@ -194,7 +212,7 @@ class BatchedSpeculativeDecoder(TreeDecoder):
         if max_new_tokens > 0:
             cache = new_cache()
             with clock("prefill"):
-                context = self.prefill(input_ids, attention_mask, cache)
+                context = self.prefill(input_ids, attention_mask, cache, **settings)
             done = [extend(new[b], [int(t)], eos, max_new_tokens) for b, t in enumerate(context.roots)]
             context = self._drop_finished(context, done, cache)
             while context is not None:
@@ -217,8 +235,17 @@ class BatchedSpeculativeDecoder(TreeDecoder):
         ]
         return BatchedDecodeOutput(rows=rows, steps=steps, timings=timings)
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache) -> BatchDraftContext:
-        """Run the target over the left-padded prompts (B, T), filling `cache`; the first context."""
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache,
+        sampling: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+        acceptance: str | TypicalAcceptance = "exact",
+    ) -> BatchDraftContext:
+        """Run the target over the left-padded prompts (B, T), filling `cache`; the first context (the
+        sampling arguments are those `sampling_settings` returns; none: greedy)."""
         layout, mask, positions = prefill_inputs(attention_mask, self.mask_dtype, self.window)
         out = self.target(
             input_ids,
@@ -227,7 +254,8 @@ class BatchedSpeculativeDecoder(TreeDecoder):
             past_key_values=cache,
             capture=self.drafter.capture_layers,
         )
-        roots = first_tokens(out.logits[:, -1])  # (B,) every row's last column is real (left padding)
+        # (B,) every row's last column is real (left padding)
+        roots = first_tokens(out.logits[:, -1], sampling, generator)
         b = input_ids.shape[0]
         return BatchDraftContext(
             rows=torch.arange(b, device=input_ids.device),
@@ -237,6 +265,9 @@ class BatchedSpeculativeDecoder(TreeDecoder):
             next_tokens=torch.cat([input_ids[:, 1:], roots[:, None]], dim=1),  # (B, T)
             start=torch.zeros(b, dtype=torch.long, device=input_ids.device),
             step=0,
+            sampling=sampling,
+            generator=generator,
+            acceptance=acceptance,
         )
 
     def step(

@@ -27,7 +27,7 @@ import torch
 from specheads.decode.batched_inputs import Layout
 from specheads.decode.drafters import DraftContext, Drafter
 from specheads.decode.kv_cache import new_cache
-from specheads.decode.sampling import SamplingParams, check_generator
+from specheads.decode.sampling import SamplingParams
 from specheads.decode.step import (
     PHASES,
     PhaseClock,
@@ -36,7 +36,9 @@ from specheads.decode.step import (
     eos_ids,
     extend,
     first_tokens,
+    sampling_settings,
     speculative_step,
+    stop_ids,
     timed,
 )
 from specheads.decode.trees import DraftTree
@@ -125,9 +127,7 @@ class SpeculativeDecoder(TreeDecoder):
         """
         if prompt_ids.ndim != 2 or prompt_ids.shape[0] != 1:
             raise ValueError(f"generate takes one prompt (1, T), got shape {tuple(prompt_ids.shape)}")
-        if isinstance(eos_token_id, int):
-            eos_token_id = [eos_token_id]
-        eos = eos_ids(self.target) if eos_token_id is None else {int(e) for e in eos_token_id}
+        eos = stop_ids(self.target, eos_token_id)
         settings = sampling_settings(do_sample, temperature, top_k, top_p, generator, acceptance)
         clock = PhaseClock(sync=profile and self.target.device.type == "cuda")
         start = time.perf_counter()
@@ -199,32 +199,3 @@ def _advanced(context: DraftContext, acceptance: Acceptance, hidden: dict[int, t
     """`context` after a step that accepted `acceptance`; `hidden`: the features at its path (1, n, H)."""
     tokens = torch.cat([context.tokens, acceptance.tokens[None].to(context.tokens.device)], 1)
     return replace(context, tokens=tokens, hidden=hidden, step=context.step + 1)
-
-
-def sampling_settings(
-    do_sample: bool,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-    acceptance: str | TypicalAcceptance = "exact",
-) -> dict:
-    """Check a generate call's sampling arguments; the DraftContext fields they set (none when greedy).
-
-    Raises:
-        ValueError: for bad temperature / top-k / top-p, an unknown acceptance, typical acceptance
-            without sampling, or a generator that is not on the CPU.
-    """
-    if isinstance(acceptance, str):
-        if acceptance not in ("exact", "typical"):
-            raise ValueError(f"acceptance={acceptance!r}: expected 'exact', 'typical' or a TypicalAcceptance")
-        acceptance = TypicalAcceptance() if acceptance == "typical" else acceptance
-    if not do_sample:
-        if acceptance != "exact":
-            raise ValueError("typical acceptance is a sampling rule: pass do_sample=True")
-        return {}
-    return {
-        "sampling": SamplingParams(temperature, top_k, top_p),
-        "generator": check_generator(generator),
-        "acceptance": acceptance,
-    }

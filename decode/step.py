@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -29,7 +29,7 @@ import torch
 
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs, compact_rows, pad_rows
 from specheads.decode.drafters import SampledTree
-from specheads.decode.sampling import sample, sampling_probs
+from specheads.decode.sampling import SamplingParams, check_generator, sample, sampling_probs
 from specheads.decode.tree_inputs import TreeInputs, attention_window, check_attention_implementation
 from specheads.decode.trees import DraftTree
 from specheads.decode.verify import (
@@ -83,6 +83,43 @@ def eos_ids(target: FrozenTarget) -> set[int]:
     if eos is None:
         return set()
     return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+def stop_ids(target: FrozenTarget, eos_token_id: int | Sequence[int] | None) -> set[int]:
+    """The ids that end a row: `eos_token_id` as given (an id or ids; [] never stops early), or the target's
+    generation config's when None."""
+    if isinstance(eos_token_id, int):
+        eos_token_id = [eos_token_id]
+    return eos_ids(target) if eos_token_id is None else {int(e) for e in eos_token_id}
+
+
+def sampling_settings(
+    do_sample: bool,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    acceptance: str | TypicalAcceptance = "exact",
+) -> dict:
+    """Check a generate call's sampling arguments; the DraftContext fields they set (none when greedy).
+
+    Raises:
+        ValueError: for bad temperature / top-k / top-p, an unknown acceptance, typical acceptance
+            without sampling, or a generator that is not on the CPU.
+    """
+    if isinstance(acceptance, str):
+        if acceptance not in ("exact", "typical"):
+            raise ValueError(f"acceptance={acceptance!r}: expected 'exact', 'typical' or a TypicalAcceptance")
+        acceptance = TypicalAcceptance() if acceptance == "typical" else acceptance
+    if not do_sample:
+        if acceptance != "exact":
+            raise ValueError("typical acceptance is a sampling rule: pass do_sample=True")
+        return {}
+    return {
+        "sampling": SamplingParams(temperature, top_k, top_p),
+        "generator": check_generator(generator),
+        "acceptance": acceptance,
+    }
 
 
 def extend(new: list[int], tokens: list[int], eos: set[int], max_new_tokens: int) -> bool:

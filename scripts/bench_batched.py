@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from specheads.decode.baseline import generate_rows, pad_token_id
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
 from specheads.decode.decoder import PHASES
-from specheads.decode.eval_drafters import drafter_for
-from specheads.decode.prompts import encode_prompts, read_prompts
+from specheads.evaluate.baseline import generate_rows, pad_token_id
+from specheads.evaluate.eval_drafters import add_tree_argument, drafter_for
+from specheads.evaluate.prompts import encode_prompts, read_prompts
 from specheads.heads import FrozenTarget, load_heads
 
 DEFAULT_HEADS = Path("runs/quickstart/medusa")
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=64, help="tokens taken from the start of each file")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
-    p.add_argument("--tree", default=None, help="as `specheads eval --tree` (default: the method's)")
+    add_tree_argument(p)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])

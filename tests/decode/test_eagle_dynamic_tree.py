@@ -106,3 +106,32 @@ def test_bad_arguments():
         grow_candidates(path_logprobs(()), Recorder(), top_k=0, depth=2)
     with pytest.raises(ValueError, match="total_tokens counts the root"):
         dynamic_tree(torch.tensor(0), path_logprobs(()), Recorder(), top_k=2, depth=2, total_tokens=0)
+
+
+def test_rows_grow_as_each_row_alone():
+    """grow_rows over B rows (the batched drafter's growth) is grow_candidates row by row."""
+    from specheads.decode.dynamic_tree import grow_rows
+
+    roots = [(r,) for r in range(3)]  # each row's made-up draft starts from a different path
+
+    def expand_rows(candidates, frontier, depth):
+        return torch.stack(
+            [
+                torch.stack(
+                    [path_logprobs(roots[b] + path_of(candidates.row(b), int(i))) for i in frontier[b]]
+                )
+                for b in range(frontier.shape[0])
+            ]
+        )
+
+    rows = grow_rows(torch.stack([path_logprobs(r) for r in roots]), expand_rows, top_k=3, depth=4)
+    for b, root in enumerate(roots):
+
+        def expand(candidates, ids, root=root):
+            return torch.stack([path_logprobs(root + path_of(candidates, int(i))) for i in ids])
+
+        alone = grow_candidates(path_logprobs(root), expand, top_k=3, depth=4)
+        assert torch.equal(rows.row(b).tokens, alone.tokens) and torch.equal(
+            rows.row(b).parents, alone.parents
+        )
+        assert torch.allclose(rows.row(b).scores, alone.scores)

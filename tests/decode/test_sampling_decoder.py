@@ -22,6 +22,8 @@ from specheads.decode import (
     new_cache,
     tree_inputs,
 )
+from specheads.decode.batched import BatchedSpeculativeDecoder
+from specheads.decode.batched_inputs import left_pad
 from specheads.decode.decoder import sampling_settings
 from specheads.decode.drafters import DraftContext
 from specheads.decode.eagle_drafter import EagleDrafter
@@ -267,3 +269,78 @@ def test_typical_acceptance_runs_and_the_arguments_are_checked(target):
         decoder.generate(prompt, 4, do_sample=True, acceptance="lossy")
     with pytest.raises(ValueError, match="temperature 0 is greedy decoding"):
         decoder.generate(prompt, 4, do_sample=True, temperature=0.0)
+
+
+# -- batched sampling: the same verification, row by row ----------------------------------------------
+
+OTHER = [5, 2, 8, 3, 9, 4, 12, 7]  # a longer prompt: the PROMPT rows are left-padded beside it
+
+
+def medusa_iid(target: FrozenTarget) -> MedusaDrafter:
+    """Medusa heads whose children are drawn i.i.d. from q: each row's tree comes with its own q."""
+    drafter = medusa(target)
+    return MedusaDrafter(drafter.heads, MEDUSA_TREE, children="iid")
+
+
+BATCHED = {**DRAFTERS, "medusa-iid": medusa_iid}
+
+
+def sample_batched(target, drafter_name, params, num_samples, rows=500, seed=0):
+    """Counts of the first NEW tokens of the PROMPT rows of batches of `rows` rows (PROMPT and OTHER
+    alternating, so PROMPT rows are padded), and every PROMPT row's step accept lengths."""
+    decoder = BatchedSpeculativeDecoder(target, BATCHED[drafter_name](target))
+    generator = torch.Generator().manual_seed(seed)
+    ids, mask = left_pad([torch.tensor(PROMPT if r % 2 == 0 else OTHER) for r in range(rows)], 2)
+    counts, accept_lengths = Counter(), []
+    while sum(counts.values()) < num_samples:
+        out = decoder.generate(
+            ids, mask, NEW, eos_token_id=[], do_sample=True, **params.to_dict(), generator=generator
+        )
+        for row in out.rows[::2]:
+            counts[tuple(row.tokens[0].tolist())] += 1
+            accept_lengths += row.accept_lengths
+    return counts, accept_lengths
+
+
+@pytest.mark.parametrize("drafter_name", sorted(BATCHED))
+def test_batched_sampled_prefixes_follow_the_target(target, drafter_name):
+    params = SETTINGS["t0.8-k6-p0.8"]
+    counts, accept_lengths = sample_batched(target, drafter_name, params, num_samples=3000)
+    p_value = chi_square_p_value(counts, exact_joint(target, params))
+    accepted = sum(n > 1 for n in accept_lengths) / len(accept_lengths)
+    assert accepted > 0.1, f"drafted tokens were accepted in only {accepted:.0%} of steps"
+    assert p_value > 1e-3, (drafter_name, p_value)
+
+
+def test_batched_sampling_is_the_single_decoder_for_one_row(target):
+    """One row, one seed: the batched decoder draws exactly what the single decoder draws."""
+    for name in sorted(BATCHED):
+        single = SpeculativeDecoder(target, BATCHED[name](target))
+        batched = BatchedSpeculativeDecoder(target, BATCHED[name](target))
+        kwargs = {"eos_token_id": [], "do_sample": True, "top_p": 0.9}
+        for seed in range(3):
+            one = single.generate(
+                torch.tensor([PROMPT]), 12, **kwargs, generator=torch.Generator().manual_seed(seed)
+            )
+            rows = batched.generate(
+                torch.tensor([PROMPT]),
+                max_new_tokens=12,
+                **kwargs,
+                generator=torch.Generator().manual_seed(seed),
+            )
+            assert one.tokens.tolist() == rows.rows[0].tokens.tolist(), (name, seed)
+            assert one.accept_lengths == rows.rows[0].accept_lengths, (name, seed)
+
+
+def test_batched_biased_rule_fails_the_same_test(target, monkeypatch):
+    """The batched test can fail: rows verified with rule (d) no longer follow p."""
+
+    def biased_rows(self, tree, logits, context):
+        probs = sampling_probs(logits, context.sampling)
+        return verify_sampling(tree, probs, context.generator, "biased-top-k", tree.draft_probs)
+
+    monkeypatch.setattr(BatchedSpeculativeDecoder, "verify_rows", biased_rows)
+    params = SETTINGS["t1"]
+    counts, accept_lengths = sample_batched(target, "medusa", params, num_samples=1000)
+    assert sum(n > 1 for n in accept_lengths) > 0
+    assert chi_square_p_value(counts, exact_joint(target, params)) < 1e-3

@@ -15,11 +15,11 @@ from specheads.decode import (
 )
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs, compact_rows
-from specheads.decode.calibrate import record_dynamic_steps
 from specheads.decode.kv_cache import compact_cache
 from specheads.decode.step import speculative_step
-from specheads.decode.step_timing import MeasuredTimer
 from specheads.decode.trees import DraftTree
+from specheads.evaluate.calibrate import record_dynamic_steps
+from specheads.evaluate.step_timing import MeasuredTimer
 from specheads.heads import EagleConfig, EagleHead, FrozenTarget, MedusaConfig, MedusaHeads, layer_config_from
 
 from helpers import tiny_model

@@ -31,8 +31,8 @@ def test_tiny_is_the_embedded_build(monkeypatch, tmp_path):
 def test_every_command_resolves_through_the_one_table():
     # The old copies (train/loop.py resolve_target, train/data/sources.py target_path) are gone; the train
     # loop, the cache, distill, eval, compare, export and import all call this one.
-    import specheads.decode.compare as compare
-    import specheads.decode.evaluate as evaluate
+    import specheads.evaluate.compare as compare
+    import specheads.evaluate.evaluate as evaluate
     import specheads.heads.formats.cli as formats_cli
     import specheads.train.cache_cli as cache_cli
     import specheads.train.data.sources as sources

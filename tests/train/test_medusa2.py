@@ -415,7 +415,7 @@ def test_eval_decodes_medusa2_heads_with_their_adapter_merged(cli_run, tmp_path,
     """`specheads eval` on a Medusa-2 run decodes (and runs generate() on) the adapted target: the
     base with adapter/ merged in, which is the model the heads were trained to read."""
     from specheads.cli import main as cli_main
-    from specheads.decode import evaluate
+    from specheads.evaluate import evaluate
 
     out, _, target_dir = cli_run
     seen = []

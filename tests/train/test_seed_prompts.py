@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from specheads.decode.conversations import prompt_set_path
+from specheads.evaluate.conversations import prompt_set_path
 from specheads.train.data import load_rows
 from specheads.train.data.seed_prompts import main, ngrams, question_texts, seed_prompts, shared_ngrams, words
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from specheads.decode.prompts import read_prompts
+from specheads.evaluate.prompts import read_prompts
 
 # The question sets by name, looked up in $SPECHEADS_DATA, then in ../shared/data beside the checkout.
 PROMPT_SETS = {"mt-bench": "mt_bench_question.jsonl", "spec-bench": "spec_bench_question.jsonl"}

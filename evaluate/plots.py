@@ -1,6 +1,6 @@
 """PNG plots of a `specheads compare` run, drawn with matplotlib's Agg canvas (no display needed).
 
-Each plot reads the method entries of results.json (decode/compare.py) and nothing else, so a run can
+Each plot reads the method entries of results.json (evaluate/compare.py) and nothing else, so a run can
 be re-plotted from its results.json alone:
 
     acceptance_per_depth.png   accept_rate_per_depth per method (the methods that draft)

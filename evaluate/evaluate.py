@@ -11,7 +11,7 @@ neither. Both are timed end to end (prefill included). Writes `results.json` and
 
 `--tree auto` first calibrates the tree on this machine: the last `--calibration-prompts` prompts (4 by
 default) are held out of the evaluation, and the tree size with the most expected tokens/s on them is used
-(decode/calibrate.py; results.json["calibration"] holds what was measured).
+(evaluate/calibrate.py; results.json["calibration"] holds what was measured).
 
 `--temperature T > 0` (with `--top-k`, `--top-p`) samples instead: the decoder with lossless sampling
 verification and a CPU generator seeded `--seed` + the prompt's index, the baseline with
@@ -51,22 +51,26 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from specheads.decode.baseline import generate_rows
 from specheads.decode.batched import BatchedSpeculativeDecoder
-from specheads.decode.batched_eval import evaluate_batched
-from specheads.decode.calibrate import (
+from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, timed
+from specheads.decode.sampling import SamplingParams
+from specheads.evaluate.baseline import generate_rows
+from specheads.evaluate.batched_eval import evaluate_batched
+from specheads.evaluate.calibrate import (
     CalibrationSettings,
     calibrated_drafter,
     calibration_note,
     hold_out,
     max_tree_depth,
 )
-from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, timed
-from specheads.decode.eval_drafters import EAGLE_TOTAL_TOKENS, check_tree_for_method, drafter_for
-from specheads.decode.prompts import Prompt, check_prompt_lengths, encode_prompts, read_prompts
-from specheads.decode.report import DEFINITIONS, per_category, prompt_record, render_report, summarize
-from specheads.decode.sampling import SamplingParams
-from specheads.decode.trees import DEFAULT_TREES
+from specheads.evaluate.eval_drafters import (  # noqa: F401 (EAGLE_TOTAL_TOKENS: re-exported)
+    EAGLE_TOTAL_TOKENS,
+    add_tree_argument,
+    check_tree_for_method,
+    drafter_for,
+)
+from specheads.evaluate.prompts import Prompt, check_prompt_lengths, encode_prompts, read_prompts
+from specheads.evaluate.report import DEFINITIONS, per_category, prompt_record, render_report, summarize
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.atomic import write_text
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
@@ -224,14 +228,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--prompt-tokens", type=int, default=64, help="tokens taken from the start of each file prompt"
     )
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument(
-        "--tree",
-        default=None,
-        help=f"draft tree: one of {', '.join(sorted(DEFAULT_TREES))}, cut to the heads' depth "
-        "(default for Medusa: medusa-15 for <= 2 heads, -31 for 3, -63 for more); for EAGLE heads also "
-        f"dynamic[-N] (EAGLE-2, N nodes; the default, N={EAGLE_TOTAL_TOKENS}); or auto: the size with the "
-        "most expected tokens/s, measured here on --calibration-prompts (decode/calibrate.py)",
-    )
+    add_tree_argument(p, auto=True)
     p.add_argument(
         "--calibration-prompts",
         type=int,
@@ -250,14 +247,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0, the default: all)"
     )
     p.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus mass kept (default 1.0: all)")
-    p.add_argument("--seed", type=int, default=0, help="sampling: prompt i is sampled with seed + i")
+    p.add_argument(
+        "--seed", type=int, default=0, help="sampling: prompt (or batch) i is sampled with seed + i"
+    )
     p.add_argument("--warmup", type=int, default=1, help="untimed prompts decoded first")
     p.add_argument(
         "--batch-size",
         type=int,
         default=1,
         help="decode the prompts B at a time, left-padded, against the target's own batched generate "
-        "(greedy only; each prompt's seconds are its batch's, shared evenly)",
+        "(with --temperature, batch i sampled with seed + i; each prompt's seconds are its batch's, shared "
+        "evenly)",
     )
     p.add_argument("--dtype", default="float32", choices=[*sorted(DTYPES), "auto"])
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
@@ -278,8 +278,6 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.batch_size > 1 and args.temperature > 0:
-        raise ValueError("--batch-size > 1 decodes greedily; it cannot be combined with --temperature > 0")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -423,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
     prompts, templated = encode_prompts(
         texts, target.tokenizer, not args.no_chat_template, args.prompt_tokens
     )
-    if args.tree == "auto":  # decode/calibrate.py
+    if args.tree == "auto":  # evaluate/calibrate.py
         held_out, _ = encode_prompts(
             held_out, target.tokenizer, not args.no_chat_template, args.prompt_tokens
         )
@@ -446,6 +444,8 @@ def run(args: argparse.Namespace) -> int:
                 args.batch_size,
                 args.warmup,
                 not args.no_progress,
+                sampling=sampling,
+                seed=args.seed,
             )
         else:
             records = evaluate(

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from specheads.decode import MedusaDrafter, default_tree
-from specheads.decode.baseline import generate_rows
 from specheads.decode.batched import BatchedSpeculativeDecoder
-from specheads.decode.batched_eval import evaluate_batched
 from specheads.decode.batched_inputs import left_pad
-from specheads.decode.prompts import Prompt
-from specheads.decode.report import first_mismatch, summarize
+from specheads.evaluate.baseline import generate_rows
+from specheads.evaluate.batched_eval import evaluate_batched
+from specheads.evaluate.prompts import Prompt
+from specheads.evaluate.report import first_mismatch, summarize
 from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads
 
 from helpers import tiny_model
@@ -65,3 +65,44 @@ def test_baseline_rows_stop_at_their_own_eos():
     assert rows[1] == (free[1][: free[1].index(eos) + 1] if eos in free[1] else free[1])
     assert first_mismatch([1, 2, 3], [1, 2, 3]) is None and first_mismatch([1, 2], [1, 2, 3]) == 2
     assert first_mismatch([1, 5, 3], [1, 2, 3]) == 1
+
+
+def test_sampled_batches_leave_identical_unmeasured_and_a_seed_reproduces_them():
+    from specheads.decode.sampling import SamplingParams
+
+    model = tiny_model("llama", vocab_size=VOCAB)
+    target = FrozenTarget(model)
+    heads = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=2))
+    drafter = MedusaDrafter(
+        heads.init_lm_heads_from(target.lm_head).eval(), default_tree("medusa-15", num_heads=2)
+    )
+    decoder = BatchedSpeculativeDecoder(target, drafter)
+    g = torch.Generator().manual_seed(1)
+    prompts = [
+        Prompt(str(i), "c", torch.randint(0, 256, (1, t), generator=g)) for i, t in enumerate((4, 9, 3))
+    ]
+    sampling = SamplingParams(temperature=0.9, top_k=20, top_p=0.95)
+
+    def run(seed):
+        return evaluate_batched(
+            decoder, target, prompts, 8, batch_size=2, warmup=0, progress=False, sampling=sampling, seed=seed
+        )
+
+    first, again = run(3), run(3)
+    assert all(r["identical_to_baseline"] is None and r["first_mismatch"] is None for r in first)
+    assert all(r["new_tokens"] == 1 + sum(r["accept_lengths"]) for r in first)
+    tokens = [[r["new_tokens"], r["accept_lengths"]] for r in first]
+    assert tokens == [[r["new_tokens"], r["accept_lengths"]] for r in again]
+
+
+def test_pad_token_id_falls_back_to_an_eos_then_zero():
+    from specheads.evaluate.baseline import pad_token_id
+
+    target = FrozenTarget(tiny_model("llama", vocab_size=VOCAB))
+    config = target.model.generation_config
+    config.pad_token_id, config.eos_token_id = 7, [9, 4]
+    assert pad_token_id(target) == 7
+    config.pad_token_id = None
+    assert pad_token_id(target) == 4
+    config.eos_token_id = None
+    assert pad_token_id(target) == 0

@@ -4,7 +4,7 @@
         --prompts mt-bench --draft-model runs/draft --out runs/compare
 
 In one run on one machine, with the same prompts and settings, every method decodes every prompt:
-the peers (decode/peers.py: `generate`, the baseline; `prompt-lookup`; `assisted`, with --draft-model)
+the peers (evaluate/peers.py: `generate`, the baseline; `prompt-lookup`; `assisted`, with --draft-model)
 and our tree decoder with each --heads checkpoint (its drafter from decode.evaluate.drafter_for). The
 methods are interleaved per prompt, in an order rotated by one from prompt to prompt (prompt 1: A B C,
 prompt 2: B C A, prompt 3: C A B, ...), so slow drift (clocks, caches, other processes) favours none;
@@ -22,7 +22,7 @@ Prompts (--prompts):
 
 Writes to --out: results.json (one entry per method: DESIGN.md's figures, report.py's draft figures,
 per category, per prompt; the run order, settings, versions and the command), report.md (tables overall
-and per category, acceptance per position, the plots), the PNG plots (decode/plots.py), and
+and per category, acceptance per position, the plots), the PNG plots (evaluate/plots.py), and
 answers/<method>.jsonl in Spec-Bench's answer-file format, for its evaluation/speed.py.
 """
 
@@ -42,7 +42,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from specheads.decode.conversations import (
+from specheads.decode.decoder import timed
+from specheads.evaluate.conversations import (
     Conversation,
     TurnSettings,
     prompt_set_path,
@@ -50,9 +51,9 @@ from specheads.decode.conversations import (
     render_turn,
     select_prompts,
 )
-from specheads.decode.decoder import timed
-from specheads.decode.evaluate import REPORT_FILE, RESULTS_FILE, drafter_for
-from specheads.decode.peers import (
+from specheads.evaluate.eval_drafters import add_tree_argument
+from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, drafter_for
+from specheads.evaluate.peers import (
     BASELINE,
     PEERS,
     AssistedPeer,
@@ -63,8 +64,8 @@ from specheads.decode.peers import (
     PromptLookupPeer,
     load_draft_model,
 )
-from specheads.decode.plots import PLOTS, check_matplotlib, write_plots
-from specheads.decode.report import (
+from specheads.evaluate.plots import PLOTS, check_matplotlib, write_plots
+from specheads.evaluate.report import (
     DEFINITIONS,
     DRAFT_DEFINITIONS,
     draft_figures,
@@ -72,7 +73,6 @@ from specheads.decode.report import (
     render_comparison,
     summarize,
 )
-from specheads.decode.trees import DEFAULT_TREES
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.atomic import write_text
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
@@ -286,13 +286,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chat-template", action="store_true", help="questions as raw text, not chat turns")
     p.add_argument("--prompt-tokens", type=int, default=64, help="tokens taken from the start of each file")
     p.add_argument("--max-new-tokens", type=int, default=128, help="per turn")
-    p.add_argument(
-        "--tree",
-        nargs="*",
-        default=None,
-        help=f"draft tree per --heads directory (one name for all, or one each): {', '.join(sorted(DEFAULT_TREES))} "
-        "or dynamic[-N] for EAGLE heads (default: each method's own, as in `specheads eval`)",
-    )
+    add_tree_argument(p, per_heads=True)
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt-lookup draft length N")
     p.add_argument("--prompt-lookup-ngram", type=int, default=None, help="n-gram matched (transformers: 2)")
     p.add_argument(

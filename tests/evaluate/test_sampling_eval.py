@@ -8,8 +8,8 @@ import shlex
 import pytest
 import torch
 
-from specheads.decode import evaluate
 from specheads.decode.sampling import SamplingParams
+from specheads.evaluate import evaluate
 from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads, save_heads
 
 QUESTIONS = [

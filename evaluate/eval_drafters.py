@@ -34,6 +34,35 @@ def default_tree_name(num_heads: int) -> str:
 EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_TOTAL_TOKENS = 8, 5, 32
 
 
+def add_tree_argument(parser, *, per_heads: bool = False, auto: bool = False) -> None:
+    """`--tree`, as every command that decodes with heads takes it (eval, compare, the batched benchmark).
+
+    A name is one of DEFAULT_TREES (a static tree, cut to the heads' depth), dynamic[-N] for EAGLE heads
+    (EAGLE-2, N nodes), or, where `auto`, auto (calibrate.py); `drafter_for` reads it. `per_heads`: one
+    name for every --heads directory or one each.
+    """
+    help = (
+        f"draft tree: one of {', '.join(sorted(DEFAULT_TREES))}, cut to the heads' depth (default for "
+        "Medusa: medusa-15 for <= 2 heads, -31 for 3, -63 for more); for EAGLE heads also dynamic[-N] "
+        f"(EAGLE-2, N nodes; the default, N={EAGLE_TOTAL_TOKENS})"
+    )
+    if auto:
+        help += (
+            "; or auto: the size with the most expected tokens/s, measured here on --calibration-prompts "
+            "(evaluate/calibrate.py)"
+        )
+    if per_heads:
+        help += "; one name for every --heads directory, or one each"
+    parser.add_argument("--tree", nargs="*" if per_heads else None, default=None, help=help)
+
+
+def dynamic_size(tree: str | None) -> int | None:
+    """N of a `dynamic[-N]` tree name (the default size for plain `dynamic`); None for any other name."""
+    if tree is None or not tree.startswith("dynamic"):
+        return None
+    return int(tree.split("-", 1)[1]) if "-" in tree else EAGLE_TOTAL_TOKENS
+
+
 def static_record(name: str, tree: StaticTree) -> dict[str, Any]:
     """results.json's record of a static tree."""
     return {"name": name, "nodes": tree.num_nodes, "depth": tree.max_depth, "choices": tree.choices}
@@ -64,7 +93,7 @@ def check_tree_for_method(method: str | None, tree: str | None) -> None:
 
 def static_tree_only(tree: str) -> None:
     """Medusa's `Method.check_tree`: dynamic trees grow from an EAGLE head's own features."""
-    if tree.startswith("dynamic"):
+    if dynamic_size(tree) is not None:
         raise ValueError(
             f"--tree {tree}: dynamic trees are for EAGLE heads; these are Medusa heads, which take a "
             f"static tree ({', '.join(sorted(DEFAULT_TREES))}) or auto"
@@ -111,10 +140,10 @@ def medusa_drafter_for(
 def eagle_drafter_for(head: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | None):
     """EAGLE's and EAGLE-3's `Method.drafter`: a static EAGLE-1 tree when `--tree` names one, else EAGLE-2
     dynamic trees (`dynamic-N`: N nodes verified a step)."""
-    if tree is not None and not tree.startswith("dynamic"):
+    if tree is not None and dynamic_size(tree) is None:
         static = default_tree(tree)  # an EAGLE-1 static tree: ranks of the head's own top-k per depth
         return EagleDrafter(head, target, static), static_record(tree, static)
-    total = int(tree.split("-", 1)[1]) if tree and "-" in tree else EAGLE_TOTAL_TOKENS
+    total = dynamic_size(tree) or EAGLE_TOTAL_TOKENS
     return dynamic_drafter(
         head, target, top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, total_tokens=total, name=f"dynamic-{total}"
     )

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from specheads.cli import main as cli
-from specheads.decode import DecodeOutput, evaluate
-from specheads.decode import prompts as prompt_io
-from specheads.decode.report import summarize
+from specheads.decode import DecodeOutput
+from specheads.evaluate import evaluate
+from specheads.evaluate import prompts as prompt_io
+from specheads.evaluate.report import summarize
 from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads, TargetMismatchError, save_heads
 
 # A small subset in the MT-Bench format (questions 81, 101, 121 of MT-Bench; two categories).
@@ -338,3 +339,25 @@ def test_heldout_file_name_is_the_one_tiny_target_writes():
     from specheads.train.builders.tiny_target import HELDOUT_FILE  # decode/ does not import train/: a copy
 
     assert prompt_io.HELDOUT_FILE == HELDOUT_FILE
+
+
+def test_eval_and_compare_take_one_tree_argument():
+    """`--tree` is defined once (eval_drafters.add_tree_argument): eval takes a name (or auto), compare one
+    per --heads directory, and both read dynamic[-N] the same way."""
+    import argparse
+
+    from specheads.evaluate import compare
+    from specheads.evaluate.eval_drafters import EAGLE_TOTAL_TOKENS, dynamic_size
+
+    def tree_action(add):
+        p = argparse.ArgumentParser()
+        add(p)
+        return next(a for a in p._actions if "--tree" in a.option_strings)
+
+    eval_tree, compare_tree = tree_action(evaluate.add_arguments), tree_action(compare.add_arguments)
+    assert eval_tree.nargs is None and compare_tree.nargs == "*"
+    assert "auto" in eval_tree.help and eval_tree.help.startswith(
+        compare_tree.help.split("; or auto")[0][:60]
+    )
+    assert dynamic_size("dynamic-20") == 20 and dynamic_size("dynamic") == EAGLE_TOTAL_TOKENS
+    assert dynamic_size("medusa-15") is None and dynamic_size(None) is None

@@ -1,4 +1,4 @@
-"""Step and draft timings on this machine, for `--tree auto` (decode/calibrate.py).
+"""Step and draft timings on this machine, for `--tree auto` (evaluate/calibrate.py).
 
 A target step (the decoder's own step: tree inputs, the tree forward, greedy verification, compaction) is
 timed per tree size on a binary tree of that many nodes, and a drafter's `propose` per drafter, both on a cache of realistic length,

@@ -14,18 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from specheads.decode import compare
-from specheads.decode import prompts as prompt_io
-from specheads.decode.conversations import (
+from specheads.evaluate import compare
+from specheads.evaluate import prompts as prompt_io
+from specheads.evaluate.conversations import (
     Conversation,
     TurnSettings,
     prompt_set_path,
     read_conversations,
     render_turn,
 )
-from specheads.decode.peers import AssistedPeer, Decoded, GeneratePeer, PromptLookupPeer, load_draft_model
-from specheads.decode.plots import PLOTS
-from specheads.decode.report import DRAFT_DEFINITIONS, draft_figures
+from specheads.evaluate.peers import AssistedPeer, Decoded, GeneratePeer, PromptLookupPeer, load_draft_model
+from specheads.evaluate.plots import PLOTS
+from specheads.evaluate.report import DRAFT_DEFINITIONS, draft_figures
 from specheads.heads import EagleConfig, EagleHead, FrozenTarget, MedusaConfig, MedusaHeads, save_heads
 
 from helpers import tiny_model, tiny_tokenizer

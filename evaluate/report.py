@@ -134,7 +134,7 @@ def render_report(results: dict[str, Any]) -> str:
 # -- draft figures (`specheads compare`) ------------------------------------------------------------
 
 # The figures serving engines report beside τ, defined once. They read three lists per record, one entry
-# per step (decode/peers.py, `Decoded`): accept_lengths, draft_sizes and draft_depths.
+# per step (evaluate/peers.py, `Decoded`): accept_lengths, draft_sizes and draft_depths.
 DRAFT_DEFINITIONS = {
     "acceptance_rate": "accepted draft tokens / proposed draft tokens over all steps, as vLLM's "
     "spec_decode draft acceptance rate (num_accepted_tokens / num_draft_tokens); accepted = accept length "

@@ -55,16 +55,16 @@ from typing import Any
 
 import torch
 
-from specheads.decode.baseline import generate_rows
 from specheads.decode.decoder import SpeculativeDecoder, eos_ids
 from specheads.decode.drafters import DraftContext, Drafter
 from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.decode.eval_drafters import EAGLE_DEPTH, EAGLE_TOP_K, dynamic_drafter, medusa_drafter
 from specheads.decode.kv_cache import new_cache
 from specheads.decode.sampling import SamplingParams
-from specheads.decode.step_timing import Timer, measured_timer
 from specheads.decode.trees import DraftTree, StaticTree, build_tree, expected_accept_length
 from specheads.decode.verify import Acceptance, verify_greedy
+from specheads.evaluate.baseline import generate_rows
+from specheads.evaluate.eval_drafters import EAGLE_DEPTH, EAGLE_TOP_K, dynamic_drafter, medusa_drafter
+from specheads.evaluate.step_timing import Timer, measured_timer
 from specheads.heads.methods import method_named
 from specheads.heads.target import FrozenTarget
 

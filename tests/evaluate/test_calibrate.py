@@ -17,10 +17,11 @@ from specheads.decode import (
     StaticTree,
     build_tree,
     default_tree,
-    evaluate,
     new_cache,
 )
-from specheads.decode.calibrate import (
+from specheads.decode.eagle_drafter import EagleDrafter
+from specheads.evaluate import evaluate
+from specheads.evaluate.calibrate import (
     MEDUSA_RANKS,
     CalibrationSettings,
     Candidate,
@@ -38,7 +39,6 @@ from specheads.decode.calibrate import (
     static_accept_length,
     timed,
 )
-from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.heads import (
     EagleConfig,
     EagleHead,

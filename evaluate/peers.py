@@ -9,7 +9,7 @@
 
 Each returns a `Decoded`: the new tokens and, per step (one target forward that verified a draft),
 the tokens it emitted, how many draft tokens the target verified and how deep they reached. Those three
-lists are all the draft figures in decode/report.py are computed from.
+lists are all the draft figures in evaluate/report.py are computed from.
 
 Where the first token comes from differs, and is recorded: our decoder and `generate()` take it from
 the prefill forward, which verifies no draft and is no step; transformers' assisted loop verifies its
@@ -25,11 +25,11 @@ from typing import Any, Protocol
 
 import torch
 
-from specheads.decode.baseline import generate_rows
 from specheads.decode.decoder import SpeculativeDecoder
 from specheads.decode.drafters import DraftContext, Drafter
-from specheads.decode.evaluate import baseline_generate
 from specheads.decode.trees import DraftTree
+from specheads.evaluate.baseline import generate_rows
+from specheads.evaluate.evaluate import baseline_generate
 from specheads.heads import FrozenTarget
 
 BASELINE = "generate"
