@@ -164,7 +164,7 @@ class EagleDrafter:
         Column i of row b reads the target's feature there and the token after it, at the position of
         slot start_b + i; it sees the row's entries before start_b and the real columns up to itself.
         """
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # lazy: transformers adds seconds to every command's start
 
         weight = self.head.fc.weight
         features = {i: h.to(weight.device, weight.dtype) for i, h in context.hidden.items()}

@@ -24,7 +24,7 @@ def new_cache():
     `DynamicSlidingWindowLayer`s that drop old positions on their own, which breaks compaction by
     position (a window, where the model has one, is applied by the tree mask instead).
     """
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # lazy: transformers adds seconds to every command's start
 
     return DynamicCache()
 

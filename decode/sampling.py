@@ -83,7 +83,7 @@ class SamplingParams:
             TemperatureLogitsWarper,
             TopKLogitsWarper,
             TopPLogitsWarper,
-        )
+        )  # lazy: transformers adds seconds to every command's start
 
         warpers = LogitsProcessorList()
         if self.temperature != 1.0:

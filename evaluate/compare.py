@@ -32,10 +32,10 @@ import argparse
 import json
 import platform
 import shlex
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,6 @@ from specheads.evaluate.conversations import (
     render_turn,
     select_prompts,
 )
-from specheads.evaluate.eval_drafters import add_tree_argument
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, drafter_for
 from specheads.evaluate.peers import (
     BASELINE,
@@ -78,7 +77,6 @@ from specheads.heads.atomic import write_text
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import claim_results_folder, hold_folder
-from specheads.heads.target import DTYPES
 from specheads.version import __version__
 
 ANSWERS_DIR = "answers"
@@ -253,60 +251,6 @@ def answer_file(name: str) -> str:
 # -- the command ------------------------------------------------------------------------------------
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--target",
-        required=True,
-        help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")',
-    )
-    p.add_argument(
-        "--heads", nargs="*", default=[], help="native head checkpoint directories (any methods, any number)"
-    )
-    p.add_argument(
-        "--prompts",
-        required=True,
-        help="mt-bench, spec-bench, a .jsonl of such questions, heldout (the target's heldout_files.json), "
-        "or a .json file list in that format",
-    )
-    p.add_argument(
-        "--overwrite", action="store_true", help="replace the results --out holds (refused without it)"
-    )
-    p.add_argument("--out", required=True, type=Path, help="directory for results, report, plots, answers")
-    p.add_argument(
-        "--peers",
-        default=None,
-        help=f"comma-separated, from {', '.join(PEERS)} (default: generate,prompt-lookup, and assisted "
-        f"when --draft-model is given); {BASELINE} always runs: speedups and identity are against it",
-    )
-    p.add_argument("--draft-model", default=None, help="HF directory of the assistant model (same tokenizer)")
-    p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: all)")
-    p.add_argument("--category", default=None, help="only questions of this category")
-    p.add_argument("--max-turns", type=int, default=None, help="ask at most N turns of each question")
-    p.add_argument("--skip-long", action="store_true", help="skip prompts that outrun the target's positions")
-    p.add_argument("--no-chat-template", action="store_true", help="questions as raw text, not chat turns")
-    p.add_argument("--prompt-tokens", type=int, default=64, help="tokens taken from the start of each file")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="per turn")
-    add_tree_argument(p, per_heads=True)
-    p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt-lookup draft length N")
-    p.add_argument("--prompt-lookup-ngram", type=int, default=None, help="n-gram matched (transformers: 2)")
-    p.add_argument(
-        "--assistant-tokens", type=int, default=20, help="assisted draft length (transformers' default 20)"
-    )
-    p.add_argument(
-        "--assistant-confidence",
-        type=float,
-        default=0.4,
-        help="the assistant stops a draft early below this top probability (transformers' default 0.4; 0: never)",
-    )
-    p.add_argument("--warmup", type=int, default=1, help="untimed prompts every method decodes first")
-    p.add_argument("--dtype", default="float32", choices=[*sorted(DTYPES), "auto"])
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
-    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own)")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.add_argument("--no-progress", action="store_true")
-
-
 def peers_of(args: argparse.Namespace) -> list[str]:
     """The peers to run, the baseline first; raises for unknown names or a missing --draft-model."""
     if args.peers is None:
@@ -444,7 +388,7 @@ def build_results(
     templated: bool,
 ) -> dict[str, Any]:
     """results.json: one entry per method first, then the run order and what produced them."""
-    import transformers
+    import transformers  # lazy: transformers adds seconds to every command's start
 
     entries = [
         method_entry(name, kind, method, records_for(runs[name], runs[BASELINE], conversations))
@@ -502,63 +446,88 @@ def write_outputs(
     write_text(out / REPORT_FILE, render_comparison(results))
 
 
-def run(args: argparse.Namespace) -> int:
-    """`specheads compare`: check every input, decode every prompt with every method, write it all."""
-    _check_args(args)
+@dataclass
+class CompareOptions:
+    """What one comparison does: `specheads compare`'s flags, one field each (commands/compare.py)."""
+
+    target: str  # HF directory, hub id, or a named target ("tiny", "smollm2")
+    prompts: str  # mt-bench, spec-bench, a .jsonl of such questions, heldout, or a .json file list
+    out: Path
+    heads: list[str] = field(default_factory=list)  # native head checkpoints (any methods, any number)
+    overwrite: bool = False  # replace the results `out` holds (refused without it)
+    peers: str | None = None  # comma-separated PEERS; None: generate,prompt-lookup (+assisted with a draft)
+    draft_model: str | None = None  # the assistant's HF directory (same tokenizer)
+    num_prompts: int | None = None
+    category: str | None = None
+    max_turns: int | None = None
+    skip_long: bool = False
+    no_chat_template: bool = False
+    prompt_tokens: int = 64  # tokens taken from the start of each held-out file
+    max_new_tokens: int = 128  # per turn
+    tree: list[str] | None = None  # one name for every heads directory, or one each
+    prompt_lookup_tokens: int = 10
+    prompt_lookup_ngram: int | None = None
+    assistant_tokens: int = 20  # transformers' default
+    assistant_confidence: float = 0.4  # transformers' default; 0: never stop a draft early
+    warmup: int = 1  # untimed prompts every method decodes first
+    dtype: str = "float32"
+    device: str = "cpu"
+    attn: str = "sdpa"
+    threads: int | None = None  # CPU threads for torch (None: torch's own)
+    no_plots: bool = False
+    no_progress: bool = False
+
+    @classmethod
+    def from_args(cls, args) -> CompareOptions:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclass_fields(cls)})
+
+
+def compare_heads(options: CompareOptions) -> dict[str, Any]:
+    """Check every input, decode every prompt with every method, write results, report, plots and answers
+    into `options.out`; returns the results."""
+    _check_args(options)
     claim_results_folder(
-        args.out, (RESULTS_FILE, REPORT_FILE, ANSWERS_DIR, *PLOTS.values()), args.overwrite
+        options.out, (RESULTS_FILE, REPORT_FILE, ANSWERS_DIR, *PLOTS.values()), options.overwrite
     )  # before any loading
-    peers = peers_of(args)
-    configs = [read_head_config(path) for path in args.heads]  # a foreign checkpoint fails before loading
-    head_names(configs, args.heads)
-    target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
+    peers = peers_of(options)
+    configs = [read_head_config(path) for path in options.heads]  # a foreign checkpoint fails before loading
+    head_names(configs, options.heads)
+    target_path = resolve_target(options.target)  # a named target (tiny, smollm2) is found or built here
     conversations = read_conversations(
-        args.prompts, target_path, args.category, args.num_prompts, args.max_turns
+        options.prompts, target_path, options.category, options.num_prompts, options.max_turns
     )
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    target = FrozenTarget.from_pretrained(target_path, dtype=args.dtype, attn_implementation=args.attn)
-    target = adapted_target(target, args.heads)
-    target.model.to(args.device)
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    target = FrozenTarget.from_pretrained(target_path, dtype=options.dtype, attn_implementation=options.attn)
+    target = adapted_target(target, options.heads)
+    target.model.to(options.device)
     tokenizer = target.tokenizer
     if tokenizer is None:
-        raise ValueError(f"target {args.target!r} has no tokenizer; compare needs one to encode prompts")
-    methods = build_methods(args, target, peers, configs)
-    templated = not args.no_chat_template and getattr(tokenizer, "chat_template", None) is not None
+        raise ValueError(f"target {options.target!r} has no tokenizer; compare needs one to encode prompts")
+    methods = build_methods(options, target, peers, configs)
+    templated = not options.no_chat_template and getattr(tokenizer, "chat_template", None) is not None
     templated = templated and any(c.chat for c in conversations)
     settings = TurnSettings(
-        max_new_tokens=args.max_new_tokens,
-        prompt_tokens=args.prompt_tokens,
+        max_new_tokens=options.max_new_tokens,
+        prompt_tokens=options.prompt_tokens,
         templated=templated,
         limit=getattr(target.config, "max_position_embeddings", None),
         depth=max(method.max_depth for _, method in methods.values()),
     )
-    conversations, skipped = select_prompts(conversations, tokenizer, settings, args.skip_long)
-    with hold_folder(args.out):  # a second eval or compare on --out stops at once
+    conversations, skipped = select_prompts(conversations, tokenizer, settings, options.skip_long)
+    with hold_folder(options.out):  # a second eval or compare on the folder stops at once
         runs, orders = compare(
             {name: method for name, (_, method) in methods.items()},
             conversations,
             tokenizer,
             settings,
             target.device,
-            args.warmup,
-            progress=not args.no_progress,
+            options.warmup,
+            progress=not options.no_progress,
         )
-        results = build_results(args, peers, methods, runs, orders, conversations, skipped, target, templated)
-        write_outputs(args.out, results, runs, conversations)
-        print((args.out / REPORT_FILE).read_text(), end="")
-        print(
-            f"wrote {args.out / RESULTS_FILE}, {args.out / REPORT_FILE}, plots and {args.out / ANSWERS_DIR}/"
+        results = build_results(
+            options, peers, methods, runs, orders, conversations, skipped, target, templated
         )
-        return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="specheads compare", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        write_outputs(options.out, results, runs, conversations)
+    return results

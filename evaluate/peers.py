@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -30,7 +31,7 @@ from specheads.decode.drafters import DraftContext, Drafter
 from specheads.decode.trees import DraftTree
 from specheads.evaluate.baseline import generate_rows
 from specheads.evaluate.evaluate import baseline_generate
-from specheads.heads import FrozenTarget
+from specheads.heads import FrozenTarget, vocab_hash
 
 BASELINE = "generate"
 PEERS = ("generate", "prompt-lookup", "assisted")
@@ -212,7 +213,6 @@ class AssistedPeer(_AssistedLoop):
 
 def check_same_vocabulary(target: FrozenTarget, draft, draft_tokenizer, draft_path: str) -> None:
     """Raise unless the draft's logits index the target's vocabulary (same size, same token -> id map)."""
-    from specheads.heads import vocab_hash
 
     draft_vocab = draft.get_output_embeddings().weight.shape[0]
     if draft_vocab != target.vocab_size:
@@ -230,9 +230,11 @@ def check_same_vocabulary(target: FrozenTarget, draft, draft_tokenizer, draft_pa
 
 def load_draft_model(path: str, dtype: torch.dtype, device: torch.device, attn: str):
     """(the assistant model at `path` in the target's dtype and device, its tokenizer or None)."""
-    from pathlib import Path
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (  # lazy: transformers adds seconds to every command's start
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     if not (Path(path) / "config.json").is_file():
         raise FileNotFoundError(

@@ -34,8 +34,8 @@ def _colors(methods: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def _figure(width: float, height: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: plots only
+    from matplotlib.figure import Figure  # lazy: plots only
 
     figure = Figure(figsize=(width, height), dpi=120, layout="constrained")
     FigureCanvasAgg(figure)  # an explicit Agg canvas: no pyplot, no global backend state

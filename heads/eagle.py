@@ -51,7 +51,7 @@ def build_layer_config(layer_config: dict[str, Any], attn_implementation: str = 
     The number of layers stays the target's in `layer_config` (layer ids are read from it); the built
     config has one layer. Sliding windows are dropped: the draft's masks are always passed in full.
     """
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: transformers adds seconds to every command's start
 
     values = dict(layer_config)
     model_type = values.pop("model_type")
@@ -69,7 +69,7 @@ def build_layer_config(layer_config: dict[str, Any], attn_implementation: str = 
 
 def stock_layer_classes(config) -> tuple[type[nn.Module], type[nn.Module]]:
     """(decoder layer class, rotary embedding class) of a config's family, from transformers itself."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # lazy: transformers adds seconds to every command's start
 
     try:
         model_cls = AutoModelForCausalLM._model_mapping[type(config)]

@@ -94,7 +94,7 @@ def hold_folder(folder: str | Path, what: str = "output folder") -> Iterator[Pat
 
 def _locked(lock: Path, what: str, folder: Path) -> int:
     """An open descriptor of `lock` holding its flock, or FolderInUseError naming the holder."""
-    import fcntl
+    import fcntl  # lazy: POSIX only
 
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from packaging.version import Version
 from torch import nn
 
 from specheads.heads.fingerprint import weights_fingerprint
@@ -163,8 +164,7 @@ def _looks_local(name_or_path: str) -> bool:
 
 
 def _transformers_at_least(version: str) -> bool:
-    import transformers
-    from packaging.version import Version
+    import transformers  # lazy: transformers adds seconds to every command's start
 
     return Version(transformers.__version__) >= Version(version)
 
@@ -228,7 +228,11 @@ class FrozenTarget:
             attn_implementation: one of ATTENTION_IMPLEMENTATIONS.
             load_tokenizer: also load the tokenizer (needed for the vocabulary hash).
         """
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import (  # lazy: transformers adds seconds to every command's start
+            AutoConfig,
+            AutoModelForCausalLM,
+            AutoTokenizer,
+        )
 
         if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(
@@ -286,7 +290,7 @@ class FrozenTarget:
         """A new FrozenTarget: this one's model with a saved peft adapter applied (it wraps this
         model's modules, so use the result, not this target, afterwards); `merge` folds the adapter
         into the weights, as decoding wants."""
-        from peft import PeftModel
+        from peft import PeftModel  # lazy: peft is only needed for adapters (Medusa-2)
 
         if not (Path(adapter_dir) / ADAPTER_CONFIG).is_file():
             raise FileNotFoundError(f"{adapter_dir} holds no peft adapter (no {ADAPTER_CONFIG})")

@@ -99,7 +99,8 @@ def bench_method(args, method: str, target: Path, data: Path, work: Path) -> dic
     cache_cmd = [
         sys.executable,
         "-m",
-        "specheads.train.cache_cli",
+        "specheads.cli",
+        "cache",
         recipe,
         *overrides(args, target, data, online),
     ]

@@ -90,3 +90,11 @@ def perturbed(module, seed: int = 0):
         for p in module.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g))
     return module.eval()
+
+
+def command(name: str):
+    """`specheads NAME ARGS...` as a function of ARGS, through the console script's own parser (in-process;
+    errors raise, as `cli.main(argv)` raises them for Python callers)."""
+    from specheads.cli import main
+
+    return lambda argv: main([name, *argv])

@@ -38,7 +38,7 @@ def test_quickstart_runs_end_to_end_and_reuses_what_it_built(tmp_path, monkeypat
 def test_report_says_which_figures_vary_and_by_how_much(monkeypatch):
     """At the default settings the report sets each figure beside the range measured over fresh builds
     (README's table) and marks a τ outside it; at other settings it says the ranges do not apply."""
-    from specheads import quickstart
+    from specheads.commands import quickstart
 
     defaults = argparse.ArgumentParser()
     quickstart.add_arguments(defaults)
@@ -62,7 +62,7 @@ def test_report_says_which_figures_vary_and_by_how_much(monkeypatch):
 
 
 def test_measured_ranges_cover_every_method_and_peer():
-    from specheads import quickstart
+    from specheads.commands import quickstart
 
     ranges = quickstart.MEASURED_SPREAD["ranges"]
     assert set(ranges) == {"generate", "prompt-lookup", *METHODS}

@@ -1,7 +1,8 @@
-"""`python -m specheads.train RECIPE.yaml [key=value ...]` (the form `accelerate launch -m` uses)."""
+"""`python -m specheads.train RECIPE.yaml [key=value ...]` (the form `accelerate launch -m` uses): `specheads train`."""
 
 import sys
 
-from specheads.train.loop import main
+from specheads.cli import main
 
+sys.argv.insert(1, "train")
 sys.exit(main())

@@ -167,7 +167,7 @@ def check_resumable(
 
 def weights_sharded(accelerator) -> bool:
     """Whether the heads' weights are split over processes (ZeRO-3, FSDP)."""
-    from accelerate.utils import DistributedType
+    from accelerate.utils import DistributedType  # lazy: accelerate is only needed once a run starts
 
     return accelerator.distributed_type == DistributedType.FSDP or zero_stage(accelerator) == 3
 
@@ -194,7 +194,7 @@ def _gathered_state(module: nn.Module, keep: bool) -> dict[str, torch.Tensor] | 
     """`module`'s whole state under ZeRO-3, gathered from every process (a collective) and kept on
     this one if `keep`. Only the module's own parameters are gathered, never the rest of the model:
     a Medusa-2 objective also holds the target, which must not land whole on one process."""
-    import deepspeed
+    import deepspeed  # lazy: deepspeed is slow to import and only used under ZeRO
 
     with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
         return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if keep else None
@@ -203,7 +203,7 @@ def _gathered_state(module: nn.Module, keep: bool) -> dict[str, torch.Tensor] | 
 def _save_state_options(accelerator) -> dict:
     """accelerator.save_state options: a DeepSpeed engine writes no copy of frozen weights (the
     Medusa-2 target's base; the heads' objective has none otherwise)."""
-    from accelerate.utils import DistributedType
+    from accelerate.utils import DistributedType  # lazy: accelerate is only needed once a run starts
 
     return (
         {"exclude_frozen_parameters": True}
@@ -254,7 +254,7 @@ def load_checkpoint(accelerator, model, path: Path) -> dict:
 
 
 def _engine_owns_weights(accelerator) -> bool:
-    from accelerate.utils import DistributedType
+    from accelerate.utils import DistributedType  # lazy: accelerate is only needed once a run starts
 
     return accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
 

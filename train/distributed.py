@@ -38,8 +38,8 @@ def _no_accelerator_device() -> bool:
 
 def make_accelerator(cfg: TrainConfig):
     """The Accelerator for a run; CPU-only multi-process launches get gloo (DDP or DeepSpeed)."""
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
+    from accelerate import Accelerator  # lazy: accelerate is only needed once a run starts
+    from accelerate.utils import InitProcessGroupKwargs  # lazy: accelerate is only needed once a run starts
 
     kwargs = dict(
         mixed_precision=cfg.mixed_precision,
@@ -61,7 +61,7 @@ def make_accelerator(cfg: TrainConfig):
 def _skip_shared_memory_allreduce() -> None:
     """DeepSpeed's CPU communication backend JIT-compiles a shared-memory all-reduce when it starts
     (minutes, once per machine). Only tensor-parallel inference uses it; ZeRO does not."""
-    import deepspeed.ops
+    import deepspeed.ops  # lazy: deepspeed is slow to import and only used under ZeRO
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
@@ -117,7 +117,7 @@ def gathered_lm_head(target):
     shape and copies it into Medusa heads)."""
     if not is_partitioned(target.model):
         return nullcontext()
-    import deepspeed
+    import deepspeed  # lazy: deepspeed is slow to import and only used under ZeRO
 
     return deepspeed.zero.GatheredParameters([target.lm_head.weight], modifier_rank=None)
 
@@ -128,7 +128,7 @@ def shard_target(accelerator, target):
     it alive) or None."""
     if zero_stage(accelerator) != 3:
         return None
-    import deepspeed
+    import deepspeed  # lazy: deepspeed is slow to import and only used under ZeRO
 
     config = copy.deepcopy(deepspeed_config(accelerator))
     for key in ("optimizer", "scheduler"):

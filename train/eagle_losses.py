@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pyarrow.compute as pc
 import torch
 import torch.nn.functional as F
 
@@ -97,7 +98,7 @@ def eagle3_unroll(
         input_embeds: (B, T, H) embed(x_t) (not shifted; step i reads x_{t+1+i}).
         first_step_mask: (B, 1, T, T) additive, causal within each document.
     """
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # lazy: transformers adds seconds to every command's start
 
     cache = DynamicCache()  # holds every step's keys/values: what later steps attend to
     hidden, outputs = fused, []
@@ -292,8 +293,6 @@ def count_label_tokens(rows, vocab_size: int) -> torch.Tensor:
 def _flat_label_batches(rows, batch_size: int = 4096):
     """Yield (ids, loss_mask) as flat int64 tensors, a batch of rows at a time."""
     if hasattr(rows, "with_format"):  # a datasets.Dataset: flatten the Arrow list columns
-        import pyarrow.compute as pc
-
         columns = rows.select_columns(["input_ids", "loss_mask"]).with_format("arrow")
         for batch in columns.iter(batch_size=batch_size):
             yield tuple(

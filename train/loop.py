@@ -24,10 +24,8 @@ exactly with `resume=auto`: train/checkpointing.py), `metrics.jsonl` (one JSON o
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,7 +43,6 @@ from specheads.heads.methods import Method, method_named
 from specheads.heads.named_targets import resolve_target
 from specheads.train import data as data_lib
 from specheads.train.checkpointing import (
-    INTERRUPTED_EXIT_CODE,
     StopOnSignal,
     check_resumable,
     claim_output_dir,
@@ -57,11 +54,10 @@ from specheads.train.checkpointing import (
     resolve_resume,
     save_checkpoint,
 )
-from specheads.train.config import TrainConfig, load_config
+from specheads.train.config import TrainConfig
 from specheads.train.data.checks import check_label_tokens
 from specheads.train.data.sources import rows_for
 from specheads.train.distributed import (
-    end_launched_process,
     fill_deepspeed_config,
     gathered_lm_head,
     is_partitioned,
@@ -372,7 +368,7 @@ def train(cfg: TrainConfig, progress: bool = True, overwrite: bool = False) -> d
 
 
 def run_training(cfg: TrainConfig, accelerator, progress: bool) -> dict:
-    from accelerate.utils import set_seed
+    from accelerate.utils import set_seed  # lazy: accelerate is only needed once a run starts
 
     set_seed(cfg.seed)
     out_dir, main = Path(cfg.output_dir), accelerator.is_main_process
@@ -486,56 +482,3 @@ def finish(
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return summary
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("recipe", type=Path, help="YAML recipe (recipes/...)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="recipe values to override")
-    p.add_argument(
-        "--overwrite", action="store_true", help="delete another run's results in output_dir and start afresh"
-    )
-    p.add_argument(
-        "--allow-target-mismatch",
-        action="store_true",
-        help="resume a checkpoint trained against other target weights (same as allow_target_mismatch=true)",
-    )
-    p.add_argument("--no-progress", action="store_true")
-
-
-def run(args: argparse.Namespace) -> int:
-    code = train_and_report(args)
-    end_launched_process(code)  # a process of a multi-process launch ends here, its files written
-    return code
-
-
-def train_and_report(args: argparse.Namespace) -> int:
-    from accelerate import PartialState
-
-    cfg = load_config(args.recipe, args.overrides)
-    cfg.allow_target_mismatch |= args.allow_target_mismatch
-    summary = train(cfg, progress=not args.no_progress, overwrite=args.overwrite)
-    if not PartialState().is_main_process:
-        return 0 if summary["completed"] else INTERRUPTED_EXIT_CODE
-    if not summary["completed"]:
-        print(
-            f"stopped by SIGTERM after step {summary['last_step']} of {cfg.max_steps}; checkpoint written to "
-            f"{cfg.output_dir}/checkpoints; continue with: specheads train {args.recipe} ... resume=auto"
-        )
-        return INTERRUPTED_EXIT_CODE  # unfinished: a scheduler or script must not take it for done
-    ev = summary["eval"]
-    if ev:
-        accs = " ".join(f"{value:.3f}" for key, value in ev.items() if key.endswith("/top1"))
-        per = method_named(cfg.method).metric_unit
-        print(f"held-out top-1 per {per}: {accs}   tau_sim {ev['tau_sim']:.2f}")
-    print(f"heads written to {cfg.output_dir} ({summary['wall_seconds']} s)")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="specheads train", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import nn
 
 from specheads.heads import FrozenTarget
@@ -110,7 +111,7 @@ def wrap_target_with_lora(
             starts equal to the original).
         target_modules: names of the linear layers to adapt (the last component of their name).
     """
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # lazy: peft is only needed for adapters (Medusa-2)
 
     linears = {n.rsplit(".", 1)[-1] for n, m in target.model.named_modules() if isinstance(m, nn.Linear)}
     missing = [m for m in target_modules if m not in linears]
@@ -296,8 +297,7 @@ def save_adapter(target, heads_dir: str | Path) -> Path:
 
 def load_adapter_weights(target, adapter_dir: str | Path) -> None:
     """Copy a saved adapter's weights (save_adapter) into the wrapped target's adapters, in place."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
+    from peft import set_peft_model_state_dict  # lazy: peft is only needed for adapters (Medusa-2)
 
     path = Path(adapter_dir) / "adapter_model.safetensors"
     if not path.is_file():
@@ -318,7 +318,7 @@ def gathered_adapter(target):
     params = [p for _, p in adapter_parameters(target)]
     if not any(hasattr(p, "ds_id") for p in params):
         return nullcontext()
-    import deepspeed
+    import deepspeed  # lazy: deepspeed is slow to import and only used under ZeRO
 
     return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
@@ -334,7 +334,7 @@ def register_adapter_state_hooks(accelerator, target) -> None:
     state dict already leaves the base out, and train/checkpointing.py tells a DeepSpeed engine to
     leave out its own copy of the frozen weights and gathers the heads alone under ZeRO-3.
     """
-    from accelerate.utils import DistributedType
+    from accelerate.utils import DistributedType  # lazy: accelerate is only needed once a run starts
 
     def save(models, weights, output_dir) -> None:
         with gathered_adapter(target):

@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError
 from safetensors import safe_open
 from torch import nn
 
@@ -33,8 +35,6 @@ def _checkpoint_file(name_or_path: str, filename: str) -> Path | None:
     local = Path(os.path.expanduser(name_or_path))
     if local.is_dir():
         return local / filename if (local / filename).is_file() else None
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
 
     try:
         return Path(hf_hub_download(name_or_path, filename))
@@ -134,7 +134,11 @@ class OfflineTarget:
             dtype: "auto" (the checkpoint's) or a dtype name / torch dtype, as FrozenTarget takes it.
             device: where the three modules go (default CPU).
         """
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import (  # lazy: transformers adds seconds to every command's start
+            AutoConfig,
+            AutoModelForCausalLM,
+            AutoTokenizer,
+        )
 
         config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
         with torch.device("meta"):  # structure only: no weights are allocated

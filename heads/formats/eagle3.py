@@ -203,7 +203,9 @@ def to_eagle3(
 def _verifier_architectures(model_type: str, target: FrozenTarget | None) -> list[str]:
     if target is not None and getattr(target.config, "architectures", None):
         return list(target.config.architectures)
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,  # lazy: transformers adds seconds to every command's start
+    )
 
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     return [name] if name else []

@@ -29,6 +29,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from specheads.cli import main as formats_cli
 from specheads.decode import EagleDrafter, MedusaDrafter, SpeculativeDecoder, default_tree
 from specheads.heads import (
     Eagle3Config,
@@ -42,7 +43,6 @@ from specheads.heads import (
     save_heads,
 )
 from specheads.heads.checkpoint import load_heads
-from specheads.heads.formats.cli import main as formats_cli
 
 from consumer_env import run_consumers
 from helpers import perturbed

@@ -20,7 +20,6 @@ from specheads.decode import (
     new_cache,
 )
 from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.evaluate import evaluate
 from specheads.evaluate.calibrate import (
     MEDUSA_RANKS,
     CalibrationSettings,
@@ -368,5 +367,5 @@ def test_eval_tree_auto_end_to_end(setup, tmp_path, heads):
 )
 def test_tree_auto_errors_before_any_work(setup, tmp_path, extra, message):
     with pytest.raises(ValueError, match=message):
-        evaluate.main(eval_args(setup, tmp_path / "out", "medusa", *extra)[1:])
+        cli(eval_args(setup, tmp_path / "out", "medusa", *extra))
     assert not (tmp_path / "out").exists()

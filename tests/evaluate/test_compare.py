@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specheads.commands import compare as compare_command
 from specheads.evaluate import compare
 from specheads.evaluate import prompts as prompt_io
 from specheads.evaluate.conversations import (
@@ -28,7 +29,9 @@ from specheads.evaluate.plots import PLOTS
 from specheads.evaluate.report import DRAFT_DEFINITIONS, draft_figures
 from specheads.heads import EagleConfig, EagleHead, FrozenTarget, MedusaConfig, MedusaHeads, save_heads
 
-from helpers import tiny_model, tiny_tokenizer
+from helpers import command, tiny_model, tiny_tokenizer
+
+compare_cli = command("compare")
 
 QUESTIONS = [
     {"question_id": 81, "category": "writing", "turns": ["Compose a blog post about Hawaii.", "Rewrite it."]},
@@ -142,7 +145,7 @@ def questions_run(setup, tmp_path_factory) -> tuple[Path, dict, list[str]]:
     argv = compare_args(setup, out, setup["questions"], "--heads", str(setup["root"] / "medusa"))
     argv += [str(setup["root"] / "eagle"), "--draft-model", str(setup["root"] / "draft"), "--warmup", "1"]
     argv += ["--threads", "1"]  # tiny models gain nothing from more, and lose much on a busy machine
-    assert compare.main(argv) == 0
+    assert compare_cli(argv) == 0
     return out, json.loads((out / "results.json").read_text()), argv
 
 
@@ -264,7 +267,7 @@ def test_second_turn_follows_the_methods_own_answer(questions_run, setup):
 def test_command_reproduces_the_run(questions_run):
     _, results, argv = questions_run
     parser = argparse.ArgumentParser()
-    compare.add_arguments(parser)
+    compare_command.add_arguments(parser)
     again = vars(parser.parse_args(shlex.split(results["command"])[2:]))
     given = vars(parser.parse_args(argv))
     assert again == {**given, "peers": "generate,prompt-lookup,assisted", "no_progress": False}
@@ -276,7 +279,7 @@ def test_heldout_files_with_one_head_and_no_plots(setup, tmp_path):
         setup, out, "heldout", "--heads", str(setup["root"] / "medusa"), "--peers", "generate"
     )
     argv += ["--prompt-tokens", "16", "--warmup", "0", "--tree", "chain-4", "--no-plots"]
-    assert compare.main(argv) == 0
+    assert compare_cli(argv) == 0
     results = json.loads((out / "results.json").read_text())
     assert [m["name"] for m in results["methods"]] == ["generate", "medusa"]
     for entry in results["methods"]:
@@ -408,7 +411,7 @@ def test_peer_and_argument_errors(setup, tmp_path):
     ]
     for extra, message in cases:
         with pytest.raises(ValueError, match=message):
-            compare.main(compare_args(setup, out, setup["questions"], *extra))
+            compare_cli(compare_args(setup, out, setup["questions"], *extra))
     assert not out.exists()
 
 
@@ -418,7 +421,7 @@ def test_a_draft_of_another_vocabulary_is_refused(setup, tmp_path):
         setup, tmp_path / "out", setup["questions"], "--draft-model", str(tmp_path / "foreign")
     )
     with pytest.raises(ValueError, match="300 output rows, the target 2"):
-        compare.main(args)
+        compare_cli(args)
     assert not (tmp_path / "out").exists()
 
 
@@ -427,9 +430,9 @@ def test_long_prompts_fail_early_or_are_skipped(setup, tmp_path):
     path = tmp_path / "long.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(ValueError, match="'long' .* max_position_embeddings=512; pass --skip-long"):
-        compare.main(compare_args(setup, tmp_path / "out", path, "--peers", "generate"))
+        compare_cli(compare_args(setup, tmp_path / "out", path, "--peers", "generate"))
     assert not (tmp_path / "out").exists()
     argv = compare_args(setup, tmp_path / "out", path, "--peers", "generate", "--no-plots", "--skip-long")
-    assert compare.main(argv) == 0
+    assert compare_cli(argv) == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["prompts"]["skipped"] == ["long"] and results["prompts"]["num_prompts"] == 1

@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from specheads.cli import main as cli
+from specheads.commands import compare as compare_command
+from specheads.commands import eval as eval_command
 from specheads.decode import DecodeOutput
 from specheads.evaluate import evaluate
 from specheads.evaluate import prompts as prompt_io
@@ -166,7 +168,7 @@ def test_eval_on_questions_writes_results_and_report(setup, tmp_path):
     assert results["command"] in report
     # The command spells out every option: parsed again, it gives this run's arguments.
     parser = argparse.ArgumentParser()
-    evaluate.add_arguments(parser)
+    eval_command.add_arguments(parser)
     again = vars(parser.parse_args(shlex.split(results["command"])[2:]))
     given = vars(parser.parse_args(eval_args(setup, out, setup["questions"], "--warmup", "1")[1:]))
     assert again == {**given, "tree": "medusa-31", "no_progress": False}
@@ -236,7 +238,7 @@ def test_missing_heads_dir(setup, tmp_path):
     args = eval_args(setup, out, setup["questions"])
     args[args.index("--heads") + 1] = str(tmp_path / "no-heads")
     with pytest.raises(FileNotFoundError, match="no-heads"):
-        evaluate.main(args[1:])
+        cli(args)
     assert not out.exists()
 
 
@@ -346,7 +348,6 @@ def test_eval_and_compare_take_one_tree_argument():
     per --heads directory, and both read dynamic[-N] the same way."""
     import argparse
 
-    from specheads.evaluate import compare
     from specheads.evaluate.eval_drafters import EAGLE_TOTAL_TOKENS, dynamic_size
 
     def tree_action(add):
@@ -354,7 +355,10 @@ def test_eval_and_compare_take_one_tree_argument():
         add(p)
         return next(a for a in p._actions if "--tree" in a.option_strings)
 
-    eval_tree, compare_tree = tree_action(evaluate.add_arguments), tree_action(compare.add_arguments)
+    eval_tree, compare_tree = (
+        tree_action(eval_command.add_arguments),
+        tree_action(compare_command.add_arguments),
+    )
     assert eval_tree.nargs is None and compare_tree.nargs == "*"
     assert "auto" in eval_tree.help and eval_tree.help.startswith(
         compare_tree.help.split("; or auto")[0][:60]

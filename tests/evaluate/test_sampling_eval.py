@@ -8,6 +8,8 @@ import shlex
 import pytest
 import torch
 
+from specheads.cli import main as cli_main
+from specheads.commands import eval as eval_command
 from specheads.decode.sampling import SamplingParams
 from specheads.evaluate import evaluate
 from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads, save_heads
@@ -33,7 +35,7 @@ def setup(tiny_target_dirs, tmp_path_factory) -> dict:
 def cli(args: list[str]) -> int:
     """`specheads eval ...` (its own entry point: the rest of the CLI is not needed here)."""
     assert args[0] == "eval"
-    return evaluate.main(args[1:])
+    return cli_main(args)
 
 
 def eval_args(setup, out, *extra: str) -> list[str]:
@@ -88,7 +90,7 @@ def test_sampled_eval_records_its_settings_and_is_reproducible(setup, tmp_path):
     assert "| medusa | 2 |" in report and report.count("| – |") >= 3  # identical is not measured
     # the command spells out the sampling flags: parsed again, it gives this run's arguments
     parser = argparse.ArgumentParser()
-    evaluate.add_arguments(parser)
+    eval_command.add_arguments(parser)
     again_args = vars(parser.parse_args(shlex.split(results["command"])[2:]))
     given = vars(parser.parse_args(eval_args(setup, tmp_path / "a", *SAMPLED)[1:]))
     assert again_args == {**given, "tree": "medusa-15", "no_progress": False}

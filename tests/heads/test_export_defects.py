@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from specheads.cli import main
 from specheads.heads import (
     Eagle3Config,
     Eagle3Head,
@@ -31,7 +32,6 @@ from specheads.heads import (
     save_heads,
 )
 from specheads.heads.formats import FormatError, export_heads, import_heads
-from specheads.heads.formats.cli import main
 from specheads.heads.formats.eagle3 import check_layer_ids
 from specheads.train.config import TrainConfig
 

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from specheads.cli import main
 from specheads.decode import EagleDrafter, MedusaDrafter, SpeculativeDecoder, default_tree
 from specheads.heads import FrozenTarget, load_heads
 from specheads.heads.formats import FormatError, import_heads
-from specheads.heads.formats.cli import main
 
 T = 9  # positions in the reference checks
 PROMPT_LEN, NEW_TOKENS = 6, 16

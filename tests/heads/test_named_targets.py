@@ -32,13 +32,15 @@ def test_every_command_resolves_through_the_one_table():
     # The old copies (train/loop.py resolve_target, train/data/sources.py target_path) are gone; the train
     # loop, the cache, distill, eval, compare, export and import all call this one.
     import specheads.evaluate.compare as compare
-    import specheads.evaluate.evaluate as evaluate
-    import specheads.heads.formats.cli as formats_cli
-    import specheads.train.cache_cli as cache_cli
+    import specheads.commands.distill as distill
+    import specheads.commands.eval as evaluate
+    import specheads.commands.export as export
+    import specheads.commands.import_heads as import_heads
     import specheads.train.data.sources as sources
     import specheads.train.loop as loop
+    import specheads.train.recipe_cache as recipe_cache
 
-    for module in (compare, evaluate, formats_cli, cache_cli, loop, sources):
+    for module in (compare, distill, evaluate, export, import_heads, recipe_cache, loop, sources):
         assert module.resolve_target is named_targets.resolve_target, module.__name__
     assert not hasattr(sources, "target_path")
     assert set(NAMED_TARGETS) == {"tiny", "smollm2"}

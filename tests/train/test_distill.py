@@ -12,7 +12,9 @@ from specheads.train.data import distillation as distill_mod
 from specheads.train.data.distillation import DistillConfig, distill, is_complete
 
 from data_templates import family_tokenizer
-from helpers import tiny_model
+from helpers import command, tiny_model
+
+distill_cli = command("distill")
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 CHATS = [
@@ -248,10 +250,10 @@ def test_command_line_on_a_saved_target(tiny_target_dirs, tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["--source", str(rows), "--target", str(tiny_target_dirs["qwen2"]), "--out", str(out)]
     argv += ["--max-new-tokens", "4", "--batch-size", "2", "--max-rows", "3", "--no-progress"]
-    assert distill_mod.main(argv) == 0
+    assert distill_cli(argv) == 0
     assert "read 3 prompts = written 3 + skipped 0 (done before) + failed 0" in capsys.readouterr().out
-    assert distill_mod.main(argv) == 0
+    assert distill_cli(argv) == 0
     assert "read 3 prompts = written 0 + skipped 3" in capsys.readouterr().out
-    assert distill_mod.main([*argv, "--overwrite", "--seed", "5"]) == 0
+    assert distill_cli([*argv, "--overwrite", "--seed", "5"]) == 0
     assert "written 3 + skipped 0" in capsys.readouterr().out
     assert len(load_rows(out, cache_dir=tmp_path / "hf-cache")) == 3

@@ -13,7 +13,6 @@ from torch.utils.data import DataLoader
 
 from specheads.heads import FrozenTarget, TargetMismatchError
 from specheads.train import loop
-from specheads.train.cache_cli import main as cache_main
 from specheads.train.config import load_config
 from specheads.train.data import collate, load_rows, tokenize_rows
 from specheads.train.eagle_losses import eagle3_loss, eagle_loss
@@ -31,7 +30,9 @@ from specheads.train.hidden_cache import (
 )
 from specheads.train.losses import medusa_loss
 
-from helpers import save_tiny_target
+from helpers import command, save_tiny_target
+
+cache_main = command("cache")
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_LENGTH = 48

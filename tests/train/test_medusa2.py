@@ -27,7 +27,9 @@ from specheads.train.medusa2 import (
 )
 
 from equivalence import assert_same_weights, assert_within_rounding, max_value_gap
-from helpers import tiny_model, tiny_tokenizer
+from helpers import command, tiny_model, tiny_tokenizer
+
+train_cli = command("train")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -235,7 +237,6 @@ def medusa2_args(target_dir: Path, data: Path, out: Path, *extra: str) -> list[s
 def cli_run(tiny_target_dirs, text_data, tmp_path_factory):
     """`specheads train recipes/tiny/medusa2.yaml` on the tiny llama; keeps the run's adapted target."""
     from specheads.methods import medusa2 as medusa2_method
-    from specheads.train import loop
 
     out = tmp_path_factory.mktemp("medusa2") / "run"
     wrapped = []
@@ -247,7 +248,7 @@ def cli_run(tiny_target_dirs, text_data, tmp_path_factory):
     patch = pytest.MonkeyPatch()
     patch.setattr(medusa2_method, "wrap_target_with_lora", keep)  # the entry's objective wraps the target
     try:
-        assert loop.main(medusa2_args(tiny_target_dirs["llama"], text_data, out)) == 0
+        assert train_cli(medusa2_args(tiny_target_dirs["llama"], text_data, out)) == 0
     finally:
         patch.undo()
     return out, wrapped[0], tiny_target_dirs["llama"]
@@ -301,7 +302,6 @@ def test_cli_checkpoint_holds_heads_and_adapter_only_and_resumes_exactly(cli_run
     from safetensors.torch import load_file
 
     from specheads.heads import load_heads
-    from specheads.train import loop
 
     out, wrapped, target_dir = cli_run
     step = out / "checkpoints" / "step-2"
@@ -319,7 +319,7 @@ def test_cli_checkpoint_holds_heads_and_adapter_only_and_resumes_exactly(cli_run
     resumed = tmp_path / "resumed"
     (resumed / "checkpoints").mkdir(parents=True)
     shutil.copytree(step, resumed / "checkpoints" / "step-2")
-    assert loop.main(medusa2_args(target_dir, text_data, resumed, "resume=auto")) == 0
+    assert train_cli(medusa2_args(target_dir, text_data, resumed, "resume=auto")) == 0
     for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
         a, b = load_file(str(out / name)), load_file(str(resumed / name))
         assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), name
@@ -336,8 +336,6 @@ def test_zero3_two_processes_match_one_and_resume_exactly(tiny_target_dirs, tmp_
     import sys
 
     from safetensors.torch import load_file
-
-    from specheads.train import loop
 
     words = ["abcdefghij", "0123456789", "klmnopqrst", "uvwxyz!?.,"]
     data = tmp_path / "rows.jsonl"
@@ -367,9 +365,9 @@ def test_zero3_two_processes_match_one_and_resume_exactly(tiny_target_dirs, tmp_
         result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
 
-    assert loop.main(args(tmp_path / "one", "batch_size=2", "save_every=0")) == 0
+    assert train_cli(args(tmp_path / "one", "batch_size=2", "save_every=0")) == 0
     # the twin: the same rows and math with micro-batches split otherwise (tests/equivalence.py)
-    assert loop.main(args(tmp_path / "twin", "batch_size=1", "grad_accum=2", "save_every=0")) == 0
+    assert train_cli(args(tmp_path / "twin", "batch_size=1", "grad_accum=2", "save_every=0")) == 0
     launch_two(tmp_path / "two", "save_every=3")
     one, two, twin = (
         [
@@ -415,7 +413,7 @@ def test_eval_decodes_medusa2_heads_with_their_adapter_merged(cli_run, tmp_path,
     """`specheads eval` on a Medusa-2 run decodes (and runs generate() on) the adapted target: the
     base with adapter/ merged in, which is the model the heads were trained to read."""
     from specheads.cli import main as cli_main
-    from specheads.evaluate import evaluate
+    from specheads.commands import eval as evaluate  # the command builds the decoder
 
     out, _, target_dir = cli_run
     seen = []

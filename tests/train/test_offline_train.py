@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from specheads.train.cache_cli import main as cache_main
 from specheads.train.hidden_cache import CacheError, TokenMismatchError
-from specheads.train.loop import main as train_main
 
 from equivalence import assert_same_weights, assert_within_rounding, max_value_gap
+from helpers import command
+
+cache_main, train_main = command("cache"), command("train")
 
 REPO = Path(__file__).resolve().parents[2]
 # Clock readings, not results.

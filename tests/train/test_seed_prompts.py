@@ -9,7 +9,9 @@ from pathlib import Path
 
 from specheads.evaluate.conversations import prompt_set_path
 from specheads.train.data import load_rows
-from specheads.train.data.seed_prompts import main, ngrams, question_texts, seed_prompts, shared_ngrams, words
+from specheads.train.data.seed_prompts import ngrams, question_texts, seed_prompts, shared_ngrams, words
+
+from helpers import command
 
 
 def texts(rows):
@@ -73,7 +75,10 @@ def test_written_file_is_read_back_as_user_turns(tmp_path):
     out = tmp_path / "prompts.jsonl"
     questions = tmp_path / "questions.jsonl"
     questions.write_text(json.dumps({"question_id": 81, "turns": [MT_BENCH_81, "Rewrite it."]}) + "\n")
-    assert main(["--out", str(out), "--max-rows", "50", "--check-against", str(questions)]) == 0
+    assert (
+        command("seed-prompts")(["--out", str(out), "--max-rows", "50", "--check-against", str(questions)])
+        == 0
+    )
     rows = load_rows(str(out))
     assert len(rows) == 50
     assert rows[0]["messages"] == [

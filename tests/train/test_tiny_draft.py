@@ -19,6 +19,10 @@ from specheads.train.builders.tiny_draft import (
 )
 from specheads.train.builders.tiny_target import HELDOUT_FILE, TinyTargetConfig, ensure_tiny_target
 
+from helpers import command
+
+tiny_draft_cli = command("tiny-draft")
+
 TARGET = TinyTargetConfig(
     steps=3,
     max_files=24,
@@ -172,11 +176,11 @@ def test_command_builds_then_reuses(target, tmp_path, capsys):
     argv = ["--target", str(target), "--out", str(tmp_path / "d"), "--steps", "2", "--no-progress"]
     argv += ["--hidden-size", "32", "--num-layers", "1", "--intermediate-size", "64", "--seq-len", "64"]
     argv += ["--batch-size", "2", "--eval-blocks", "2", "--warmup-steps", "1"]
-    assert tiny_draft.main(argv) == 0
+    assert tiny_draft_cli(argv) == 0
     assert "built tiny draft" in capsys.readouterr().out
     assert read_meta(tmp_path / "d")["builder"]["hidden_size"] == 32
     assert json.loads((tmp_path / "d" / META_FILE).read_text())["steps"] == 2
-    assert tiny_draft.main(argv) == 0
+    assert tiny_draft_cli(argv) == 0
     assert "reused tiny draft" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--steps must be >= 1"):
-        tiny_draft.main(["--target", str(target), "--out", str(tmp_path / "e"), "--steps", "0"])
+        tiny_draft_cli(["--target", str(target), "--out", str(tmp_path / "e"), "--steps", "0"])

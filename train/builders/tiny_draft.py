@@ -20,11 +20,9 @@ and the target it was made for; a finished build with the same key is reused.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -101,7 +99,10 @@ def draft_key(cfg: TinyDraftConfig, identity: dict) -> str:
 
 def load_target_side(target_dir: Path):
     """(tokenizer, config) of the target, with errors that name what is missing."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import (  # lazy: transformers adds seconds to every command's start
+        AutoConfig,
+        AutoTokenizer,
+    )
 
     target_dir = Path(target_dir).expanduser()
     if not (target_dir / "config.json").is_file():
@@ -134,7 +135,11 @@ def check_heldout_split(target_dir: Path, heldout_files: list[str]) -> None:
 
 def build(target_dir: Path, cfg: TinyDraftConfig, out: Path, progress: bool = True) -> dict:
     """Train the draft for the target at `target_dir` into `out` (a temporary folder renamed at the end)."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import (  # lazy: transformers adds seconds to every command's start
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     started = time.time()
     target_dir = Path(target_dir).expanduser()
@@ -233,45 +238,3 @@ def ensure_tiny_draft(
         what = "a draft built with other settings or for another target" if meta else "not a tiny draft"
         raise FileExistsError(f"{out} holds {what}; refusing to overwrite it (pass --force)")
     return out, build(target_dir, cfg, out, progress=progress), False
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--target", required=True, type=Path, help="the target's HF directory (its tokenizer is used)"
-    )
-    p.add_argument(
-        "--out", type=Path, default=None, help="output directory (default: the user cache, reused when valid)"
-    )
-    p.add_argument("--steps", type=int, default=TinyDraftConfig.steps, help="optimizer steps")
-    p.add_argument("--seed", type=int, default=TinyDraftConfig.seed)
-    p.add_argument("--force", action="store_true", help="rebuild even if a valid build exists")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    for f in fields(TinyDraftConfig):
-        if f.name not in ("seed", "steps"):  # model and schedule knobs, for tests and tuning
-            flag = "--" + f.name.replace("_", "-")
-            p.add_argument(flag, type=type(f.default), default=f.default, help=argparse.SUPPRESS)
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        raise SystemExit(f"error: --steps must be >= 1, got {args.steps}")
-    cfg = TinyDraftConfig(**{f.name: getattr(args, f.name) for f in fields(TinyDraftConfig)})
-    out, meta, reused = ensure_tiny_draft(
-        args.target, cfg, args.out, force=args.force, progress=args.progress
-    )
-    print(f"{'reused' if reused else 'built'} tiny draft: {out}")
-    print(
-        f"  {meta['parameters'] / 1e6:.2f}M parameters, {meta['steps']} steps, held-out loss "
-        f"{meta['heldout_loss']:.3f} nats/token, built in {meta['build_seconds']} s, for {meta['target']['path']}"
-    )
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="specheads tiny-draft", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,14 +18,12 @@ on them, vary: README gives the ranges measured over several builds.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import platform
-import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -34,7 +32,6 @@ from tqdm.auto import tqdm
 
 from specheads.heads.atomic import replace_dir
 from specheads.heads.named_targets import cache_root
-from specheads.heads.run_folder import check_writable
 from specheads.train.data import stdlib_corpus
 from specheads.version import __version__
 
@@ -120,8 +117,17 @@ def read_meta(path: Path) -> dict | None:
 
 def train_tokenizer(texts: list[str], vocab_size: int):
     """Byte-level BPE over `texts`, wrapped as a transformers fast tokenizer with a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import (  # lazy: only the tiny-target build trains a tokenizer
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from transformers import (
+        PreTrainedTokenizerFast,  # lazy: transformers adds seconds to every command's start
+    )
 
     specials = [BOS, EOS, PAD, END, *ROLE_TOKENS]
     tok = Tokenizer(models.BPE())
@@ -234,7 +240,11 @@ def train_steps(model, stream: torch.Tensor, cfg: TinyTargetConfig, progress: bo
 
 def build(cfg: TinyTargetConfig, out: Path, progress: bool = True) -> dict:
     """Train the tiny target into `out` (written whole: a temporary folder renamed at the end)."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import (  # lazy: transformers adds seconds to every command's start
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     started = time.time()
     torch.manual_seed(cfg.seed)
@@ -337,7 +347,10 @@ def ensure_tiny_target(
 
 def greedy_sample(path: Path, prompt_tokens: int = 48, new_tokens: int = 48) -> tuple[str, str, str]:
     """(held-out file, its first `prompt_tokens` tokens, the target's greedy continuation)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (  # lazy: transformers adds seconds to every command's start
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
@@ -351,55 +364,3 @@ def greedy_sample(path: Path, prompt_tokens: int = 48, new_tokens: int = 48) -> 
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
     return name, tokenizer.decode(ids[0], skip_special_tokens=True), tokenizer.decode(out[0, ids.shape[1] :])
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--out", type=Path, default=None, help="output directory (default: the user cache, reused when valid)"
-    )
-    p.add_argument(
-        "--minutes", type=float, default=TinyTargetConfig.minutes, help="training budget (converted to steps)"
-    )
-    p.add_argument("--steps", type=int, default=None, help="exact optimizer steps (overrides --minutes)")
-    p.add_argument("--seed", type=int, default=TinyTargetConfig.seed)
-    p.add_argument("--force", action="store_true", help="rebuild even if a valid build exists")
-    p.add_argument("--no-sample", action="store_true", help="skip the greedy sample printed at the end")
-    for f in fields(TinyTargetConfig):
-        if f.name not in ("seed", "minutes", "steps"):
-            flag = "--" + f.name.replace("_", "-")
-            p.add_argument(
-                flag,
-                type=float if isinstance(f.default, float) else int,
-                default=f.default,
-                help=argparse.SUPPRESS,
-            )
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.minutes <= 0 or (args.steps is not None and args.steps <= 0):
-        raise SystemExit("error: --minutes and --steps must be positive")
-    cfg = TinyTargetConfig(**{f.name: getattr(args, f.name) for f in fields(TinyTargetConfig)})
-    check_writable(
-        args.out if args.out is not None else default_output_dir(cfg)
-    )  # before minutes of training
-    out, meta, reused = ensure_tiny_target(cfg, args.out, force=args.force)
-    print(f"{'reused' if reused else 'built'} tiny target: {out}")
-    print(
-        f"  {meta['parameters'] / 1e6:.2f}M parameters, {meta['steps']} steps, "
-        f"held-out loss {meta['heldout_loss']:.3f} nats/token "
-        f"({meta['heldout_bits_per_char']:.3f} bits/char), built in {meta['build_seconds']} s"
-    )
-    if not args.no_sample:
-        name, prompt, continuation = greedy_sample(out)
-        print(f"  greedy continuation of held-out {name}:\n{prompt}\u2502{continuation}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="specheads tiny-target", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

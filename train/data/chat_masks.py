@@ -47,6 +47,10 @@ import re
 from collections.abc import Iterable, Sequence
 from functools import partial
 
+import datasets
+from datasets import Features, List, Value
+from datasets.fingerprint import Hasher
+
 from specheads.train.data.readers import (
     RowsReport,
     check_max_bad_rows,
@@ -260,8 +264,6 @@ def tokenizer_fingerprint(tokenizer) -> str:
     if backend is not None:
         body = backend.to_str()
     else:
-        from datasets.fingerprint import Hasher
-
         body = Hasher.hash(tokenizer)
     extra = json.dumps(
         [type(tokenizer).__name__, tokenizer.chat_template, tokenizer.special_tokens_map],
@@ -298,8 +300,6 @@ def tokenize_rows(
         The same kind of dataset with columns input_ids (list[int]) and loss_mask (list[int], 0/1),
         cached by fingerprint (a Dataset read from disk is tokenised once).
     """
-    import datasets
-    from datasets import Features, List, Value
 
     if max_length < 2:
         raise ValueError(f"max_length must be at least 2 tokens, got {max_length}")

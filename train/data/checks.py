@@ -14,12 +14,14 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
+
+# A `specheads distill` output folder: its settings, its summary (written last), its chunk records.
+SETTINGS_FILE, SUMMARY_FILE, CHUNKS_DIR = "_settings.json", "_summary.json", "_chunks"
 
 
 def check_distill_folder(path: Path, source: str) -> None:
     """Raise ValueError if `path` is an unfinished `specheads distill` output (no-op for other folders)."""
-    from specheads.train.data.distillation import SETTINGS_FILE, SUMMARY_FILE
-
     if not (path / SETTINGS_FILE).is_file():
         return  # not a distill output
     resume = f"finish it first: run the same `specheads distill ... --out {path}` again, it resumes where it stopped"
@@ -46,8 +48,6 @@ def label_tokens_per_row(rows) -> np.ndarray:
     """(rows,) int64: the label tokens (loss_mask 1) of each tokenised row (a `datasets.Dataset` or a
     list of dicts)."""
     if hasattr(rows, "with_format"):  # Arrow batches: no Python loop over tokens
-        import pyarrow.compute as pc
-
         counts = [np.zeros(0, dtype=np.int64)]
         for batch in rows.select_columns(["loss_mask"]).with_format("arrow").iter(batch_size=4096):
             column = batch["loss_mask"]

@@ -31,8 +31,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from functools import partial
 
 import torch
+from datasets import Features, List, Value
 
 PACKING_VERSION = 1  # bump when pack_rows' output changes, to invalidate cached datasets
 
@@ -183,9 +185,6 @@ def pack_rows(rows, *, max_length: int, batch_size: int = 1000, num_proc: int | 
     has input_ids, loss_mask and position_ids (restarting per document); `collate(..., packing=True)`
     pads it and builds the document mask, so every batch has the same number of rows.
     """
-    from functools import partial
-
-    from datasets import Features, List, Value
 
     features = Features(
         {

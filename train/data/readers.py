@@ -57,6 +57,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import datasets
+import pyarrow.compute as pc
+from datasets import Features, List, Value
+
+from specheads.train.data.checks import check_distill_folder
+
 logger = logging.getLogger(__name__)
 
 ROLE_NAMES = {
@@ -330,12 +336,6 @@ def _looks_like_path(source: str) -> bool:
     return source.startswith(("/", ".", "~")) or source.count("/") > 1 or source.lower().endswith(known)
 
 
-def check_distill_folder(path: Path, source: str) -> None:
-    from specheads.train.data.checks import check_distill_folder as check
-
-    check(path, source)
-
-
 def _relative_note(path: Path) -> str:
     """Where a relative data path was looked for: the working folder, not the recipe's."""
     if path.is_absolute():
@@ -390,7 +390,6 @@ def _open_dataset(
     source: str, parquet_files: list[str] | None, *, split: str, streaming: bool, config_name, cache_dir
 ):
     """A saved-to-disk, parquet or hub dataset (its rows not yet normalised)."""
-    import datasets
 
     path = Path(source).expanduser()
     if parquet_files is not None:
@@ -472,7 +471,6 @@ def judged_stream(
 
 
 def _features(kind: str | None):
-    from datasets import Features, List, Value
 
     columns = {
         "messages": List({"role": Value("string"), "content": Value("string")}),
@@ -489,7 +487,6 @@ def drop_bad_rows(raw, columns: list[str], max_bad_rows: float | int, report: Ro
     `raw` is a Dataset with `_where` and `_error` columns (`_error` None for a good row); `report`
     names the source and holds the number of rows read (the base of a fractional `max_bad_rows`).
     """
-    import pyarrow.compute as pc
 
     errors = raw.data.column("_error")
     if errors.null_count < len(raw):
@@ -529,7 +526,6 @@ def load_rows(
     Returns:
         `datasets.Dataset`, or `datasets.IterableDataset` when streaming, with one column.
     """
-    import datasets
 
     check_max_bad_rows(max_bad_rows)
     if text_split not in TEXT_SPLITS:

@@ -16,14 +16,11 @@ either evaluation set.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
 from collections.abc import Iterable
 from pathlib import Path
-
-from specheads.heads.atomic import write_text
 
 # fmt: off
 TOPICS = (
@@ -178,33 +175,3 @@ def question_texts(path: str | Path) -> list[str]:
 def shared_ngrams(texts: Iterable[str], reference: Iterable[str], n: int = 6) -> set[tuple[str, ...]]:
     """The n-word sequences that `texts` and `reference` have in common."""
     return ngrams(texts, n) & ngrams(reference, n)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m specheads.train.data.seed_prompts", description=__doc__.splitlines()[0]
-    )
-    p.add_argument("--out", type=Path, required=True, help="JSONL file to write (OpenAI `messages` rows)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-rows", type=int, default=None)
-    p.add_argument(
-        "--check-against", type=Path, nargs="*", default=[], help="question files to prove disjoint"
-    )
-    args = p.parse_args(argv)
-    rows = seed_prompts(args.seed)[: args.max_rows]
-    texts = [r["messages"][0]["content"] for r in rows]
-    for path in args.check_against:
-        common = shared_ngrams(texts, question_texts(path))
-        if common:
-            raise SystemExit(
-                f"{len(common)} 6-word sequences shared with {path}, e.g. {' '.join(min(common))!r}"
-            )
-        print(f"no 6-word sequence shared with {path}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_text(args.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    print(f"{len(rows)} prompts written to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -30,12 +30,15 @@ import os
 from pathlib import Path
 
 import datasets
+from filelock import FileLock
 
+from specheads.heads import FrozenTarget
 from specheads.heads.atomic import replace_dir
 from specheads.heads.named_targets import resolve_target
 from specheads.train import data as data_lib
 from specheads.train.builders.tiny_target import TinyTargetConfig, default_cache_dir
 from specheads.train.config import TrainConfig
+from specheads.train.data import distillation as distill
 from specheads.train.data import stdlib_corpus
 
 STDLIB_ROWS_VERSION = 1  # bump when the rows stdlib_rows gives change, to invalidate the cache
@@ -70,10 +73,6 @@ def epoch_rows(cfg: TrainConfig, num_processes: int | None = None) -> int:
 
 def stdlib_distilled_rows(target: str, num_rows: int, progress: bool = True) -> datasets.Dataset:
     """`stdlib-distilled` for `target` (a recipe's `target`): `num_rows` windows, distilled on first use."""
-    from filelock import FileLock
-
-    from specheads.heads import FrozenTarget
-    from specheads.train.data import distillation as distill
 
     path = resolve_target(target)
     cfg = dataclasses.replace(distill.STDLIB_DISTILLED, max_rows=num_rows)

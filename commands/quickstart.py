@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from specheads.evaluate import compare
-from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE
+from specheads.evaluate.compare import CompareOptions, command_line, compare_heads
+from specheads.evaluate.evaluate import REPORT_FILE
 from specheads.heads.checkpoint import CONFIG_FILE
-from specheads.train import loop
 from specheads.train.builders.tiny_draft import TinyDraftConfig, ensure_tiny_draft
 from specheads.train.builders.tiny_target import TinyTargetConfig, ensure_tiny_target
 from specheads.train.config import find_recipe, load_config
+from specheads.train.loop import train
 
 METHODS = ("medusa", "eagle", "eagle3")
 
@@ -69,9 +68,9 @@ def train_heads(method: str, target: Path, out: Path, args: argparse.Namespace) 
     if args.max_steps:
         overrides += [f"max_steps={args.max_steps}", f"eval_every={args.max_steps}"]
     if args.retrain or not trained_with(heads_dir, recipe, overrides):
-        print(f"\n== training {method} heads: specheads train {recipe} {' '.join(overrides)}")
-        # --overwrite: quickstart owns its folders (a retrain replaces what was there)
-        loop.main([str(recipe), *overrides, "--overwrite", *([] if args.progress else ["--no-progress"])])
+        print(f"\n== training {method} heads: specheads train {recipe} {' '.join(overrides)} --overwrite")
+        # overwrite: quickstart owns its folders (a retrain replaces what was there)
+        train(load_config(recipe, overrides), progress=args.progress, overwrite=True)
     else:
         print(f"\n== reusing {method} heads in {heads_dir}")
     return heads_dir
@@ -90,14 +89,20 @@ def draft_model(target: Path, args: argparse.Namespace) -> Path:
 def compare_all(target: Path, heads_dirs: list[Path], out: Path, args: argparse.Namespace) -> dict:
     """Every method's heads beside generate() and the peers, interleaved per prompt, in one run."""
     peers = ["generate", "prompt-lookup", *(["assisted"] if args.assisted else [])]
-    argv = ["--target", str(target), "--heads", *map(str, heads_dirs), "--prompts", "heldout"]
-    argv += ["--peers", ",".join(peers), "--out", str(out / "compare"), "--overwrite"]
-    argv += ["--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens)]
-    if args.assisted:
-        argv += ["--draft-model", str(draft_model(target, args))]
-    print(f"\n== comparing: specheads compare {' '.join(argv)}")
-    compare.main(argv + ([] if args.progress else ["--no-progress"]))
-    return json.loads((out / "compare" / RESULTS_FILE).read_text())
+    options = CompareOptions(
+        target=str(target),
+        heads=[str(h) for h in heads_dirs],
+        prompts="heldout",
+        peers=",".join(peers),
+        out=out / "compare",
+        overwrite=True,  # quickstart owns its folders
+        num_prompts=args.num_prompts,
+        max_new_tokens=args.max_new_tokens,
+        draft_model=str(draft_model(target, args)) if args.assisted else None,
+        no_progress=not args.progress,
+    )
+    print(f"\n== comparing: {command_line(options, peers)}")
+    return compare_heads(options)
 
 
 def table(methods: list[dict]) -> str:
@@ -184,17 +189,3 @@ def run(args: argparse.Namespace) -> int:
     (args.out / REPORT_FILE).write_text(report)
     print("\n" + table(results["methods"]) + f"\n\nreport: {args.out / REPORT_FILE}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="specheads quickstart",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specheads.heads.formats import FORMATS, FormatError, export_heads, import_heads
+from specheads.heads.formats import FORMATS, FormatError, export_heads
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import check_writable
 from specheads.heads.target import FrozenTarget, TargetMismatchError, resolve_dtype
@@ -97,52 +97,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     print(f"wrote {args.format} checkpoint {args.out} ({len(export.tensors)} tensors)")
     return 0
-
-
-def add_import_arguments(p: argparse.ArgumentParser) -> None:
-    """Arguments of `specheads import-heads`."""
-    p.add_argument("--format", required=True, choices=sorted(FORMATS), help="layout of the checkpoint")
-    p.add_argument("--checkpoint", required=True, type=Path, help="local directory of the engine checkpoint")
-    p.add_argument(
-        "--target",
-        required=True,
-        help="the target the heads draft for (HF directory, hub id, or tiny / smollm2)",
-    )
-    p.add_argument("--out", required=True, type=Path, help="new directory for the native checkpoint")
-
-
-def run_import(args: argparse.Namespace) -> int:
-    """`specheads import-heads`."""
-    try:
-        if not args.checkpoint.is_dir():
-            raise FileNotFoundError(
-                f"{args.checkpoint} is not a directory (download a hub checkpoint first, e.g. "
-                "`huggingface-cli download ORG/NAME --local-dir DIR`)"
-            )
-        check_writable(args.out, "--out")  # before the target loads
-        target = FrozenTarget.from_pretrained(resolve_target(args.target), dtype="float32")
-        heads = import_heads(args.checkpoint, args.format, target, args.out)
-    except _ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(f"imported {args.format} {heads.method} heads from {args.checkpoint} into {args.out}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m specheads.heads.formats.cli", description=__doc__.splitlines()[0]
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-    export = sub.add_parser("export", help="write native heads in an engine layout")
-    add_arguments(export)
-    export.set_defaults(run=run)
-    imp = sub.add_parser("import-heads", help="read an engine checkpoint into a native one")
-    add_import_arguments(imp)
-    imp.set_defaults(run=run_import)
-    args = p.parse_args(argv)
-    return args.run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

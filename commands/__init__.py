@@ -1,0 +1,35 @@
+"""The command-line entry points: one module a `specheads` subcommand, each an `add_arguments(parser)` and a
+`run(args) -> exit code` over the library functions it calls. Nothing below this package parses argv.
+
+cli.py builds the console script from `COMMANDS`; `python -m specheads.train` (the form `accelerate launch
+-m` uses) runs the `train` command.
+"""
+
+from specheads.commands import (
+    cache,
+    compare,
+    distill,
+    eval,
+    export,
+    import_heads,
+    quickstart,
+    seed_prompts,
+    tiny_draft,
+    tiny_target,
+    train,
+)
+
+# (name, help, module with add_arguments and run), in the order a user meets them
+COMMANDS = [
+    ("tiny-target", "build the embedded default target offline", tiny_target),
+    ("tiny-draft", "build a small assistant model in the target's tokens", tiny_draft),
+    ("seed-prompts", "chat prompts to train on, disjoint from MT-Bench and Spec-Bench", seed_prompts),
+    ("distill", "self-distillation: the target regenerates a dataset's answers", distill),
+    ("cache", "precompute the target's hidden states for offline training", cache),
+    ("train", "train draft heads from a YAML recipe", train),
+    ("eval", "speculative decoding against the target's own generate()", eval),
+    ("compare", "heads beside generate(), prompt lookup and assisted generation", compare),
+    ("export", "write native heads in a serving-engine layout", export),
+    ("import-heads", "read an official engine checkpoint into a native one", import_heads),
+    ("quickstart", "the embedded default end to end", quickstart),
+]

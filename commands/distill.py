@@ -1,0 +1,85 @@
+"""`specheads distill --source ... --target ... --out DIR`: self-distillation, the target regenerates a
+dataset's answers (train/data/distillation.py)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from specheads.heads import FrozenTarget
+from specheads.heads.named_targets import resolve_target
+from specheads.heads.run_folder import check_writable
+from specheads.train import data as data_lib
+from specheads.train.data.distillation import SUMMARY_FILE, DistillConfig, distill
+from specheads.train.data.sources import stdlib_rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = DistillConfig()
+    p.add_argument("--source", required=True, help='anything load_rows reads, or "stdlib" (text)')
+    p.add_argument("--split", default="train", help="split of a saved DatasetDict or a hub dataset")
+    p.add_argument(
+        "--target",
+        required=True,
+        help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")',
+    )
+    p.add_argument("--out", required=True, type=Path, help="output directory (resumed when it exists)")
+    p.add_argument("--temperature", type=float, default=d.temperature, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=d.top_p)
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens, help="text rows: prompt of a window")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--chunk-rows", type=int, default=d.chunk_rows, help="prompts per output part")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--max-rows", type=int, default=None, help="distil only the first N prompts")
+    p.add_argument("--cache", choices=("static", "dynamic"), default=d.cache, help="generate()'s KV cache")
+    p.add_argument("--shuffle", action="store_true", help="shuffle the source rows with --seed first")
+    p.add_argument(
+        "--max-bad-rows",
+        type=float,
+        default=d.max_bad_rows,
+        help="failures allowed: a count (>= 1) or a fraction",
+    )
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
+    p.add_argument("--overwrite", action="store_true", help="start over, deleting what --out holds")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+
+    check_writable(args.out)  # before the rows and the target load
+    bad = args.max_bad_rows
+    cfg = DistillConfig(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        prompt_tokens=args.prompt_tokens,
+        batch_size=args.batch_size,
+        chunk_rows=args.chunk_rows,
+        seed=args.seed,
+        max_rows=args.max_rows,
+        cache=args.cache,
+        max_bad_rows=int(bad) if bad >= 1 and float(bad).is_integer() else bad,
+    )
+    if args.source == "stdlib":
+        rows = stdlib_rows(heldout=False)
+    else:
+        rows = data_lib.load_rows(args.source, split=args.split)
+    if args.shuffle:
+        rows = rows.shuffle(seed=args.seed)
+    if args.overwrite and args.out.exists():
+        shutil.rmtree(args.out)
+    target = FrozenTarget.from_pretrained(resolve_target(args.target), dtype=args.dtype)
+    target.model.to(args.device)
+    source = f"{args.source}{' (shuffled)' if args.shuffle else ''}"
+    s = distill(rows, target, args.out, cfg, source=source, progress=not args.no_progress)
+    print(
+        f"read {s['read']} prompts = written {s['written']} + skipped {s['skipped']} (done before) "
+        f"+ failed {s['failed']}; {s['new_tokens']} new tokens in {s['seconds']} s"
+    )
+    for f in s["failures"][:10]:
+        print(f"  failed: prompt {f['index']} ({f['where']}): {f['why'][:200]}")
+    print(f"{s['output_rows']} rows in {args.out} (summary: {args.out / SUMMARY_FILE})")
+    return 0

@@ -1,0 +1,176 @@
+"""`specheads eval --target DIR --heads DIR --prompts FILE --out DIR`: speculative decoding against the
+target's own generate() (evaluate/evaluate.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from specheads.decode.batched import BatchedSpeculativeDecoder
+from specheads.decode.decoder import SpeculativeDecoder
+from specheads.evaluate.batched_eval import evaluate_batched
+from specheads.evaluate.calibrate import CalibrationSettings, calibrated_drafter, hold_out, max_tree_depth
+from specheads.evaluate.eval_drafters import add_tree_argument, check_tree_for_method, drafter_for
+from specheads.evaluate.evaluate import (
+    REPORT_FILE,
+    RESULTS_FILE,
+    _check_args,
+    build_results,
+    evaluate,
+    report_text,
+    sampling_params,
+)
+from specheads.evaluate.prompts import check_prompt_lengths, encode_prompts, read_prompts
+from specheads.heads import FrozenTarget, load_heads, read_head_config
+from specheads.heads.atomic import write_text
+from specheads.heads.checkpoint import target_for_heads
+from specheads.heads.named_targets import resolve_target
+from specheads.heads.run_folder import claim_results_folder, hold_folder
+from specheads.heads.target import DTYPES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target",
+        required=True,
+        help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")',
+    )
+    p.add_argument(
+        "--heads", required=True, help="native head checkpoint directory (its config.json names the method)"
+    )
+    p.add_argument(
+        "--prompts",
+        required=True,
+        help="a .jsonl of MT-Bench / Spec-Bench questions, `heldout` (the target's heldout_files.json), "
+        "or a .json file list in that format",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the results --out holds (refused without it)"
+    )
+    p.add_argument(
+        "--allow-target-mismatch",
+        action="store_true",
+        help="evaluate heads whose recorded target weights fingerprint differs from --target's",
+    )
+    p.add_argument("--out", required=True, type=Path, help="directory for results.json and report.md")
+    p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: all)")
+    p.add_argument("--category", default=None, help="only questions of this category")
+    p.add_argument("--no-chat-template", action="store_true", help="questions as raw text, not chat turns")
+    p.add_argument(
+        "--prompt-tokens", type=int, default=64, help="tokens taken from the start of each file prompt"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    add_tree_argument(p, auto=True)
+    p.add_argument(
+        "--calibration-prompts",
+        type=int,
+        default=None,
+        help="--tree auto: calibrate on the last K prompts of --prompts, which are then not evaluated "
+        "(default 4); --num-prompts counts the rest",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 (default): greedy, checked token for token against generate(do_sample=False); > 0: both "
+        "sample, the decoder losslessly, the baseline with generate(do_sample=True, ...)",
+    )
+    p.add_argument(
+        "--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0, the default: all)"
+    )
+    p.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus mass kept (default 1.0: all)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="sampling: prompt (or batch) i is sampled with seed + i"
+    )
+    p.add_argument("--warmup", type=int, default=1, help="untimed prompts decoded first")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="decode the prompts B at a time, left-padded, against the target's own batched generate "
+        "(with --temperature, batch i sampled with seed + i; each prompt's seconds are its batch's, shared "
+        "evenly)",
+    )
+    p.add_argument("--dtype", default="float32", choices=[*sorted(DTYPES), "auto"])
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
+    p.add_argument(
+        "--attn", default="sdpa", choices=["sdpa", "eager"], help="the target's attention implementation"
+    )
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`specheads eval`: check every input, decode every prompt both ways, write the results."""
+    _check_args(args)
+    claim_results_folder(args.out, (RESULTS_FILE, REPORT_FILE), args.overwrite)  # before any loading
+    head_config = read_head_config(args.heads)  # a missing or foreign checkpoint fails before any loading
+    check_tree_for_method(head_config["method"], None if args.tree == "auto" else args.tree)
+    target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
+    texts = read_prompts(args.prompts, target_path, args.category)
+    held_out, texts = hold_out(texts, args.calibration_prompts) if args.tree == "auto" else ([], texts)
+    texts = texts[: args.num_prompts]
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    target = FrozenTarget.from_pretrained(target_path, dtype=args.dtype, attn_implementation=args.attn)
+    target = target_for_heads(target, args.heads)  # Medusa-2: the adapted target decodes, both ways
+    target.model.to(args.device)
+    if target.tokenizer is None:
+        raise ValueError(f"target {args.target!r} has no tokenizer; eval needs one to encode prompts")
+    heads, head_config = load_heads(
+        args.heads,
+        target,
+        device=target.device,
+        dtype=target.dtype,
+        allow_target_mismatch=args.allow_target_mismatch,
+    )
+    prompts, templated = encode_prompts(
+        texts, target.tokenizer, not args.no_chat_template, args.prompt_tokens
+    )
+    if args.tree == "auto":  # evaluate/calibrate.py
+        held_out, _ = encode_prompts(
+            held_out, target.tokenizer, not args.no_chat_template, args.prompt_tokens
+        )
+        settings = CalibrationSettings(max_new_tokens=args.max_new_tokens)
+        depth = max_tree_depth(heads, head_config, settings)
+        check_prompt_lengths(prompts + held_out, target.config, args.max_new_tokens, depth)
+        drafter, tree, calibration = calibrated_drafter(heads, head_config, target, held_out, settings)
+    else:
+        (drafter, tree), calibration = drafter_for(heads, head_config, target, args.tree), None
+    check_prompt_lengths(prompts, target.config, args.max_new_tokens, tree["depth"])
+    with hold_folder(args.out):  # a second eval or compare on --out stops at once
+        sampling = sampling_params(args)
+        if args.batch_size > 1:
+            decoder = BatchedSpeculativeDecoder(target, drafter)
+            records = evaluate_batched(
+                decoder,
+                target,
+                prompts,
+                args.max_new_tokens,
+                args.batch_size,
+                args.warmup,
+                not args.no_progress,
+                sampling=sampling,
+                seed=args.seed,
+            )
+        else:
+            records = evaluate(
+                SpeculativeDecoder(target, drafter),
+                target,
+                prompts,
+                args.max_new_tokens,
+                args.warmup,
+                progress=not args.no_progress,
+                sampling=sampling,
+                seed=args.seed,
+            )
+        results = build_results(args, records, head_config, target, tree, templated, calibration)
+        write_text(args.out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
+        write_text(args.out / REPORT_FILE, report_text(results))
+        print(report_text(results), end="")
+        print(f"wrote {args.out / RESULTS_FILE} and {args.out / REPORT_FILE}")
+        return 0
