@@ -49,8 +49,7 @@ import torch
 
 from specheads.decode.batched_inputs import pad_rows, prefill_inputs, select_cache_rows
 from specheads.decode.decoder import DecodeOutput
-from specheads.decode.drafters import BatchDraftContext, DraftContext, MedusaDrafter
-from specheads.decode.eagle_drafter import EagleDrafter
+from specheads.decode.drafters import BatchDraftContext
 from specheads.decode.kv_cache import new_cache
 from specheads.decode.sampling import SamplingParams
 from specheads.decode.step import (
@@ -82,48 +81,16 @@ class BatchedDrafter(Protocol):
         ...
 
 
-class BatchedMedusaDrafter:
-    """A `MedusaDrafter` over B rows: each row's static tree from its own feature before the root.
-
-    MedusaDrafter reads only the root and the feature at the root's predecessor (drafters.py), so it is
-    handed a context holding just those, (B, 1) each; it keeps no state across steps.
-    """
-
-    def __init__(self, drafter: MedusaDrafter):
-        self.drafter = drafter
-        self.capture_layers = tuple(drafter.capture_layers)
-
-    @torch.no_grad()
-    def propose(self, context: BatchDraftContext) -> DraftTree:
-        layer = self.capture_layers[0]
-        hidden = context.hidden[layer]  # (B, M, H)
-        index = context.last_column().to(hidden.device)[:, None, None].expand(-1, 1, hidden.shape[-1])
-        feature = hidden.gather(1, index)  # (B, 1, H) at the root's predecessor
-        one = DraftContext(
-            tokens=context.roots[:, None],
-            hidden={layer: feature},
-            step=context.step,
-            sampling=context.sampling,
-            generator=context.generator,
-        )
-        return self.drafter.propose(one)
-
-    def select_rows(self, rows: torch.Tensor) -> None:
-        pass
-
-
 def as_batched(drafter) -> BatchedDrafter:
-    """The batched form of a drafter: a MedusaDrafter wrapped, an EagleDrafter afresh (a cache of its own);
-    a batched one as it is."""
-    if isinstance(drafter, MedusaDrafter):
-        return BatchedMedusaDrafter(drafter)
-    if isinstance(drafter, EagleDrafter):
-        return EagleDrafter.from_drafter(drafter)
+    """The batched form of a drafter: its own `batched()` (a MedusaDrafter wrapped, an EagleDrafter afresh
+    with a cache of its own), or the drafter itself when it already drafts for rows."""
+    if hasattr(drafter, "batched"):
+        return drafter.batched()
     if hasattr(drafter, "propose") and hasattr(drafter, "select_rows"):
         return drafter
     raise TypeError(
-        f"no batched form of {type(drafter).__name__}: expected a MedusaDrafter, an EagleDrafter or a "
-        f"drafter with propose(BatchDraftContext) and select_rows(rows)"
+        f"no batched form of {type(drafter).__name__}: expected a drafter with batched(), or one with "
+        f"propose(BatchDraftContext) and select_rows(rows)"
     )
 
 

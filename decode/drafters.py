@@ -219,6 +219,10 @@ class MedusaDrafter:
         node_q = q[self._node_head.to(device)].transpose(0, 1)  # (B, N, V) q at each node
         return SampledTree(tokens=tokens, parents=parents, draft_probs=node_q, children=self.children)
 
+    def batched(self) -> BatchedMedusaDrafter:
+        """This drafter over B rows (batched decoding)."""
+        return BatchedMedusaDrafter(self)
+
     def _drawn(self, q: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """(K, B, V) head distributions -> (B, N-1) candidates, each node's children drawn from its q."""
         batch = q.shape[1]
@@ -229,3 +233,33 @@ class MedusaDrafter:
                     q_node = q[self._node_head[node], b]
                     tokens[b, kids] = draw_children(q_node, len(kids), self.children == "iid", generator)
         return tokens[:, 1:]
+
+
+class BatchedMedusaDrafter:
+    """A `MedusaDrafter` over B rows: each row's static tree from its own feature before the root.
+
+    MedusaDrafter reads only the root and the feature at the root's predecessor (drafters.py), so it is
+    handed a context holding just those, (B, 1) each; it keeps no state across steps.
+    """
+
+    def __init__(self, drafter: MedusaDrafter):
+        self.drafter = drafter
+        self.capture_layers = tuple(drafter.capture_layers)
+
+    @torch.no_grad()
+    def propose(self, context: BatchDraftContext) -> DraftTree:
+        layer = self.capture_layers[0]
+        hidden = context.hidden[layer]  # (B, M, H)
+        index = context.last_column().to(hidden.device)[:, None, None].expand(-1, 1, hidden.shape[-1])
+        feature = hidden.gather(1, index)  # (B, 1, H) at the root's predecessor
+        one = DraftContext(
+            tokens=context.roots[:, None],
+            hidden={layer: feature},
+            step=context.step,
+            sampling=context.sampling,
+            generator=context.generator,
+        )
+        return self.drafter.propose(one)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        pass

@@ -105,6 +105,10 @@ class EagleDrafter:
         fresh.cache, fresh.cached = None, 0
         return fresh
 
+    def batched(self) -> EagleDrafter:
+        """This drafter for batched decoding: afresh, with a cache of its own (it drafts for B rows as it is)."""
+        return EagleDrafter.from_drafter(self)
+
     # -- the protocol ------------------------------------------------------------------------------
 
     @torch.no_grad()
