@@ -31,11 +31,11 @@ def test_tiny_is_the_embedded_build(monkeypatch, tmp_path):
 def test_every_command_resolves_through_the_one_table():
     # The old copies (train/loop.py resolve_target, train/data/sources.py target_path) are gone; the train
     # loop, the cache, distill, eval, compare, export and import all call this one.
-    import specheads.evaluate.compare as compare
     import specheads.commands.distill as distill
     import specheads.commands.eval as evaluate
     import specheads.commands.export as export
     import specheads.commands.import_heads as import_heads
+    import specheads.evaluate.compare as compare
     import specheads.train.data.sources as sources
     import specheads.train.loop as loop
     import specheads.train.recipe_cache as recipe_cache

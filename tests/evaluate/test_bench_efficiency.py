@@ -1,0 +1,57 @@
+"""scripts/bench_efficiency.py end to end on a tiny target with fresh Medusa and EAGLE heads: its figures
+hang together (speed is measured by the script, never asserted)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from specheads.heads import (
+    EagleConfig,
+    EagleHead,
+    FrozenTarget,
+    MedusaConfig,
+    MedusaHeads,
+    layer_config_from,
+    save_heads,
+)
+
+from helpers import save_tiny_target
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_efficiency.py"
+QUESTIONS = [
+    {"question_id": 1, "category": "coding", "turns": ["def add(a, b):"]},
+    {"question_id": 2, "category": "coding", "turns": ["import os\nimport sys\n"]},
+]
+
+
+def test_bench_efficiency_reports_the_ideal_and_the_measured_speedup(tmp_path):
+    target_dir = save_tiny_target("llama", tmp_path / "target")
+    target = FrozenTarget.from_pretrained(str(target_dir))
+    medusa = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=2))
+    save_heads(medusa.init_lm_heads_from(target.lm_head), tmp_path / "medusa", target.record())
+    save_heads(EagleHead(EagleConfig(layer_config_from(target.config))), tmp_path / "eagle", target.record())
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+
+    spec = importlib.util.spec_from_file_location("bench_efficiency", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "eff.json"
+    argv = ["--target", str(target_dir), "--heads", str(tmp_path / "medusa"), str(tmp_path / "eagle")]
+    argv += ["--tree", "medusa-15", "dynamic-8", "--prompts", str(questions), "--max-new-tokens", "10"]
+    assert bench.main([*argv, "--sizes", "1", "4", "--repeats", "1", "--out", str(out)]) == 0
+
+    report = json.loads(out.read_text())
+    assert [r["method"] for r in report["heads"]] == ["medusa", "eagle"]
+    for row in report["heads"]:
+        nodes = str(row["tree"]["nodes"])
+        assert set(row["forward_cost_seconds"]) >= {"1", "4", nodes}
+        costs = row["forward_cost_seconds"]
+        assert row["ideal_speedup"] == pytest.approx(row["tau"] * costs["1"] / costs[nodes])
+        assert row["efficiency"] == pytest.approx(row["measured_speedup"] / row["ideal_speedup"])
+        assert row["identical_to_generate"] == "2/2" and row["tau"] >= 1.0
+        assert sum(row["phase_fraction"].values()) == pytest.approx(1.0, abs=1e-6)
+        assert row["outside_forward_fraction"] == pytest.approx(1 - row["phase_fraction"]["tree_forward"])
+    assert out.with_suffix(".md").read_text().count("\n") == 4  # header, rule, one row a head
