@@ -79,6 +79,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument(
+        "--allow-target-mismatch",
+        action="store_true",
+        help="decode heads trained against other weights of the same shapes (a warning, not an error)",
+    )
     p.add_argument("--no-progress", action="store_true")
 
 

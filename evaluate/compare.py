@@ -341,7 +341,13 @@ def build_methods(
     if args.tree and len(args.tree) == 1:
         trees = args.tree * len(args.heads)  # one name for every heads directory
     for name, path, tree in zip(head_names(configs, args.heads), args.heads, trees):
-        heads, config = load_heads(path, target, device=target.device, dtype=target.dtype)
+        heads, config = load_heads(
+            path,
+            target,
+            device=target.device,
+            dtype=target.dtype,
+            allow_target_mismatch=args.allow_target_mismatch,
+        )
         drafter, tree_record = drafter_for(heads, config, target, tree)
         record = {"path": str(Path(path).resolve()), "head_config": config["head_config"]}
         if (adapter := heads_adapter(path)) is not None:
@@ -476,6 +482,7 @@ class CompareOptions:
     threads: int | None = None  # CPU threads for torch (None: torch's own)
     no_plots: bool = False
     no_progress: bool = False
+    allow_target_mismatch: bool = False  # heads trained against other weights of the same shapes: a warning
 
     @classmethod
     def from_args(cls, args) -> CompareOptions:

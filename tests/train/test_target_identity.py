@@ -83,6 +83,18 @@ def test_eval_refuses_another_targets_weights(monkeypatch, capsys, run, tmp_path
         assert console(monkeypatch, capsys, *argv, "--allow-target-mismatch")[0] == 0
 
 
+def test_compare_refuses_another_targets_weights(monkeypatch, capsys, run, tmp_path):
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "turns": ["hello"]}) + "\n")
+    argv = ["compare", "--target", run["other"], "--heads", run["out"], "--prompts", prompts]
+    argv += ["--peers", "generate", "--max-new-tokens", "4", "--no-plots", "--no-progress"]
+    code, line = console(monkeypatch, capsys, *argv, "--out", tmp_path / "c")
+    assert code == 1 and "weights fingerprint sample-sha256:" in line, line
+    assert str(run["target"]) in line and str(run["other"]) in line  # names both
+    with pytest.warns(UserWarning, match="allowed by --allow-target-mismatch"):
+        assert console(monkeypatch, capsys, *argv, "--out", tmp_path / "d", "--allow-target-mismatch")[0] == 0
+
+
 def test_export_refuses_another_targets_weights(monkeypatch, capsys, run, tmp_path):
     argv = ["export", "--heads", run["out"], "--format", "medusa", "--target", run["other"]]
     code, line = console(monkeypatch, capsys, *argv, "--out", tmp_path / "x")
