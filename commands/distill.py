@@ -7,6 +7,7 @@ import argparse
 import shutil
 from pathlib import Path
 
+from specheads.commands.threads import add_threads_argument
 from specheads.heads import FrozenTarget
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import check_writable
@@ -45,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
     p.add_argument("--overwrite", action="store_true", help="start over, deleting what --out holds")
     p.add_argument("--no-progress", action="store_true")
+    add_threads_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
