@@ -1,5 +1,6 @@
 """`specheads distill --source ... --target ... --out DIR`: self-distillation, the target regenerates a
-dataset's answers (train/data/distillation.py)."""
+dataset's answers (train/data/distillation.py); a question file (MT-Bench / Spec-Bench's `turns` format)
+becomes conversations whose answers the target writes (train/data/questions.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,24 @@ from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import check_writable
 from specheads.train import data as data_lib
 from specheads.train.data.distillation import SUMMARY_FILE, DistillConfig, distill
+from specheads.train.data.questions import question_rows, question_source
 from specheads.train.data.sources import stdlib_rows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = DistillConfig()
-    p.add_argument("--source", required=True, help='anything load_rows reads, or "stdlib" (text)')
+    p.add_argument(
+        "--source",
+        required=True,
+        help='anything load_rows reads, "stdlib" (text), or a question file in the MT-Bench / Spec-Bench '
+        '"turns" format (each question a conversation; its answers the target writes)',
+    )
+    p.add_argument(
+        "--allow-eval-prompts",
+        action="store_true",
+        help="distil a question file that holds MT-Bench / Spec-Bench questions (forbidden for training: "
+        "refused without this flag)",
+    )
     p.add_argument("--split", default="train", help="split of a saved DatasetDict or a hub dataset")
     p.add_argument(
         "--target",
@@ -65,8 +78,11 @@ def run(args: argparse.Namespace) -> int:
         cache=args.cache,
         max_bad_rows=int(bad) if bad >= 1 and float(bad).is_integer() else bad,
     )
+    questions = question_source(args.source)
     if args.source == "stdlib":
         rows = stdlib_rows(heldout=False)
+    elif questions is not None:
+        rows = question_rows(questions, allow_eval_prompts=args.allow_eval_prompts)
     else:
         rows = data_lib.load_rows(args.source, split=args.split)
     if args.shuffle:

@@ -1,0 +1,114 @@
+"""`specheads distill --source` on question files (MT-Bench / Spec-Bench's `turns` format), through the real
+CLI: each question a conversation whose answers the target writes turn by turn; the evaluation sets refused."""
+
+import json
+
+import pytest
+
+from specheads.train.data import distillation as distill_mod
+
+from helpers import command
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+distill_cli = command("distill")
+
+OWN = [
+    {"question_id": 1, "category": "writing", "turns": ["Write a line about tea.", "Now one about coffee."]},
+    {"question_id": 2, "category": "math", "turns": ["What is 2 + 3?"]},
+]
+EVAL = [{"question_id": 81, "category": "writing", "turns": ["Compose a travel blog post.", "Rewrite it."]}]
+
+
+def write_questions(path, questions):
+    path.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    return path
+
+
+@pytest.fixture
+def eval_data(tmp_path, monkeypatch):
+    """A stand-in for ../shared/data: the evaluation sets, found by name through $SPECHEADS_DATA."""
+    root = tmp_path / "shared-data"
+    root.mkdir()
+    write_questions(root / "mt_bench_question.jsonl", EVAL)
+    write_questions(root / "spec_bench_question.jsonl", EVAL)
+    monkeypatch.setenv("SPECHEADS_DATA", str(root))
+    return root
+
+
+def distill_argv(source, target, out, *extra):
+    return ["--source", str(source), "--target", str(target), "--out", str(out), "--no-progress", *extra]
+
+
+def rows_of(out):
+    return [json.loads(line) for p in sorted(out.glob("part-*.jsonl")) for line in p.read_text().splitlines()]
+
+
+def spy_generate(monkeypatch):
+    calls, real = [], distill_mod.generate_batch
+
+    def spy(model, prompts, cfg, **kw):
+        calls.append(prompts)
+        return real(model, prompts, cfg, **kw)
+
+    monkeypatch.setattr(distill_mod, "generate_batch", spy)
+    return calls
+
+
+def test_each_question_is_a_conversation_the_target_answers_turn_by_turn(
+    tiny_target_dirs, tmp_path, eval_data, monkeypatch, capsys
+):
+    from transformers import AutoTokenizer
+
+    target = tiny_target_dirs["llama"]
+    calls = spy_generate(monkeypatch)
+    source = write_questions(tmp_path / "mine.jsonl", OWN)
+    out = tmp_path / "out"
+    assert distill_cli(distill_argv(source, target, out, "--max-new-tokens", "6")) == 0
+    assert "read 2 prompts = written 2" in capsys.readouterr().out
+    rows = rows_of(out)
+    assert [r["index"] for r in rows] == [0, 1]
+    for question, row in zip(OWN, rows):
+        roles = [m["role"] for m in row["messages"]]
+        assert roles == ["user", "assistant"] * len(question["turns"])
+        assert [m["content"] for m in row["messages"][::2]] == question["turns"]
+        assert all(m["content"] for m in row["messages"][1::2])  # every answer written by the target
+    # wave 1 answers both first turns; wave 2 asks turn 2 after the target's own first answer
+    tok = AutoTokenizer.from_pretrained(target)
+    render = lambda msgs: tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)  # noqa: E731
+    first = [render([{"role": "user", "content": q["turns"][0]}]) for q in OWN]
+    assert calls == [first, [render(rows[0]["messages"][:3])]]
+
+
+@pytest.mark.parametrize("source", ["mt-bench", "spec-bench", "copy"])
+def test_evaluation_questions_are_refused_before_the_target_loads(
+    source, tiny_target_dirs, tmp_path, eval_data, monkeypatch
+):
+    calls = spy_generate(monkeypatch)
+    if source == "copy":  # a user's file holding one evaluation question among its own
+        source = write_questions(tmp_path / "mixed.jsonl", [*OWN, {**EVAL[0], "question_id": 9}])
+    out = tmp_path / "out"
+    with pytest.raises(
+        ValueError, match=r"holds evaluation questions \(2 turns of mt-bench, 2 turns of spec-bench"
+    ):
+        distill_cli(distill_argv(source, tiny_target_dirs["llama"], out))
+    assert calls == [] and not list(out.glob("part-*"))
+
+
+def test_allow_eval_prompts_distils_them_with_a_warning(tiny_target_dirs, tmp_path, eval_data, caplog):
+    out = tmp_path / "out"
+    argv = distill_argv("mt-bench", tiny_target_dirs["llama"], out, "--max-new-tokens", "4")
+    assert distill_cli([*argv, "--allow-eval-prompts"]) == 0
+    assert "WARNING" in caplog.text and "holds evaluation questions" in caplog.text
+    (row,) = rows_of(out)
+    assert [m["content"] for m in row["messages"][::2]] == EVAL[0]["turns"]
+    settings = json.loads((out / "_settings.json").read_text())
+    assert settings["source"] == "mt-bench"
+
+
+def test_a_named_set_that_cannot_be_found_names_the_flag_and_the_fix(tiny_target_dirs, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECHEADS_DATA", str(tmp_path / "nowhere"))
+    monkeypatch.setattr("specheads.heads.question_sets.data_roots", lambda: [tmp_path / "nowhere"])
+    with pytest.raises(
+        FileNotFoundError, match="--source spec-bench: spec_bench_question.jsonl is in none of"
+    ):
+        distill_cli(distill_argv("spec-bench", tiny_target_dirs["llama"], tmp_path / "out"))
