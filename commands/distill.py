@@ -43,6 +43,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=d.top_p)
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens, help="text rows: prompt of a window")
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="the length the rows will train at (the recipe's max_length): longer conversations cannot fit",
+    )
+    p.add_argument(
+        "--skip-long",
+        action="store_true",
+        help="leave out prompts that cannot fit (counted) instead of refusing the run before generating",
+    )
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--chunk-rows", type=int, default=d.chunk_rows, help="prompts per output part")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -76,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_rows=args.max_rows,
         cache=args.cache,
+        max_length=args.max_length,
+        long_prompts="skip" if args.skip_long else "refuse",
         max_bad_rows=int(bad) if bad >= 1 and float(bad).is_integer() else bad,
     )
     questions = question_source(args.source)
@@ -97,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
         f"read {s['read']} prompts = written {s['written']} + skipped {s['skipped']} (done before) "
         f"+ failed {s['failed']}; {s['new_tokens']} new tokens in {s['seconds']} s"
     )
+    if s["too_long"]:
+        longest = max(p["tokens"] for p in s["too_long_prompts"])
+        print(
+            f"left out {s['too_long']} prompts that cannot fit (--skip-long; the longest needs {longest} tokens)"
+        )
     for f in s["failures"][:10]:
         print(f"  failed: prompt {f['index']} ({f['where']}): {f['why'][:200]}")
     print(f"{s['output_rows']} rows in {args.out} (summary: {args.out / SUMMARY_FILE})")

@@ -112,3 +112,64 @@ def test_a_named_set_that_cannot_be_found_names_the_flag_and_the_fix(tiny_target
         FileNotFoundError, match="--source spec-bench: spec_bench_question.jsonl is in none of"
     ):
         distill_cli(distill_argv("spec-bench", tiny_target_dirs["llama"], tmp_path / "out"))
+
+
+# -- prompts that cannot fit -----------------------------------------------------------------------
+
+LONG = {"question_id": 3, "category": "writing", "turns": ["tea " * 150]}  # ~600 byte tokens
+LONGER = {"question_id": 4, "category": "writing", "turns": ["coffee " * 100, "tea " * 30]}
+
+
+@pytest.mark.parametrize(
+    "limit, expected",
+    [
+        (
+            [],
+            r"2 of 4 prompts cannot fit the target's context of 512 tokens: .* the longest \(prompt 3, row 3\) needs",
+        ),
+        (
+            ["--max-length", "64"],
+            r"3 of 4 prompts cannot fit max_length=64: .* the longest \(prompt 3, row 3\) needs",
+        ),
+    ],
+)
+def test_prompts_that_cannot_fit_are_refused_before_any_generation(
+    limit, expected, tiny_target_dirs, tmp_path, monkeypatch
+):
+    calls = spy_generate(monkeypatch)
+    source = write_questions(tmp_path / "mine.jsonl", [*OWN, LONG, LONGER])
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=expected + r" \d+ tokens\. Nothing was generated; pass --skip-long"):
+        distill_cli(distill_argv(source, tiny_target_dirs["llama"], out, "--max-new-tokens", "8", *limit))
+    assert calls == [] and not list(out.glob("part-*"))
+
+
+def test_skip_long_leaves_them_out_and_counts_them(tiny_target_dirs, tmp_path, monkeypatch, capsys):
+    calls = spy_generate(monkeypatch)
+    source = write_questions(tmp_path / "mine.jsonl", [LONG, *OWN, LONGER])
+    out = tmp_path / "out"
+    argv = distill_argv(source, tiny_target_dirs["llama"], out, "--max-new-tokens", "8", "--skip-long")
+    assert distill_cli(argv) == 0
+    printed = capsys.readouterr().out
+    assert "read 2 prompts = written 2" in printed and "left out 2 prompts that cannot fit" in printed
+    assert [r["index"] for r in rows_of(out)] == [1, 2]  # numbered as in the source
+    summary = json.loads((out / "_summary.json").read_text())
+    assert summary["too_long"] == 2 and [p["index"] for p in summary["too_long_prompts"]] == [0, 3]
+    assert all(p["tokens"] > 512 for p in summary["too_long_prompts"])
+    assert all(len(prompt) + 8 <= 512 for batch in calls for prompt in batch)
+    assert distill_cli(argv) == 0  # resumes: the same prompts, nothing generated again
+    assert "read 2 prompts = written 0 + skipped 2" in capsys.readouterr().out
+
+
+def test_the_new_settings_are_recorded_only_where_they_change_the_output():
+    """Folders and stdlib-distilled caches made before max_length / long_prompts existed stay resumable."""
+    from specheads.train.data.distillation import DistillConfig, settings_of
+
+    plain = settings_of(DistillConfig())
+    assert "max_length" not in plain and "long_prompts" not in plain
+    assert settings_of(DistillConfig(long_prompts="refuse")) == plain
+    assert settings_of(DistillConfig(long_prompts="skip", max_length=64)) == {
+        **plain,
+        "long_prompts": "skip",
+        "max_length": 64,
+    }
