@@ -118,4 +118,9 @@ def run(args: argparse.Namespace) -> int:
     for f in s["failures"][:10]:
         print(f"  failed: prompt {f['index']} ({f['where']}): {f['why'][:200]}")
     print(f"{s['output_rows']} rows in {args.out} (summary: {args.out / SUMMARY_FILE})")
+    if s["output_capped"]:
+        print(
+            f"  {s['output_capped']} of them hold an answer cut off at --max-new-tokens {args.max_new_tokens} "
+            '(marked "capped"; training leaves them out unless the recipe sets include_capped: true)'
+        )
     return 0

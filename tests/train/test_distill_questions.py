@@ -173,3 +173,50 @@ def test_the_new_settings_are_recorded_only_where_they_change_the_output():
         "long_prompts": "skip",
         "max_length": 64,
     }
+
+
+# -- capped answers --------------------------------------------------------------------------------
+
+
+def test_capped_answers_are_marked_counted_and_left_out_of_training_by_default(
+    tiny_target_dirs, tmp_path, monkeypatch, capsys
+):
+    from specheads.train.config import load_config
+    from specheads.train.data import load_rows
+    from specheads.train.data.sources import rows_for
+
+    real = distill_mod.generate_batch
+
+    def question_two_ends(model, prompts, cfg, **kw):  # the second question's answer ends on its own
+        results = real(model, prompts, cfg, **kw)
+        return [
+            (tokens, ended or (len(prompts) == 2 and b == 1)) for b, (tokens, ended) in enumerate(results)
+        ]
+
+    monkeypatch.setattr(distill_mod, "generate_batch", question_two_ends)
+    source = write_questions(tmp_path / "mine.jsonl", OWN)
+    out = tmp_path / "out"
+    assert distill_cli(distill_argv(source, tiny_target_dirs["llama"], out, "--max-new-tokens", "3")) == 0
+    assert (
+        '1 of them hold an answer cut off at --max-new-tokens 3 (marked "capped"' in capsys.readouterr().out
+    )
+    rows = rows_of(out)
+    assert rows[0]["capped"] is True and "capped" not in rows[1]  # 3 random tokens: no end token
+    summary = json.loads((out / "_summary.json").read_text())
+    assert summary["output_capped"] == 1 and summary["output_rows"] == 2
+
+    cache = tmp_path / "hf-cache"
+    kept = load_rows(out, cache_dir=cache, include_capped=False)
+    assert [m["content"] for m in kept[0]["messages"][::2]] == OWN[1]["turns"]  # the finished one alone
+    assert len(load_rows(out, cache_dir=cache)) == 2  # reading rows keeps them; training does not
+    for include, expected in (("false", 1), ("true", 2)):
+        cfg = load_config(None, [f"data={out}", f"include_capped={include}", "eval_fraction=0"])
+        train, _ = rows_for(cfg)
+        assert len(train) == expected
+    # nothing but capped rows: the error says why the source reads as empty
+    only_capped = tmp_path / "capped.jsonl"
+    only_capped.write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(
+        ValueError, match=r'no readable rows \(it is empty or holds only rows marked "capped"'
+    ):
+        load_rows(only_capped, cache_dir=cache, include_capped=False)

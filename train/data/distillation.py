@@ -26,7 +26,10 @@ eos), which is not written; answers are decoded without special tokens.
 Output, a directory that `load_rows` and a recipe's `data:` read (names starting with "_" are skipped):
 
     part-00000.jsonl    the rows of chunk 0 (`chunk_rows` prompts): {"messages": [...]} or {"text": str},
-                        and "index", the prompt's number in the source
+                        and "index", the prompt's number in the source; "capped": true on a
+                        conversation with an answer cut off at max_new_tokens (no end token), which
+                        training leaves out unless the recipe sets `include_capped: true`.
+                        Text rows are never marked: a window's continuation ends at max_new_tokens.
     _chunks/00000.json  chunk 0's counts and failures, written after its part: the mark of a finished chunk
     _settings.json      everything that decides the output; resuming with other settings is refused
     _summary.json       the last run's counts, `read = written + skipped + failed`, and every failure
@@ -300,6 +303,7 @@ def _regenerate_conversations(tokenizer, batch: list[Prompt], cfg, gen, context,
         msgs = [None if m["role"] == "assistant" else dict(m) for m in p.messages]
         turns.append(msgs + ([None] if p.messages[-1]["role"] != "assistant" else []))
     failed = {c: p.unfit for c, p in enumerate(batch) if p.unfit is not None}
+    capped: set[int] = set()  # conversations with an answer stopped by max_new_tokens before an end token
     for wave in range(max(t.count(None) for t in turns)):
         todo, prompts = [], []
         for c, msgs in enumerate(turns):
@@ -330,6 +334,8 @@ def _regenerate_conversations(tokenizer, batch: list[Prompt], cfg, gen, context,
         ):
             out.new_tokens += len(tokens)
             out.unfinished += not ended
+            if not ended:
+                capped.add(c)
             content = tokenizer.decode(tokens, skip_special_tokens=True)
             if not content:
                 failed[c] = f"turn {slot}: the target wrote an empty answer"
@@ -338,7 +344,9 @@ def _regenerate_conversations(tokenizer, batch: list[Prompt], cfg, gen, context,
         if c in failed:
             out.failures.append({"index": p.index, "where": p.where, "why": failed[c]})
         else:
-            out.rows.append({"messages": turns[c], "index": p.index})
+            out.rows.append(
+                {"messages": turns[c], "index": p.index, **({"capped": True} if c in capped else {})}
+            )
 
 
 def _continue_texts(tokenizer, batch: list[Prompt], cfg, gen, out: ChunkResult):
@@ -408,6 +416,7 @@ def commit_chunk(out: Path, k: int, chunk: list[Prompt], result: ChunkResult) ->
         "failed": len(result.failures),
         "new_tokens": result.new_tokens,
         "unfinished": result.unfinished,
+        "capped": sum(1 for row in result.rows if row.get("capped")),
         "failures": result.failures,
     }
     write_text(chunk_record_path(out, k), json.dumps(record, indent=1))
@@ -557,6 +566,7 @@ def _summarise(out: Path, counts: dict, records: list[dict], seconds: float) -> 
         "new_tokens_per_second": round(generated / seconds, 1) if generated else None,
         "output_rows": sum(r["written"] for r in records),
         "output_failed": sum(r["failed"] for r in records),
+        "output_capped": sum(r.get("capped", 0) for r in records),  # rows load_rows leaves out by default
         "parts": len(records),
         "failures": [f for r in records for f in r["failures"]],
     }
