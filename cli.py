@@ -17,6 +17,7 @@ from specheads.version import __version__
 
 def main(argv: list[str] | None = None) -> int:
     from specheads.commands import COMMANDS
+    from specheads.commands.threads import torch_threads
 
     parser = argparse.ArgumentParser(
         prog="specheads", description="Train and prove speculative-decoding draft heads."
@@ -40,9 +41,11 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.debug or argv is not None:
-        return args.run(args)
+        with torch_threads(getattr(args, "threads", None)):
+            return args.run(args)
     try:
-        return args.run(args)
+        with torch_threads(getattr(args, "threads", None)):
+            return args.run(args)
     except KeyboardInterrupt:
         print(f"specheads {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -2,7 +2,8 @@
 `run(args) -> exit code` over the library functions it calls. Nothing below this package parses argv.
 
 cli.py builds the console script from `COMMANDS`; `python -m specheads.train` (the form `accelerate launch
--m` uses) runs the `train` command.
+-m` uses) runs the `train` command. Every command that loads or trains a model takes `--threads N`
+(commands/threads.py; cli.py sets torch's threads around its `run`).
 """
 
 from specheads.commands import (

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specheads.commands.threads import add_threads_argument
 from specheads.heads.run_folder import check_writable
 from specheads.train.config import load_config
 from specheads.train.recipe_cache import cache_recipe
@@ -20,6 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="rows per target forward (default: recipe's)")
     p.add_argument("--overwrite", action="store_true", help="replace a cache built with other settings")
     p.add_argument("--no-progress", action="store_true")
+    add_threads_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:

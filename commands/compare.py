@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specheads.commands.threads import add_threads_argument
 from specheads.evaluate.compare import ANSWERS_DIR, CompareOptions, compare_heads
 from specheads.evaluate.eval_drafters import add_tree_argument
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE
@@ -77,7 +78,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=CompareOptions.dtype, choices=[*sorted(DTYPES), "auto"])
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
         "--allow-target-mismatch",
@@ -85,6 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="decode heads trained against other weights of the same shapes (a warning, not an error)",
     )
     p.add_argument("--no-progress", action="store_true")
+    add_threads_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
 """`specheads distill --source ... --target ... --out DIR`: self-distillation, the target regenerates a
-dataset's answers (train/data/distillation.py)."""
+dataset's answers (train/data/distillation.py); a question file (MT-Bench / Spec-Bench's `turns` format)
+becomes conversations whose answers the target writes (train/data/questions.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,30 @@ import argparse
 import shutil
 from pathlib import Path
 
+from specheads.commands.threads import add_threads_argument
 from specheads.heads import FrozenTarget
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import check_writable
 from specheads.train import data as data_lib
 from specheads.train.data.distillation import SUMMARY_FILE, DistillConfig, distill
+from specheads.train.data.questions import question_rows, question_source
 from specheads.train.data.sources import stdlib_rows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = DistillConfig()
-    p.add_argument("--source", required=True, help='anything load_rows reads, or "stdlib" (text)')
+    p.add_argument(
+        "--source",
+        required=True,
+        help='anything load_rows reads, "stdlib" (text), or a question file in the MT-Bench / Spec-Bench '
+        '"turns" format (each question a conversation; its answers the target writes)',
+    )
+    p.add_argument(
+        "--allow-eval-prompts",
+        action="store_true",
+        help="distil a question file that holds MT-Bench / Spec-Bench questions (forbidden for training: "
+        "refused without this flag)",
+    )
     p.add_argument("--split", default="train", help="split of a saved DatasetDict or a hub dataset")
     p.add_argument(
         "--target",
@@ -29,6 +43,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=d.top_p)
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens, help="text rows: prompt of a window")
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="the length the rows will train at (the recipe's max_length): longer conversations cannot fit",
+    )
+    p.add_argument(
+        "--skip-long",
+        action="store_true",
+        help="leave out prompts that cannot fit (counted) instead of refusing the run before generating",
+    )
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--chunk-rows", type=int, default=d.chunk_rows, help="prompts per output part")
     p.add_argument("--seed", type=int, default=d.seed)
@@ -45,6 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
     p.add_argument("--overwrite", action="store_true", help="start over, deleting what --out holds")
     p.add_argument("--no-progress", action="store_true")
+    add_threads_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,10 +87,15 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_rows=args.max_rows,
         cache=args.cache,
+        max_length=args.max_length,
+        long_prompts="skip" if args.skip_long else "refuse",
         max_bad_rows=int(bad) if bad >= 1 and float(bad).is_integer() else bad,
     )
+    questions = question_source(args.source)
     if args.source == "stdlib":
         rows = stdlib_rows(heldout=False)
+    elif questions is not None:
+        rows = question_rows(questions, allow_eval_prompts=args.allow_eval_prompts)
     else:
         rows = data_lib.load_rows(args.source, split=args.split)
     if args.shuffle:
@@ -79,7 +110,17 @@ def run(args: argparse.Namespace) -> int:
         f"read {s['read']} prompts = written {s['written']} + skipped {s['skipped']} (done before) "
         f"+ failed {s['failed']}; {s['new_tokens']} new tokens in {s['seconds']} s"
     )
+    if s["too_long"]:
+        longest = max(p["tokens"] for p in s["too_long_prompts"])
+        print(
+            f"left out {s['too_long']} prompts that cannot fit (--skip-long; the longest needs {longest} tokens)"
+        )
     for f in s["failures"][:10]:
         print(f"  failed: prompt {f['index']} ({f['where']}): {f['why'][:200]}")
     print(f"{s['output_rows']} rows in {args.out} (summary: {args.out / SUMMARY_FILE})")
+    if s["output_capped"]:
+        print(
+            f"  {s['output_capped']} of them hold an answer cut off at --max-new-tokens {args.max_new_tokens} "
+            '(marked "capped"; training leaves them out unless the recipe sets include_capped: true)'
+        )
     return 0

@@ -7,8 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
+from specheads.commands.threads import add_threads_argument
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.decoder import SpeculativeDecoder
 from specheads.evaluate.batched_eval import evaluate_batched
@@ -99,8 +98,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--attn", default="sdpa", choices=["sdpa", "eager"], help="the target's attention implementation"
     )
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own)")
     p.add_argument("--no-progress", action="store_true")
+    add_threads_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,8 +113,6 @@ def run(args: argparse.Namespace) -> int:
     held_out, texts = hold_out(texts, args.calibration_prompts) if args.tree == "auto" else ([], texts)
     texts = texts[: args.num_prompts]
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     target = FrozenTarget.from_pretrained(target_path, dtype=args.dtype, attn_implementation=args.attn)
     target = target_for_heads(target, args.heads)  # Medusa-2: the adapted target decodes, both ways
     target.model.to(args.device)

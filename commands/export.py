@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from specheads.commands.threads import add_threads_argument
 from specheads.heads.formats import FORMATS, FormatError, export_heads
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import check_writable
@@ -67,6 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="speculators only: proposal depth vLLM uses (default: the training-time-test steps)",
     )
+    add_threads_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:

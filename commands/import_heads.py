@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from specheads.commands.export import _ERRORS
+from specheads.commands.threads import add_threads_argument
 from specheads.heads.formats import FORMATS, import_heads
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import check_writable
@@ -24,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the target the heads draft for (HF directory, hub id, or tiny / smollm2)",
     )
     p.add_argument("--out", required=True, type=Path, help="new directory for the native checkpoint")
+    add_threads_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+from specheads.commands.threads import add_threads_argument
 from specheads.evaluate.compare import CompareOptions, command_line, compare_heads
 from specheads.evaluate.evaluate import REPORT_FILE
 from specheads.heads.checkpoint import CONFIG_FILE
@@ -100,6 +101,7 @@ def compare_all(target: Path, heads_dirs: list[Path], out: Path, args: argparse.
         max_new_tokens=args.max_new_tokens,
         draft_model=str(draft_model(target, args)) if args.assisted else None,
         no_progress=not args.progress,
+        threads=args.threads,  # written into the printed command that reproduces the comparison
     )
     print(f"\n== comparing: {command_line(options, peers)}")
     return compare_heads(options)
@@ -135,6 +137,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=None, help="override the recipes' training steps")
     p.add_argument("--retrain", action="store_true", help="train heads even if matching ones exist")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    add_threads_argument(p)
 
 
 def spread(methods: list[dict], args: argparse.Namespace) -> str:

@@ -7,6 +7,7 @@ import argparse
 from dataclasses import fields
 from pathlib import Path
 
+from specheads.commands.threads import add_threads_argument
 from specheads.train.builders.tiny_draft import TinyDraftConfig, ensure_tiny_draft
 
 
@@ -25,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         if f.name not in ("seed", "steps"):  # model and schedule knobs, for tests and tuning
             flag = "--" + f.name.replace("_", "-")
             p.add_argument(flag, type=type(f.default), default=f.default, help=argparse.SUPPRESS)
+    add_threads_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import fields
 from pathlib import Path
 
+from specheads.commands.threads import add_threads_argument
 from specheads.heads.run_folder import check_writable
 from specheads.train.builders.tiny_target import (
     TinyTargetConfig,
@@ -35,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 default=f.default,
                 help=argparse.SUPPRESS,
             )
+    add_threads_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specheads.commands.threads import add_threads_argument
 from specheads.heads.methods import method_named
 from specheads.train.checkpointing import INTERRUPTED_EXIT_CODE
 from specheads.train.config import load_config
@@ -28,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="resume a checkpoint trained against other target weights (same as allow_target_mismatch=true)",
     )
     p.add_argument("--no-progress", action="store_true")
+    add_threads_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:

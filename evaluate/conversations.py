@@ -9,7 +9,6 @@ first answer differs from the baseline's is asked its second turn in its own con
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,7 @@ from typing import Any
 import torch
 
 from specheads.evaluate.prompts import read_prompts
-
-# The question sets by name, looked up in $SPECHEADS_DATA, then in ../shared/data beside the checkout.
-PROMPT_SETS = {"mt-bench": "mt_bench_question.jsonl", "spec-bench": "spec_bench_question.jsonl"}
+from specheads.heads.question_sets import prompt_set_path
 
 
 @dataclass
@@ -42,20 +39,6 @@ class TurnSettings:
     templated: bool  # chat turns go through the target's chat template
     limit: int | None  # the target's max_position_embeddings
     depth: int  # the deepest draft of any method: positions a step may use past the output
-
-
-def prompt_set_path(source: str) -> str:
-    """`mt-bench` / `spec-bench` as a file path; any other source unchanged."""
-    if source not in PROMPT_SETS:
-        return source
-    roots = [os.environ.get("SPECHEADS_DATA"), Path(__file__).resolve().parents[2] / "shared" / "data"]
-    for root in filter(None, roots):
-        if (Path(root) / PROMPT_SETS[source]).is_file():
-            return str(Path(root) / PROMPT_SETS[source])
-    raise FileNotFoundError(
-        f"--prompts {source}: {PROMPT_SETS[source]} is in none of {[str(r) for r in roots if r]}; set "
-        f"SPECHEADS_DATA to the folder holding it, or pass the file's path"
-    )
 
 
 def read_conversations(

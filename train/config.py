@@ -49,6 +49,7 @@ class TrainConfig:
     packing: bool = False
     loss_on: str = "assistant"  # for chat rows: "assistant", "last_assistant" or "all"
     max_bad_rows: int | float = 0.01  # rows that cannot be read or masked: a count, or a fraction; more stops
+    include_capped: bool = False  # train on distilled rows whose answer was cut off at max_new_tokens too
     # fewer label tokens (loss_mask 1) than these, in all training rows or a row on average, stops the run:
     # empty assistant turns leave one or two (the end-of-turn marker) a row
     min_label_tokens: int = 16

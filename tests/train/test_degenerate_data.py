@@ -91,9 +91,12 @@ def test_a_half_finished_distill_folder_is_refused_as_data(monkeypatch, capsys, 
     (sd / "_summary.json").write_text(json.dumps(summary))
     code, line = console(monkeypatch, capsys, *train_argv(tiny_target_dirs["llama"], sd, out))
     assert code == 1 and f"parts hold 4 rows, its summary counts {summary['output_rows']}" in line, line
-    # resumed, it is data
+    # resumed, it is data (every answer here is cut off at 4 tokens: "capped", kept by include_capped)
     assert console(monkeypatch, capsys, *distill)[0] == 0
+    capped = "include_capped=true"
     assert (
-        console(monkeypatch, capsys, *train_argv(tiny_target_dirs["llama"], sd, out, "min_label_tokens=1"))[0]
+        console(
+            monkeypatch, capsys, *train_argv(tiny_target_dirs["llama"], sd, out, "min_label_tokens=1", capped)
+        )[0]
         == 0
     )

@@ -26,7 +26,10 @@ eos), which is not written; answers are decoded without special tokens.
 Output, a directory that `load_rows` and a recipe's `data:` read (names starting with "_" are skipped):
 
     part-00000.jsonl    the rows of chunk 0 (`chunk_rows` prompts): {"messages": [...]} or {"text": str},
-                        and "index", the prompt's number in the source
+                        and "index", the prompt's number in the source; "capped": true on a
+                        conversation with an answer cut off at max_new_tokens (no end token), which
+                        training leaves out unless the recipe sets `include_capped: true`.
+                        Text rows are never marked: a window's continuation ends at max_new_tokens.
     _chunks/00000.json  chunk 0's counts and failures, written after its part: the mark of a finished chunk
     _settings.json      everything that decides the output; resuming with other settings is refused
     _summary.json       the last run's counts, `read = written + skipped + failed`, and every failure
@@ -36,8 +39,15 @@ one is generated again from its start. Batches never cross a chunk and each gene
 from (seed, the batch's first prompt, the turn), so a resumed run writes exactly the bytes an
 uninterrupted one writes (on the same machine and software, where generate() is deterministic).
 
+Too long: before anything is generated, every conversation is measured at its longest (rendered with
+empty answers, plus max_new_tokens per answer) against the target's context and `max_length` (the
+length the rows will train at). What happens to one that cannot fit is `long_prompts`: "refuse" stops
+the run with their count and the longest (the command's default), "skip" leaves them out, counted in
+the summary (`too_long`, --skip-long), "fail" counts each as a failed prompt, never generated.
+
 Failures: a prompt the chat template rejects, one that does not fit the target's context with
-max_new_tokens, or one the target answers with nothing, is left out, counted with its reason, and
+max_new_tokens (a later turn whose answers merged into more tokens than measured), or one the target
+answers with nothing, is left out, counted with its reason, and
 judged by `max_bad_rows` as `load_rows` judges unreadable rows (a count, or a fraction of the prompts
 read; above it the run stops with BadRowsError after its last finished chunk).
 """
@@ -82,6 +92,10 @@ class DistillConfig:
     max_rows: int | None = None  # distil only the first max_rows prompts
     cache: str = "static"  # generate()'s KV cache: "static" (preallocated; ~2x faster here) or "dynamic"
     max_bad_rows: float | int = 0.01
+    max_length: int | None = None  # the training rows' length: a conversation that cannot fit is too long
+    # a conversation too long for max_length or the target's context: "refuse" the run before generating,
+    # "skip" it (counted as too_long), or "fail" it (a failed prompt, judged by max_bad_rows)
+    long_prompts: str = "fail"
 
     def __post_init__(self):
         check_max_bad_rows(self.max_bad_rows)
@@ -92,6 +106,10 @@ class DistillConfig:
             raise ValueError(
                 f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}"
             )
+        if self.long_prompts not in ("refuse", "skip", "fail"):
+            raise ValueError(f"long_prompts must be 'refuse', 'skip' or 'fail', got {self.long_prompts!r}")
+        if self.max_length is not None and self.max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {self.max_length}")
         if self.max_rows is not None and self.max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {self.max_rows}")
         if self.cache not in ("static", "dynamic"):
@@ -106,7 +124,14 @@ STDLIB_DISTILLED = DistillConfig(prompt_tokens=32, max_new_tokens=223, batch_siz
 
 
 def settings_of(cfg: DistillConfig) -> dict[str, Any]:
-    return {k: v for k, v in asdict(cfg).items() if k != "max_bad_rows"} | {"version": DISTILL_VERSION}
+    settings = {k: v for k, v in asdict(cfg).items() if k != "max_bad_rows"}
+    # recorded only when they change the output: older folders and caches stay valid ("refuse" writes
+    # what "fail" writes, or nothing)
+    if settings["max_length"] is None:
+        del settings["max_length"]
+    if settings["long_prompts"] != "skip":
+        del settings["long_prompts"]
+    return settings | {"version": DISTILL_VERSION}
 
 
 # -- prompts --------------------------------------------------------------------------------------
@@ -120,6 +145,7 @@ class Prompt:
     where: str
     messages: list[dict[str, str]] | None = None
     ids: list[int] | None = None
+    unfit: str | None = None  # why it cannot fit, when it fails without being generated (long_prompts="fail")
 
 
 def prompts_of(rows, tokenizer, cfg: DistillConfig) -> Iterator[Prompt]:
@@ -150,6 +176,53 @@ def chunks_of(prompts: Iterator[Prompt], cfg: DistillConfig) -> Iterator[list[Pr
             chunk = []
     if chunk:
         yield chunk
+
+
+def positions_needed(tokenizer, prompt: Prompt, cfg: DistillConfig) -> int | None:
+    """The tokens a conversation takes once every answer is written at its longest: the conversation
+    rendered with empty answers, plus max_new_tokens per answer (None: the template rejects it, which
+    the generation reports as a failure)."""
+    msgs = [{"role": "assistant", "content": ""} if m["role"] == "assistant" else m for m in prompt.messages]
+    if msgs[-1]["role"] != "assistant":
+        msgs.append({"role": "assistant", "content": ""})
+    try:
+        ids = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=False)
+    except Exception as e:
+        if not _template_error(e):
+            raise
+        return None
+    answers = sum(m["role"] == "assistant" for m in msgs)
+    return len(ids) + answers * cfg.max_new_tokens
+
+
+def fitting_prompts(prompts: list[Prompt], tokenizer, cfg: DistillConfig, limit: int, what: str):
+    """(the prompts to distil, [{"index", "where", "tokens"}] of those left out): those that cannot fit
+    `limit` positions are refused, skipped, or kept to fail unanswered (`unfit`), as cfg.long_prompts says.
+
+    Raises:
+        ValueError: some do not fit and cfg.long_prompts is "refuse"; before anything is generated.
+    """
+    kept, long = [], []
+    for p in prompts:
+        needed = positions_needed(tokenizer, p, cfg)
+        if needed is not None and needed > limit:
+            long.append((p, needed))
+            if cfg.long_prompts == "fail":
+                p.unfit = f"needs up to {needed} tokens with max_new_tokens={cfg.max_new_tokens} an answer: does not fit {what}"
+                kept.append(p)
+        else:
+            kept.append(p)
+    if cfg.long_prompts == "fail":
+        return kept, []
+    if long and cfg.long_prompts == "refuse":
+        worst, needed = max(long, key=lambda item: item[1])
+        raise ValueError(
+            f"{len(long)} of {len(prompts)} prompts cannot fit {what}: with max_new_tokens="
+            f"{cfg.max_new_tokens} an answer, the longest (prompt {worst.index}, {worst.where}) needs "
+            f"{needed} tokens. Nothing was generated; pass --skip-long to leave them out (counted in the "
+            "summary), or lower --max-new-tokens"
+        )
+    return kept, [{"index": p.index, "where": p.where, "tokens": n} for p, n in long]
 
 
 # -- generation -----------------------------------------------------------------------------------
@@ -229,7 +302,8 @@ def _regenerate_conversations(tokenizer, batch: list[Prompt], cfg, gen, context,
     for p in batch:
         msgs = [None if m["role"] == "assistant" else dict(m) for m in p.messages]
         turns.append(msgs + ([None] if p.messages[-1]["role"] != "assistant" else []))
-    failed: dict[int, str] = {}
+    failed = {c: p.unfit for c, p in enumerate(batch) if p.unfit is not None}
+    capped: set[int] = set()  # conversations with an answer stopped by max_new_tokens before an end token
     for wave in range(max(t.count(None) for t in turns)):
         todo, prompts = [], []
         for c, msgs in enumerate(turns):
@@ -260,6 +334,8 @@ def _regenerate_conversations(tokenizer, batch: list[Prompt], cfg, gen, context,
         ):
             out.new_tokens += len(tokens)
             out.unfinished += not ended
+            if not ended:
+                capped.add(c)
             content = tokenizer.decode(tokens, skip_special_tokens=True)
             if not content:
                 failed[c] = f"turn {slot}: the target wrote an empty answer"
@@ -268,7 +344,9 @@ def _regenerate_conversations(tokenizer, batch: list[Prompt], cfg, gen, context,
         if c in failed:
             out.failures.append({"index": p.index, "where": p.where, "why": failed[c]})
         else:
-            out.rows.append({"messages": turns[c], "index": p.index})
+            out.rows.append(
+                {"messages": turns[c], "index": p.index, **({"capped": True} if c in capped else {})}
+            )
 
 
 def _continue_texts(tokenizer, batch: list[Prompt], cfg, gen, out: ChunkResult):
@@ -338,6 +416,7 @@ def commit_chunk(out: Path, k: int, chunk: list[Prompt], result: ChunkResult) ->
         "failed": len(result.failures),
         "new_tokens": result.new_tokens,
         "unfinished": result.unfinished,
+        "capped": sum(1 for row in result.rows if row.get("capped")),
         "failures": result.failures,
     }
     write_text(chunk_record_path(out, k), json.dumps(record, indent=1))
@@ -403,6 +482,11 @@ def distill(rows, target, out: Path, cfg: DistillConfig, *, source: str = "", pr
             f"prompt_tokens + max_new_tokens = {cfg.prompt_tokens + cfg.max_new_tokens} exceeds the target's "
             f"context of {context} tokens"
         )
+    if "text" in columns and cfg.max_length and cfg.prompt_tokens + cfg.max_new_tokens > cfg.max_length:
+        raise ValueError(
+            f"prompt_tokens + max_new_tokens = {cfg.prompt_tokens + cfg.max_new_tokens} exceeds max_length="
+            f"{cfg.max_length}"
+        )
     record = target.record().to_dict()
     record.pop("name_or_path")  # the same model copied elsewhere is the same model
     settings = {
@@ -411,6 +495,17 @@ def distill(rows, target, out: Path, cfg: DistillConfig, *, source: str = "", pr
         "target": record,
         **settings_of(cfg),
     }
+    prompts = prompts_of(rows, tokenizer, cfg)
+    too_long: list[dict] = []
+    if "messages" in columns:  # text windows have one size, checked above
+        limits = [
+            (n, w) for n, w in ((cfg.max_length, "max_length"), (context, "the target's context of")) if n
+        ]
+        if limits:
+            limit, name = min(limits)
+            prompts = [p for p in prompts if cfg.max_rows is None or p.index < cfg.max_rows]
+            what = f"{name} {limit} tokens" if name != "max_length" else f"max_length={limit}"
+            prompts, too_long = fitting_prompts(prompts, tokenizer, cfg, limit, what)
     check_settings(out, settings)
     (out / SUMMARY_FILE).unlink(missing_ok=True)
 
@@ -418,9 +513,9 @@ def distill(rows, target, out: Path, cfg: DistillConfig, *, source: str = "", pr
     counts = {"read": 0, "written": 0, "skipped": 0, "failed": 0, "new_tokens": 0, "unfinished": 0}
     records: list[dict] = []
     report = RowsReport(f"distill {source or 'rows'}", failed="failed")
-    total = cfg.max_rows if "text" in columns else min(len(rows), cfg.max_rows or len(rows))
+    total = cfg.max_rows if "text" in columns else len(prompts)
     bar = tqdm(total=total, desc="distill", unit="prompt", disable=not progress, dynamic_ncols=True)
-    for k, chunk in enumerate(chunks_of(prompts_of(rows, tokenizer, cfg), cfg)):
+    for k, chunk in enumerate(chunks_of(iter(prompts), cfg)):
         done = read_chunk_record(out, k)
         if done is not None and (done["first_index"], done["read"]) != (chunk[0].index, len(chunk)):
             raise ValueError(
@@ -446,6 +541,7 @@ def distill(rows, target, out: Path, cfg: DistillConfig, *, source: str = "", pr
     if too_many_bad_rows(report, cfg.max_bad_rows):
         raise BadRowsError(report, cfg.max_bad_rows)
     summary = _summarise(out, counts, records, time.perf_counter() - started)
+    summary |= {"too_long": len(too_long), "too_long_prompts": too_long}
     write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
     return summary
 
@@ -470,6 +566,7 @@ def _summarise(out: Path, counts: dict, records: list[dict], seconds: float) -> 
         "new_tokens_per_second": round(generated / seconds, 1) if generated else None,
         "output_rows": sum(r["written"] for r in records),
         "output_failed": sum(r["failed"] for r in records),
+        "output_capped": sum(r.get("capped", 0) for r in records),  # rows load_rows leaves out by default
         "parts": len(records),
         "failures": [f for r in records for f in r["failures"]],
     }

@@ -281,10 +281,13 @@ def _raw_rows(
     text_split: str = "document",
     dataset=None,
     name: str = "",
+    include_capped: bool = True,
 ) -> Iterator[dict[str, Any]]:
     """Every row of a source, normalised, with `_where` and `_error` (None for a good row).
 
-    `kind` ("messages" or "text") is what the source holds; a row of the other kind is bad.
+    `kind` ("messages" or "text") is what the source holds; a row of the other kind is bad. A row marked
+    "capped": true (`specheads distill`: an answer cut off at max_new_tokens) is left out, not bad,
+    when include_capped is False (training's default).
     """
     source = (
         (item for path in files for item in _file_rows(path, text_split))
@@ -292,6 +295,8 @@ def _raw_rows(
         else _dataset_rows(dataset, name)
     )
     for where, raw, why in source:
+        if not include_capped and isinstance(raw, Mapping) and raw.get("capped") is True:
+            continue
         row: dict[str, Any] = {}
         if why is None:
             try:
@@ -438,8 +443,14 @@ def _first_kind(reader: dict[str, Any], source: str) -> str:
         if row["_error"] is None:
             return "messages" if row["messages"] is not None else "text"
         report.add_bad(row["_where"], row["_error"])
+    capped = (
+        ' or holds only rows marked "capped" (answers cut off at max_new_tokens; include_capped keeps them)'
+        if reader.get("include_capped") is False
+        else ""
+    )
     raise DataSourceError(
-        f"{source}: no readable rows" + (":\n" + report.listing() if report.rows else " (it is empty)")
+        f"{source}: no readable rows"
+        + (":\n" + report.listing() if report.rows else f" (it is empty{capped})")
     )
 
 
@@ -510,6 +521,7 @@ def load_rows(
     text_split: str = "document",
     config_name: str | None = None,
     cache_dir: str | Path | None = None,
+    include_capped: bool = True,
 ):
     """Read a data source into rows of {"messages": [...]} or {"text": str} (module docstring).
 
@@ -522,6 +534,8 @@ def load_rows(
         text_split: what one document of a text file is: "document", "paragraph" or "line".
         config_name: the configuration of a hub dataset.
         cache_dir: where `datasets` caches what it reads (its default cache when None).
+        include_capped: keep rows marked "capped": true (distilled answers cut off at max_new_tokens);
+            training reads with False unless the recipe sets include_capped.
 
     Returns:
         `datasets.Dataset`, or `datasets.IterableDataset` when streaming, with one column.
@@ -541,7 +555,7 @@ def load_rows(
         )
     if found is not None and found[0] != "parquet":
         reader: dict[str, Any] = {"files": found[1], "text_split": text_split}
-        fingerprint = _files_fingerprint(found[1], text_split)
+        fingerprint = _files_fingerprint(found[1], text_split) + ("" if include_capped else "|uncapped")
     else:
         dataset = _open_dataset(
             source,
@@ -553,6 +567,9 @@ def load_rows(
         )
         reader = {"dataset": dataset, "name": source}
         fingerprint = getattr(dataset, "_fingerprint", None)
+        if fingerprint is not None and not include_capped:
+            fingerprint += "|uncapped"
+    reader["include_capped"] = include_capped
     kind = _first_kind(reader, source)
     if streaming:
         return datasets.IterableDataset.from_generator(

@@ -103,7 +103,7 @@ def _load(source: str, cfg: TrainConfig, heldout: bool = False) -> datasets.Data
         return stdlib_rows(heldout)
     if source == "stdlib-distilled":
         return stdlib_rows(heldout=True) if heldout else stdlib_distilled_rows(cfg.target, epoch_rows(cfg))
-    return data_lib.load_rows(source, max_bad_rows=cfg.max_bad_rows)
+    return data_lib.load_rows(source, max_bad_rows=cfg.max_bad_rows, include_capped=cfg.include_capped)
 
 
 def rows_for(cfg: TrainConfig) -> tuple[datasets.Dataset, datasets.Dataset | None]:
