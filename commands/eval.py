@@ -4,6 +4,7 @@ target's own generate() (evaluate/evaluate.py)."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 
@@ -18,16 +19,18 @@ from specheads.evaluate.evaluate import (
     RESULTS_FILE,
     _check_args,
     build_results,
+    command_line,
     evaluate,
     report_text,
     sampling_params,
 )
+from specheads.evaluate.progress import PROGRESS_FILE, Progress, stop_on_sigterm, stopped_message
 from specheads.evaluate.prompts import check_prompt_lengths, encode_prompts, read_prompts
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.atomic import write_text
 from specheads.heads.checkpoint import target_for_heads
 from specheads.heads.named_targets import resolve_target
-from specheads.heads.run_folder import claim_results_folder, hold_folder
+from specheads.heads.run_folder import claim_results_folder, clear, hold_folder
 from specheads.heads.target import DTYPES
 
 
@@ -55,6 +58,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="evaluate heads whose recorded target weights fingerprint differs from --target's",
     )
     p.add_argument("--out", required=True, type=Path, help="directory for results.json and report.md")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help=f"go on from the prompts a stopped run kept in --out's {PROGRESS_FILE} (a re-run with the same "
+        "settings on a folder holding only that file resumes too; other settings are refused)",
+    )
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: all)")
     p.add_argument("--category", default=None, help="only questions of this category")
     p.add_argument("--no-chat-template", action="store_true", help="questions as raw text, not chat turns")
@@ -105,7 +114,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """`specheads eval`: check every input, decode every prompt both ways, write the results."""
     _check_args(args)
+    if args.resume and args.overwrite:
+        raise ValueError("--resume goes on from a stopped run, --overwrite starts over: give one of them")
     claim_results_folder(args.out, (RESULTS_FILE, REPORT_FILE), args.overwrite)  # before any loading
+    if args.overwrite:
+        clear(args.out, [PROGRESS_FILE])  # a stopped run's progress is replaced too
     head_config = read_head_config(args.heads)  # a missing or foreign checkpoint fails before any loading
     check_tree_for_method(head_config["method"], None if args.tree == "auto" else args.tree)
     target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
@@ -141,33 +154,77 @@ def run(args: argparse.Namespace) -> int:
     check_prompt_lengths(prompts, target.config, args.max_new_tokens, tree["depth"])
     with hold_folder(args.out):  # a second eval or compare on --out stops at once
         sampling = sampling_params(args)
-        if args.batch_size > 1:
-            decoder = BatchedSpeculativeDecoder(target, drafter)
-            records = evaluate_batched(
-                decoder,
-                target,
-                prompts,
-                args.max_new_tokens,
-                args.batch_size,
-                args.warmup,
-                not args.no_progress,
-                sampling=sampling,
-                seed=args.seed,
-            )
-        else:
-            records = evaluate(
-                SpeculativeDecoder(target, drafter),
-                target,
-                prompts,
-                args.max_new_tokens,
-                args.warmup,
-                progress=not args.no_progress,
-                sampling=sampling,
-                seed=args.seed,
-            )
+        settings = progress_settings(args, head_config, target, tree, templated, prompts)
+        progress = Progress(args.out, "eval", settings, resume=args.resume)
+        if progress.done:
+            print(f"resuming: {len(progress.done)} of {len(prompts)} prompts already done ({progress.path})")
+        how = {"sampling": sampling, "seed": args.seed, "done": progress.done, "on_record": progress.append}
+        try:
+            with stop_on_sigterm():  # SIGTERM stops as Ctrl-C does: what is finished stays in progress.jsonl
+                if args.batch_size > 1:
+                    decoder = BatchedSpeculativeDecoder(target, drafter)
+                    records = evaluate_batched(
+                        decoder,
+                        target,
+                        prompts,
+                        args.max_new_tokens,
+                        args.batch_size,
+                        args.warmup,
+                        not args.no_progress,
+                        **how,
+                    )
+                else:
+                    records = evaluate(
+                        SpeculativeDecoder(target, drafter),
+                        target,
+                        prompts,
+                        args.max_new_tokens,
+                        args.warmup,
+                        progress=not args.no_progress,
+                        **how,
+                    )
+        except KeyboardInterrupt:
+            command = command_line(args, "auto" if calibration else tree["name"])
+            print(stopped_message(command, len(progress.done), len(prompts), args.out))
+            raise
         results = build_results(args, records, head_config, target, tree, templated, calibration)
         write_text(args.out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
         write_text(args.out / REPORT_FILE, report_text(results))
+        progress.remove()
         print(report_text(results), end="")
         print(f"wrote {args.out / RESULTS_FILE} and {args.out / REPORT_FILE}")
         return 0
+
+
+def progress_settings(args, head_config, target, tree, templated, prompts) -> dict:
+    """progress.jsonl's header: every setting that decides the token outputs (never timings, warmup,
+    threads), so that a resumed run continues only the same run."""
+    ids = hashlib.sha256()
+    for prompt in prompts:
+        ids.update(json.dumps(prompt.input_ids[0].tolist()).encode() + b"\n")
+    return {
+        "target": args.target,
+        "target_weights": target.record().weights_fingerprint,
+        "heads": str(Path(args.heads).resolve()),
+        "method": head_config["method"],
+        "tree": tree,
+        "prompts": {
+            "source": args.prompts,
+            "category": args.category,
+            "num_prompts": len(prompts),
+            "chat_template": templated,
+            "prompt_tokens": args.prompt_tokens,
+            "token_ids_sha256": ids.hexdigest(),
+        },
+        "max_new_tokens": args.max_new_tokens,
+        "sampling": {
+            "temperature": args.temperature,
+            "top_k": args.top_k,
+            "top_p": args.top_p,
+            "seed": args.seed,
+        },
+        "batch_size": args.batch_size,
+        "dtype": args.dtype,
+        "device": args.device,
+        "attn": args.attn,
+    }

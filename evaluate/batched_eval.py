@@ -10,7 +10,7 @@ so tokens/s and speedup (`report.summarize`) are the batched throughputs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -79,22 +79,40 @@ def evaluate_batched(
     progress: bool = True,
     sampling: SamplingParams | None = None,
     seed: int = 0,
+    done: list[dict[str, Any]] | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Per-prompt records of the batched decoder against the target's batched `generate`, after `warmup`
     untimed groups; the decoder goes first on even groups, the baseline on odd ones. With `sampling`,
-    group i is sampled with seed `seed + i` on both sides."""
+    group i is sampled with seed `seed + i` on both sides. `done`: the records of the first whole groups,
+    finished by an earlier run (evaluate/progress.py); `on_record` is called with each new record once
+    its group is finished."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     groups = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+    records = list(done or [])
+    if len(records) >= len(prompts):
+        return records[: len(prompts)]
+    if len(records) % batch_size:
+        raise ValueError(f"{len(records)} finished prompts are not whole batches of {batch_size}")
     for i in range(warmup):  # the first calls pay for allocation and kernel selection
         decode_group(decoder, target, groups[i % len(groups)], max_new_tokens, True, sampling, seed + i)
-    records = []
-    bar = tqdm(groups, desc=f"eval (batches of {batch_size})", unit="batch", disable=not progress)
-    for i, group in enumerate(bar):
-        records += decode_group(decoder, target, group, max_new_tokens, i % 2 == 0, sampling, seed + i)
+    first = len(records) // batch_size
+    bar = tqdm(
+        groups, desc=f"eval (batches of {batch_size})", unit="batch", disable=not progress, initial=first
+    )
+    for i, group in enumerate(groups):
+        if i < first:
+            continue
+        new = decode_group(decoder, target, group, max_new_tokens, i % 2 == 0, sampling, seed + i)
+        records += new
+        for record in new if on_record is not None else ():
+            on_record(record)
+        bar.update(1)
         so_far = summarize(records, tree_depth=0)
         tau, speedup = so_far["mean_accept_length"], so_far["speedup"]
         bar.set_postfix(
             tau="-" if tau is None else f"{tau:.2f}", speedup="-" if speedup is None else f"{speedup:.2f}"
         )
+    bar.close()
     return records

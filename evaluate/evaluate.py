@@ -8,6 +8,9 @@ For every prompt, in one run on one machine, the speculative decoder and the bas
 own `model.generate(do_sample=False, max_new_tokens=N)`, decode it back to back. Which of the two
 goes first alternates from prompt to prompt, so slow drift (clocks, caches, other processes) favours
 neither. Both are timed end to end (prefill included). Writes `results.json` and `report.md`.
+While it runs, each finished prompt is appended to `progress.jsonl` (evaluate/progress.py): a run stopped
+by Ctrl-C or SIGTERM keeps them, and `--resume` (or the same command again) decodes only the rest, with
+the same order and seeds, so results.json holds the same outputs as an uninterrupted run.
 
 `--tree auto` first calibrates the tree on this machine: the last `--calibration-prompts` prompts (4 by
 default) are held out of the evaluation, and the tree size with the most expected tokens/s on them is used
@@ -43,6 +46,7 @@ from __future__ import annotations
 import argparse
 import platform
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,21 +140,33 @@ def evaluate(
     progress: bool = True,
     sampling: SamplingParams | None = None,
     seed: int = 0,
+    done: list[dict[str, Any]] | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Per-prompt records of the decoder against the baseline, after `warmup` untimed prompts.
 
     The order alternates: the decoder goes first on even prompts, the baseline on odd ones. With
-    `sampling`, prompt i is sampled with seed `seed + i` on both sides.
+    `sampling`, prompt i is sampled with seed `seed + i` on both sides. `done`: the records of the first
+    prompts, finished by an earlier run (evaluate/progress.py); decoding goes on after them, with the same
+    order and seeds. `on_record` is called with each new record as soon as it is finished.
     """
+    records = list(done or [])
+    if len(records) >= len(prompts):
+        return records[: len(prompts)]
     for i in range(warmup):  # the first calls pay for allocation and kernel selection
         prompt = prompts[i % len(prompts)]
         decode_prompt(decoder, target, prompt, max_new_tokens, True, sampling, seed + i)
-    records = []
-    bar = tqdm(prompts, desc="eval", unit="prompt", disable=not progress)
-    for i, prompt in enumerate(bar):
+    bar = tqdm(prompts, desc="eval", unit="prompt", disable=not progress, initial=len(records))
+    for i, prompt in enumerate(prompts):
+        if i < len(records):
+            continue
         records.append(decode_prompt(decoder, target, prompt, max_new_tokens, i % 2 == 0, sampling, seed + i))
+        if on_record is not None:
+            on_record(records[-1])
+        bar.update(1)
         so_far = summarize(records, tree_depth=0)
         bar.set_postfix(tau=_fmt(so_far["mean_accept_length"]), speedup=_fmt(so_far["speedup"]))
+    bar.close()
     return records
 
 

@@ -365,3 +365,102 @@ def test_eval_and_compare_take_one_tree_argument():
     )
     assert dynamic_size("dynamic-20") == 20 and dynamic_size("dynamic") == EAGLE_TOTAL_TOKENS
     assert dynamic_size("medusa-15") is None and dynamic_size(None) is None
+
+
+# -- stopped and resumed (evaluate/progress.py) -----------------------------------------------------
+
+TIMINGS = {"seconds", "baseline_seconds"}
+
+
+def outputs(results: dict) -> list[dict]:
+    """The per-prompt records without their timings: what a resumed run must reproduce exactly."""
+    return [{k: v for k, v in r.items() if k not in TIMINGS} for r in results["per_prompt"]]
+
+
+def stop_on_prompt(monkeypatch, n: int) -> None:
+    """decode_prompt raises KeyboardInterrupt (as Ctrl-C or SIGTERM does) when called for the n-th time."""
+    real, calls = evaluate.decode_prompt, []
+
+    def stopping(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "decode_prompt", stopping)
+
+
+@pytest.mark.parametrize("sampled", [[], ["--temperature", "0.8", "--seed", "3"]], ids=["greedy", "sampled"])
+def test_a_stopped_eval_keeps_its_prompts_and_resumes(setup, tmp_path, monkeypatch, capsys, sampled):
+    args = ["--warmup", "0", "--max-new-tokens", "8", "--tree", "chain-4", *sampled]
+    whole = tmp_path / "whole"
+    assert cli(eval_args(setup, whole, setup["questions"], *args)) == 0
+    assert not (whole / "progress.jsonl").exists()  # removed once results.json is written
+
+    out = tmp_path / "stopped"
+    stop_on_prompt(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        cli(eval_args(setup, out, setup["questions"], *args))
+    monkeypatch.undo()
+    assert not (out / "results.json").exists()
+    lines = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
+    assert lines[0]["progress"] == "eval" and lines[0]["settings"]["max_new_tokens"] == 8
+    assert [r["id"] for r in lines[1:]] == [
+        r["id"] for r in json.loads((whole / "results.json").read_text())["per_prompt"][:1]
+    ]
+    printed = capsys.readouterr().out
+    assert "stopped after 1 of 3 prompts" in printed and "--resume" in printed
+
+    with pytest.raises(ValueError, match="max_new_tokens: 8 there, 6 now"):  # other settings: refused
+        cli(eval_args(setup, out, setup["questions"], *args, "--max-new-tokens", "6"))
+    assert cli(eval_args(setup, out, setup["questions"], *args, "--resume")) == 0
+    assert "resuming: 1 of 3 prompts already done" in capsys.readouterr().out
+    assert not (out / "progress.jsonl").exists()
+    resumed, reference = (json.loads((d / "results.json").read_text()) for d in (out, whole))
+    assert outputs(resumed) == outputs(reference)
+    for key in (
+        "new_tokens",
+        "steps",
+        "mean_accept_length",
+        "accept_rate_per_depth",
+        "identical_to_baseline",
+    ):
+        assert resumed[key] == reference[key]
+
+
+def test_a_rerun_with_the_same_settings_resumes_and_a_torn_line_is_dropped(setup, tmp_path, monkeypatch):
+    args = ["--warmup", "0", "--max-new-tokens", "8", "--num-prompts", "2"]
+    out = tmp_path / "out"
+    stop_on_prompt(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        cli(eval_args(setup, out, setup["questions"], *args))
+    monkeypatch.undo()
+    progress = out / "progress.jsonl"
+    with progress.open("a") as f:  # a run killed inside its append
+        f.write('{"id": "torn", "new_')
+    assert cli(eval_args(setup, out, setup["questions"], *args)) == 0  # no --resume: same settings go on
+    assert [r["id"] for r in json.loads((out / "results.json").read_text())["per_prompt"]] == ["81", "101"]
+
+    with pytest.raises(ValueError, match="nothing to resume"):
+        cli(eval_args(setup, tmp_path / "empty", setup["questions"], *args, "--resume"))
+    with pytest.raises(ValueError, match="give one of them"):
+        cli(eval_args(setup, out, setup["questions"], *args, "--resume", "--overwrite"))
+    stop_on_prompt(monkeypatch, 1)
+    with pytest.raises(KeyboardInterrupt):
+        cli(eval_args(setup, out, setup["questions"], *args, "--overwrite"))
+    monkeypatch.undo()
+    assert len(progress.read_text().splitlines()) == 1  # --overwrite started over: a header only
+
+
+def test_sigterm_stops_as_ctrl_c_does():
+    import os
+    import signal
+
+    from specheads.evaluate.progress import stop_on_sigterm
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), stop_on_sigterm():
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs between bytecodes
+            pass
+    assert signal.getsignal(signal.SIGTERM) is before
