@@ -34,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", required=True, type=Path, help="directory for results, report, plots, answers")
     p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from the conversations a stopped run kept in --out's progress.jsonl (a re-run with the "
+        "same settings on a folder holding only that file resumes too; other settings are refused)",
+    )
+    p.add_argument(
         "--peers",
         default=None,
         help=f"comma-separated, from {', '.join(PEERS)} (default: generate,prompt-lookup, and assisted "

@@ -34,7 +34,8 @@ import platform
 import shlex
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ from specheads.evaluate.peers import (
     load_draft_model,
 )
 from specheads.evaluate.plots import PLOTS, check_matplotlib, write_plots
+from specheads.evaluate.progress import PROGRESS_FILE, Progress, stop_on_sigterm, stopped_message
 from specheads.evaluate.report import (
     DEFINITIONS,
     DRAFT_DEFINITIONS,
@@ -76,7 +78,7 @@ from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.atomic import write_text
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
 from specheads.heads.named_targets import resolve_target
-from specheads.heads.run_folder import claim_results_folder, hold_folder
+from specheads.heads.run_folder import claim_results_folder, clear, hold_folder
 from specheads.version import __version__
 
 ANSWERS_DIR = "answers"
@@ -132,29 +134,62 @@ def compare(
     device: torch.device,
     warmup: int = 1,
     progress: bool = True,
+    done: list[dict[str, Any]] | None = None,
+    on_conversation: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[dict[str, list[Run]], list[list[str]]]:
     """Every method on every conversation, interleaved: (runs per method, the order per prompt).
 
     Before timing, every method decodes `warmup` conversations untimed (allocation, kernel selection).
+    `done`: the first conversations, finished by an earlier run (`conversation_record`'s form,
+    evaluate/progress.py); decoding goes on after them in the same order. `on_conversation` is called with
+    each conversation's record once every method has finished it.
     """
     names = list(methods)
+    runs: dict[str, list[Run]] = {name: [] for name in names}
+    orders = []
+    for record in done or []:
+        orders.append(record["order"])
+        for name in names:
+            runs[name].append(run_from_dict(record["runs"][name]))
+    if len(orders) >= len(conversations):
+        return {name: r[: len(conversations)] for name, r in runs.items()}, orders[: len(conversations)]
     for i in range(warmup):
         for name in names:
             run_conversation(
                 methods[name], conversations[i % len(conversations)], tokenizer, settings, device, 0
             )
-    runs: dict[str, list[Run]] = {name: [] for name in names}
-    orders = []
-    for i, conversation in enumerate(
-        tqdm(conversations, desc="compare", unit="prompt", disable=not progress)
-    ):
+    bar = tqdm(conversations, desc="compare", unit="prompt", disable=not progress, initial=len(orders))
+    for i, conversation in enumerate(conversations):
+        if i < len(orders):
+            continue
         order = rotated(names, i)
+        finished = {}
         for slot, name in enumerate(order):
-            runs[name].append(
-                run_conversation(methods[name], conversation, tokenizer, settings, device, slot)
-            )
+            finished[name] = run_conversation(methods[name], conversation, tokenizer, settings, device, slot)
+        for name in names:
+            runs[name].append(finished[name])
         orders.append(order)
+        if on_conversation is not None:
+            on_conversation(conversation_record(conversation, order, finished))
+        bar.update(1)
+    bar.close()
     return runs, orders
+
+
+def conversation_record(conversation: Conversation, order: list[str], runs: dict[str, Run]) -> dict[str, Any]:
+    """One finished conversation, every method's run, as progress.jsonl keeps it."""
+    return {"id": conversation.id, "order": order, "runs": {name: asdict(run) for name, run in runs.items()}}
+
+
+def run_from_dict(d: dict[str, Any]) -> Run:
+    """A Run as `conversation_record` wrote it."""
+    return Run(
+        slot=d["slot"],
+        prompt_tokens=list(d["prompt_tokens"]),
+        decoded=[Decoded(**x) for x in d["decoded"]],
+        seconds=list(d["seconds"]),
+        answers=list(d["answers"]),
+    )
 
 
 # -- figures ----------------------------------------------------------------------------------------
@@ -483,6 +518,7 @@ class CompareOptions:
     no_plots: bool = False
     no_progress: bool = False
     allow_target_mismatch: bool = False  # heads trained against other weights of the same shapes: a warning
+    resume: bool = False  # go on from the conversations a stopped run kept in out/progress.jsonl
 
     @classmethod
     def from_args(cls, args) -> CompareOptions:
@@ -493,9 +529,13 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
     """Check every input, decode every prompt with every method, write results, report, plots and answers
     into `options.out`; returns the results."""
     _check_args(options)
+    if options.resume and options.overwrite:
+        raise ValueError("--resume goes on from a stopped run, --overwrite starts over: give one of them")
     claim_results_folder(
         options.out, (RESULTS_FILE, REPORT_FILE, ANSWERS_DIR, *PLOTS.values()), options.overwrite
     )  # before any loading
+    if options.overwrite:
+        clear(options.out, [PROGRESS_FILE])  # a stopped run's progress is replaced too
     peers = peers_of(options)
     configs = [read_head_config(path) for path in options.heads]  # a foreign checkpoint fails before loading
     head_names(configs, options.heads)
@@ -524,17 +564,56 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
     )
     conversations, skipped = select_prompts(conversations, tokenizer, settings, options.skip_long)
     with hold_folder(options.out):  # a second eval or compare on the folder stops at once
-        runs, orders = compare(
-            {name: method for name, (_, method) in methods.items()},
-            conversations,
-            tokenizer,
-            settings,
-            target.device,
-            options.warmup,
-            progress=not options.no_progress,
-        )
+        header = progress_settings(options, peers, methods, conversations, target, templated)
+        progress = Progress(options.out, "compare", header, resume=options.resume)
+        if progress.done:
+            print(
+                f"resuming: {len(progress.done)} of {len(conversations)} prompts already done ({progress.path})"
+            )
+        try:
+            with stop_on_sigterm():  # SIGTERM stops as Ctrl-C does: what is finished stays in progress.jsonl
+                runs, orders = compare(
+                    {name: method for name, (_, method) in methods.items()},
+                    conversations,
+                    tokenizer,
+                    settings,
+                    target.device,
+                    options.warmup,
+                    progress=not options.no_progress,
+                    done=progress.done,
+                    on_conversation=progress.append,
+                )
+        except KeyboardInterrupt:
+            command = command_line(options, peers)
+            print(stopped_message(command, len(progress.done), len(conversations), options.out))
+            raise
         results = build_results(
             options, peers, methods, runs, orders, conversations, skipped, target, templated
         )
         write_outputs(options.out, results, runs, conversations)
+        progress.remove()
     return results
+
+
+def progress_settings(options, peers, methods, conversations, target, templated) -> dict[str, Any]:
+    """progress.jsonl's header: every setting that decides the outputs (never timings, warmup, threads)."""
+    return {
+        "target": options.target,
+        "target_weights": target.record().weights_fingerprint,
+        "methods": {name: method.settings() for name, (_, method) in methods.items()},
+        "peers": peers,
+        "heads": [str(Path(p).resolve()) for p in options.heads],
+        "draft_model": options.draft_model,
+        "prompts": {
+            "source": options.prompts,
+            "category": options.category,
+            "max_turns": options.max_turns,
+            "chat_template": templated,
+            "prompt_tokens": options.prompt_tokens,
+            "ids": [c.id for c in conversations],
+        },
+        "max_new_tokens": options.max_new_tokens,
+        "dtype": options.dtype,
+        "device": options.device,
+        "attn": options.attn,
+    }

@@ -436,3 +436,55 @@ def test_long_prompts_fail_early_or_are_skipped(setup, tmp_path):
     assert compare_cli(argv) == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["prompts"]["skipped"] == ["long"] and results["prompts"]["num_prompts"] == 1
+
+
+# -- stopped and resumed (evaluate/progress.py) -----------------------------------------------------
+
+TIMINGS = {"seconds", "baseline_seconds", "turn_seconds"}
+
+
+def outputs(results: dict) -> dict:
+    """Every method's per-prompt records without timings, and the order: what a resume must reproduce."""
+    methods = {
+        m["name"]: [{k: v for k, v in r.items() if k not in TIMINGS} for r in m["per_prompt"]]
+        for m in results["methods"]
+    }
+    return {"methods": methods, "order": results["order"]}
+
+
+def test_a_stopped_compare_keeps_whole_conversations_and_resumes(setup, tmp_path, monkeypatch, capsys):
+    args = ["--heads", str(setup["root"] / "medusa"), "--peers", "generate", "--tree", "chain-4"]
+    args += ["--warmup", "0", "--no-plots", "--max-turns", "1", "--num-prompts", "2"]
+    whole = tmp_path / "whole"
+    assert compare_cli(compare_args(setup, whole, setup["questions"], *args)) == 0
+    assert not (whole / "progress.jsonl").exists()
+
+    out = tmp_path / "stopped"
+    real, calls = compare.run_conversation, []
+
+    def stopping(*a, **k):  # the second method of the second conversation is stopped
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(compare, "run_conversation", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        compare_cli(compare_args(setup, out, setup["questions"], *args))
+    monkeypatch.undo()
+    assert not (out / "results.json").exists()
+    lines = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
+    assert lines[0]["progress"] == "compare" and len(lines) == 2  # only the finished conversation
+    assert sorted(lines[1]["runs"]) == ["generate", "medusa"]
+    assert "stopped after 1 of 2 prompts" in capsys.readouterr().out
+
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        compare_cli(compare_args(setup, out, setup["questions"], *args, "--max-new-tokens", "3"))
+    assert compare_cli(compare_args(setup, out, setup["questions"], *args, "--resume")) == 0
+    assert not (out / "progress.jsonl").exists()
+    resumed, reference = (json.loads((d / "results.json").read_text()) for d in (out, whole))
+    assert outputs(resumed) == outputs(reference)
+    answers = [json.loads(line)["choices"][0]["turns"] for line in (out / "answers/medusa.jsonl").open()]
+    assert answers == [
+        json.loads(line)["choices"][0]["turns"] for line in (whole / "answers/medusa.jsonl").open()
+    ]
