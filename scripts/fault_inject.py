@@ -13,12 +13,14 @@ Commands, on tiny sizes (the tiny-target command's own output is the target of t
     train         recipes/tiny/medusa.yaml on those rows, 800 steps, save_every=20, resume=auto throughout
     export        --format medusa of the reference train run's heads; a new folder written whole
 
-For each command: one uninterrupted reference run, timed. Then kills: the command runs in a fresh folder,
-is SIGKILLed (its whole process group) at a point drawn uniformly from its working time (the reference
-run's wall time less the interpreter's start-up, `python -m specheads --version`), then the same command
-runs again on the same folder and is killed again, until --kills kills are spent; the last run goes to
-the end. A run that finishes before its kill closes its folder (a chain) and the next kill starts a
-fresh one. Every closed chain is checked against the reference:
+For each command: one uninterrupted reference run, timed, its output folder watched (every 10 ms) for
+its first write. Then kills: the command runs in a fresh folder and is SIGKILLed (its whole process group)
+a uniform draw from [0, W) seconds after its first write to the folder (or a temporary one beside it),
+where W is the time the reference run took from its first write to its exit: a kill before any write
+finds the folder as it was and tests nothing, so the kills land where the writes are. The same command
+then runs again on the same folder and is killed again the same way, until --kills kills are spent; the
+last run goes to the end. A run that exits before its kill closes its folder (a chain) and the next kill
+starts a fresh one. Every closed chain is checked against the reference:
 
     identical   the files the design promises bit for bit: train (resume=auto) model.safetensors; cache
                 every file; distill every file but _summary.json (its timings and skipped counts);
@@ -27,10 +29,10 @@ fresh one. Every closed chain is checked against the reference:
                 .NAME.tmp-PID-*, .FILE.*.tmp) or ".specheads.lock" in the output folder, and nothing
                 beside it
 
-Report, per command: kills, resumes (runs started on a folder a kill left), chains, identical, the kill
-points and how many files the output folder held at each (kills_after_first_output: those that found
-some; tiny-target writes its folder whole at the end, so its kills all find none). Exit code 0 when every command is identical and
-clean, 1 otherwise. Determinism needs one machine and one thread count (OMP_NUM_THREADS=1 is set).
+Report, per command: kills, resumes (runs started on a folder a kill left), chains, identical, and each
+kill's point (seconds from the start and from the first write, files the folder held). Exit code 0 when
+every command is identical and clean, 1 otherwise. Determinism needs one machine and one thread count
+(OMP_NUM_THREADS=1 is set).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "tiny" / "medusa.yaml"
 COMMANDS = ("tiny-target", "distill", "cache", "train", "export")
-LOCK_FILE = ".specheads.lock"  # heads/run_folder.py
+LOCK_FILE, PROBE_PREFIX = ".specheads.lock", ".specheads-probe-"  # heads/run_folder.py
 RUN_TIMEOUT_S = 900
+POLL_S = 0.01  # how often a run's output folder is looked at
 
 # tiny sizes: each run a few seconds of work after the interpreter's start-up
 TINY_TARGET_ARGS = (
@@ -145,15 +148,36 @@ COMMAND_TABLE = {
 class Run:
     seconds: float
     returncode: int | None  # None: killed
+    first_write_s: float | None  # when the output folder (or a temporary one beside it) first changed
     log: Path
 
 
-def run(setup: Setup, argv: list[str], log: Path, kill_at: float | None = None) -> Run:
-    """`specheads ARGV` in its own process group, SIGKILLed (the whole group) after `kill_at` seconds."""
+def snapshot(folder: Path) -> set[tuple[str, int, int]]:
+    """(path, size, mtime) of the files under `folder` and the paths of its folders, as a poll sees them.
+    Not a folder's mtime, nor the probe file a command's writability check makes and removes at once:
+    neither is the command's work."""
+    found = set()
+    for p in folder.rglob("*") if folder.is_dir() else ():
+        if p.name.startswith(PROBE_PREFIX):
+            continue
+        try:
+            st = p.stat()
+        except FileNotFoundError:  # renamed or removed between the listing and the stat
+            continue
+        found.add((str(p), st.st_size, st.st_mtime_ns) if p.is_file() else (str(p), 0, 0))
+    return found
+
+
+def run(setup: Setup, argv: list[str], out: Path, log: Path, kill_delay: float | None = None) -> Run:
+    """`specheads ARGV` in its own process group, watching `out`'s parent folder; with `kill_delay`, the
+    whole group is SIGKILLed that many seconds after the run's first write there."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    before = snapshot(out.parent)
     started = time.perf_counter()
+    first_write = killed = None
     with log.open("a") as f:
-        f.write(f"$ specheads {' '.join(argv)}  (kill at {kill_at})\n")
+        f.write(f"$ specheads {' '.join(argv)}  (kill {kill_delay} s after its first write)\n")
         f.flush()
         proc = subprocess.Popen(
             [setup.python, "-m", "specheads", *argv],
@@ -163,14 +187,20 @@ def run(setup: Setup, argv: list[str], log: Path, kill_at: float | None = None) 
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        try:
-            rc = proc.wait(timeout=kill_at if kill_at is not None else RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = None if kill_at is not None else -9
+        while proc.poll() is None:
+            now = time.perf_counter() - started
+            if first_write is None and snapshot(out.parent) != before:
+                first_write = now
+            if kill_delay is not None and first_write is not None and now >= first_write + kill_delay:
+                killed = now
+            if killed is not None or now > RUN_TIMEOUT_S:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+            time.sleep(POLL_S)
+        rc = None if killed is not None else proc.returncode
         f.write(f"\n[exit {rc}]\n")
-    return Run(time.perf_counter() - started, rc, log)
+    return Run(time.perf_counter() - started, rc, first_write, log)
 
 
 def sha256(path: Path) -> str:
@@ -207,19 +237,19 @@ def tail(log: Path, lines: int = 15) -> str:
 # -- one command ------------------------------------------------------------------------------------
 
 
-def reference(setup: Setup, cmd: Command) -> tuple[Path, float]:
-    """The uninterrupted run: its output folder and wall time."""
+def reference(setup: Setup, cmd: Command) -> tuple[Path, Run]:
+    """The uninterrupted run: its output folder, its timings."""
     out = setup.work / "reference" / cmd.name / "out"
-    done = run(setup, cmd.argv(setup, out), setup.work / "logs" / f"{cmd.name}-reference.log")
-    if done.returncode != 0:
+    done = run(setup, cmd.argv(setup, out), out, setup.work / "logs" / f"{cmd.name}-reference.log")
+    if done.returncode != 0 or done.first_write_s is None:
         raise RuntimeError(f"the reference {cmd.name} run failed:\n{tail(done.log)}")
-    return out, done.seconds
+    return out, done
 
 
-def inject(setup: Setup, cmd: Command, kills: int, window: tuple[float, float], rng: random.Random) -> dict:
-    """Kill `cmd` `kills` times at points drawn from `window` (seconds), finish it, compare (module doc)."""
-    ref_out = setup.references[cmd.name]
-    expected = digests(cmd, ref_out)
+def inject(setup: Setup, cmd: Command, kills: int, writing_s: float, rng: random.Random) -> dict:
+    """Kill `cmd` `kills` times, each a uniform draw from [0, writing_s) seconds after the run's first
+    write, finish it, compare with the reference (module doc)."""
+    expected = digests(cmd, setup.references[cmd.name])
     report = {"kills": 0, "resumes": 0, "chains": 0, "identical": True, "kill_points": [], "problems": []}
     while report["kills"] < kills:
         chain = setup.work / cmd.name / f"chain-{report['chains']}"
@@ -229,12 +259,13 @@ def inject(setup: Setup, cmd: Command, kills: int, window: tuple[float, float], 
         while not finished:
             if after_kill and cmd.finished(out):
                 break  # killed after its output was whole: nothing left to run
-            kill_at = rng.uniform(*window) if report["kills"] < kills else None
-            done = run(setup, cmd.argv(setup, out), log, kill_at)
+            delay = rng.uniform(0, writing_s) if report["kills"] < kills else None
+            done = run(setup, cmd.argv(setup, out), out, log, delay)
             report["resumes"] += after_kill
             if done.returncode is None:
                 report["kills"] += 1
-                report["kill_points"].append({"at_s": round(kill_at, 2), "files": held(out)})
+                point = {"at_s": round(done.seconds, 2), "after_first_write_s": round(delay, 2)}
+                report["kill_points"].append(point | {"files": held(out)})
                 after_kill = True
             elif done.returncode == 0:
                 finished = True
@@ -251,7 +282,6 @@ def inject(setup: Setup, cmd: Command, kills: int, window: tuple[float, float], 
         if report["problems"]:
             break  # a failing command fails again: one report of it is enough
     report["identical"] = not report["problems"]
-    report["kills_after_first_output"] = sum(k["files"] > 0 for k in report["kill_points"])
     report["compared"] = sorted(expected)
     return report
 
@@ -265,15 +295,6 @@ def write_data(path: Path, rows: int = 1024) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"text": (words[i % 4] * 8)[i % 7 :]}) + "\n" for i in range(rows)))
     return path
-
-
-def start_up_seconds(setup: Setup) -> float:
-    """The interpreter's start-up with every command's imports: a kill before it tests nothing."""
-    started = time.perf_counter()
-    subprocess.run(
-        [setup.python, "-m", "specheads", "--version"], env=setup.env, check=True, capture_output=True
-    )
-    return time.perf_counter() - started
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,26 +330,26 @@ def main(argv: list[str] | None = None) -> int:
         target=args.target,
         data=write_data(work / "data" / "rows.jsonl", args.rows),
     )
-    start_up = start_up_seconds(setup)
     # what each command needs first: the target (tiny-target's reference, without --target); export: heads
     needs = {c: ["train"] if c == "export" else [] for c in COMMANDS}
     if args.target is None:
         needs = {c: ["tiny-target", *n] if c != "tiny-target" else n for c, n in needs.items()}
     order = [c for c in COMMANDS if c in args.commands or any(c in needs[d] for d in args.commands)]
-    times = {}
+    references = {}
     try:
         for name in order:
-            setup.references[name], times[name] = reference(setup, COMMAND_TABLE[name])
+            setup.references[name], references[name] = reference(setup, COMMAND_TABLE[name])
             if name == "tiny-target" and args.target is None:
                 setup.target = setup.references[name]
         report = {}
         for name in args.commands:
-            window = (start_up, max(times[name], start_up + 0.5))
+            ref = references[name]
+            writing_s = ref.seconds - ref.first_write_s  # from its first write to its exit
             rng = random.Random(f"{args.seed}:{name}")
             report[name] = {
-                "reference_s": round(times[name], 1),
-                "kill_window_s": [round(w, 1) for w in window],
-                **inject(setup, COMMAND_TABLE[name], args.kills, window, rng),
+                "reference_s": round(ref.seconds, 1),
+                "first_write_s": round(ref.first_write_s, 1),
+                **inject(setup, COMMAND_TABLE[name], args.kills, writing_s, rng),
             }
     finally:
         if args.work is None:
@@ -339,7 +360,6 @@ def main(argv: list[str] | None = None) -> int:
         "commands": report,
         "all_identical": all(r["identical"] for r in report.values()),
         "seconds": round(time.perf_counter() - started, 1),
-        "start_up_s": round(start_up, 1),
         "host": platform.node(),
         "python": platform.python_version(),
     }
