@@ -14,13 +14,13 @@ Commands, on tiny sizes (the tiny-target command's own output is the target of t
     export        --format medusa of the reference train run's heads; a new folder written whole
 
 For each command: one uninterrupted reference run, timed, its output folder watched (every 10 ms) for
-its first write. Then kills: the command runs in a fresh folder and is SIGKILLed (its whole process group)
-a uniform draw from [0, W) seconds after its first write to the folder (or a temporary one beside it),
-where W is the time the reference run took from its first write to its exit: a kill before any write
-finds the folder as it was and tests nothing, so the kills land where the writes are. The same command
-then runs again on the same folder and is killed again the same way, until --kills kills are spent; the
-last run goes to the end. A run that exits before its kill closes its folder (a chain) and the next kill
-starts a fresh one. Every closed chain is checked against the reference:
+its writes (into the folder or a temporary one beside it). Then kills: the command runs in a fresh folder
+and is SIGKILLed (its whole process group) a uniform draw from [0, W) seconds after its first write,
+where W is the time from the reference run's first write to its last: a kill before any write finds the
+folder as it was, and one after the last finds it finished, so the kills land where the writes are. The
+same command then runs again on the same folder and is killed again the same way, until --kills kills are
+spent; the last run goes to the end. A run that exits before its kill closes its folder (a chain) and
+the next kill starts a fresh one. Every closed chain is checked against the reference:
 
     identical   the files the design promises bit for bit: train (resume=auto) model.safetensors; cache
                 every file; distill every file but _summary.json (its timings and skipped counts);
@@ -149,6 +149,7 @@ class Run:
     seconds: float
     returncode: int | None  # None: killed
     first_write_s: float | None  # when the output folder (or a temporary one beside it) first changed
+    last_write_s: float | None  # when a poll last saw it change
     log: Path
 
 
@@ -175,7 +176,7 @@ def run(setup: Setup, argv: list[str], out: Path, log: Path, kill_delay: float |
     out.parent.mkdir(parents=True, exist_ok=True)
     before = snapshot(out.parent)
     started = time.perf_counter()
-    first_write = killed = None
+    first_write = last_write = killed = None
     with log.open("a") as f:
         f.write(f"$ specheads {' '.join(argv)}  (kill {kill_delay} s after its first write)\n")
         f.flush()
@@ -188,9 +189,10 @@ def run(setup: Setup, argv: list[str], out: Path, log: Path, kill_delay: float |
             start_new_session=True,
         )
         while proc.poll() is None:
-            now = time.perf_counter() - started
-            if first_write is None and snapshot(out.parent) != before:
-                first_write = now
+            now, seen = time.perf_counter() - started, snapshot(out.parent)
+            if seen != before:
+                first_write = now if first_write is None else first_write
+                last_write, before = now, seen
             if kill_delay is not None and first_write is not None and now >= first_write + kill_delay:
                 killed = now
             if killed is not None or now > RUN_TIMEOUT_S:
@@ -200,7 +202,7 @@ def run(setup: Setup, argv: list[str], out: Path, log: Path, kill_delay: float |
             time.sleep(POLL_S)
         rc = None if killed is not None else proc.returncode
         f.write(f"\n[exit {rc}]\n")
-    return Run(time.perf_counter() - started, rc, first_write, log)
+    return Run(time.perf_counter() - started, rc, first_write, last_write, log)
 
 
 def sha256(path: Path) -> str:
@@ -344,11 +346,11 @@ def main(argv: list[str] | None = None) -> int:
         report = {}
         for name in args.commands:
             ref = references[name]
-            writing_s = ref.seconds - ref.first_write_s  # from its first write to its exit
+            writing_s = max(ref.last_write_s - ref.first_write_s, POLL_S)
             rng = random.Random(f"{args.seed}:{name}")
             report[name] = {
                 "reference_s": round(ref.seconds, 1),
-                "first_write_s": round(ref.first_write_s, 1),
+                "writes_s": [round(ref.first_write_s, 2), round(ref.last_write_s, 2)],
                 **inject(setup, COMMAND_TABLE[name], args.kills, writing_s, rng),
             }
     finally:

@@ -29,7 +29,8 @@ def test_a_killed_cache_resumes_to_the_same_bytes(tmp_path):
     assert rc == 0 and report["all_identical"], cache["problems"]
     assert cache["kills"] == 1 and cache["resumes"] == 1 and cache["identical"]
     kill = cache["kill_points"][0]  # landed while the cache was being written
-    assert 0 <= kill["after_first_write_s"] <= cache["reference_s"] - cache["first_write_s"] + 0.1
+    first, last = cache["writes_s"]
+    assert 0 <= kill["after_first_write_s"] <= max(last - first, 0.01)
     assert "train/index.json" in cache["compared"] and "train/shard-00000.safetensors" in cache["compared"]
 
 
