@@ -158,14 +158,16 @@ def snapshot(folder: Path) -> set[tuple[str, int, int]]:
     Not a folder's mtime, nor the probe file a command's writability check makes and removes at once:
     neither is the command's work."""
     found = set()
-    for p in folder.rglob("*") if folder.is_dir() else ():
-        if p.name.startswith(PROBE_PREFIX):
-            continue
-        try:
-            st = p.stat()
-        except FileNotFoundError:  # renamed or removed between the listing and the stat
-            continue
-        found.add((str(p), st.st_size, st.st_mtime_ns) if p.is_file() else (str(p), 0, 0))
+    for root, dirs, files in os.walk(folder):  # a folder renamed or removed mid-walk is skipped
+        found.update((os.path.join(root, d), 0, 0) for d in dirs)
+        for name in files:
+            if name.startswith(PROBE_PREFIX):
+                continue
+            try:
+                st = os.stat(os.path.join(root, name))
+            except FileNotFoundError:  # renamed or removed between the listing and the stat
+                continue
+            found.add((os.path.join(root, name), st.st_size, st.st_mtime_ns))
     return found
 
 
