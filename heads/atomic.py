@@ -26,7 +26,8 @@ def write_file(dest: str | Path, write: Callable[[str], Any]) -> Path:
     """Call `write(tmp_path)` to write a temporary file beside `dest`, then rename it to `dest`; on any
     error the temporary file is removed and `dest` is untouched."""
     dest = Path(dest)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    clean_stale_tmp(dest)  # what a killed writer of `dest` left (a resumed cache rewrites its index.json)
+    fd, tmp = tempfile.mkstemp(prefix=tmp_prefix(dest), dir=dest.parent)
     os.close(fd)
     try:
         write(tmp)

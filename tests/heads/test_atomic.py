@@ -3,6 +3,8 @@ fault injection found the tiny target's folder 0700 and its weights 0600: unread
 
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -31,3 +33,17 @@ def test_written_files_and_folders_follow_the_umask(umask, tmp_path):
     assert mode(tmp_path / "folder") == 0o777 & ~umask
     assert (tmp_path / "folder" / "inside.txt").read_text() == "x"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.json", "c.bin", "folder"]
+
+
+def test_a_write_removes_what_a_killed_writer_of_the_same_file_left(tmp_path):
+    """Fault injection (scripts/fault_inject.py) found a resumed `specheads cache` folder holding the
+    `.index.json.*.tmp` files of the runs it killed: temporary names carry the writer's pid, and the next
+    write of the file removes a dead writer's."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".index.json.tmp-{dead.pid}-abcd"
+    stale.write_text("half")
+    alive = tmp_path / f".index.json.tmp-{os.getppid()}-abcd"  # a running writer's
+    alive.write_text("busy")
+    write_json(tmp_path / "index.json", {"shards": []})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [alive.name, "index.json"]
