@@ -3,7 +3,9 @@
 A file is written to a temporary name beside its destination and renamed over it (`os.replace` is atomic
 on one file system), so a reader, or a run killed half-way, never sees half a file. A folder is written
 into a temporary folder beside it that replaces it whole. Temporary names carry the writer's pid, so the
-next writer can remove what a killed one left (`run_folder.clean_stale_tmp`).
+next writer can remove what a killed one left (`run_folder.clean_stale_tmp`). What is written gets the
+modes a plain `open` or `mkdir` would give under the process's umask (mkstemp and mkdtemp make them
+private to their owner, 0600 and 0700: a shared target, cache or checkpoint would be unreadable to others).
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ def write_file(dest: str | Path, write: Callable[[str], Any]) -> Path:
     """Call `write(tmp_path)` to write a temporary file beside `dest`, then rename it to `dest`; on any
     error the temporary file is removed and `dest` is untouched."""
     dest = Path(dest)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    clean_stale_tmp(dest)  # what a killed writer of `dest` left (a resumed cache rewrites its index.json)
+    fd, tmp = tempfile.mkstemp(prefix=tmp_prefix(dest), dir=dest.parent)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
@@ -57,6 +61,7 @@ def replace_dir(out: str | Path, *, keep_existing: bool = False) -> Iterator[Pat
     out.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_tmp(out)  # what a killed writer (SIGKILL: no `finally`) left beside it
     tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(out), dir=out.parent))
+    os.chmod(tmp, 0o777 & ~_umask())
     try:
         yield tmp
         if out.exists():
@@ -66,3 +71,10 @@ def replace_dir(out: str | Path, *, keep_existing: bool = False) -> Iterator[Pat
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -8,7 +8,7 @@ them, and never mixed with another run's results.
                                  naming the holder (pid, host, command, since when)
     refuse_results(...)          a folder that holds another run's results is an error, unless the user
                                  overwrites (`clear`) or resumes it
-    clean_stale_tmp(...)         temporary folders a killed writer left behind (their pid is gone)
+    clean_stale_tmp(...)         temporary files and folders a killed writer left (their pid is gone)
 
 The lock is an advisory `flock` on the lock file: the kernel releases it when its process ends, however it
 ends, so a killed run leaves no stale lock (only its lock file, with the dead holder's details, which the
@@ -141,15 +141,18 @@ def tmp_prefix(out: str | Path) -> str:
 
 
 def clean_stale_tmp(out: str | Path) -> list[Path]:
-    """Remove the temporary folders of `out` whose writer (the pid in their name) is no longer running,
-    as a killed export leaves them; a running writer's are left alone."""
+    """Remove the temporary files or folders of `out` whose writer (the pid in their name) is no longer
+    running, as a killed export or cache leaves them; a running writer's are left alone."""
     out = Path(out)
     removed = []
     for path in out.parent.glob(f".{out.name}.tmp-*") if out.parent.is_dir() else ():
         pid = path.name.removeprefix(f".{out.name}.tmp-").split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
             continue
-        shutil.rmtree(path, ignore_errors=True)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
         removed.append(path)
     return removed
 

@@ -63,6 +63,10 @@ RESUMABLE_CHANGES = {
     "run_name",
     "num_workers",
     "allow_target_mismatch",
+    # the label-token floors decide whether a run starts, not what it computes (the rows, their masks and
+    # their order are the same whatever the floors): a resumed run is checked against its own
+    "min_label_tokens",
+    "min_label_tokens_per_row",
 }
 
 

@@ -184,6 +184,23 @@ def test_resume_refuses_a_different_run(uninterrupted, tiny_target_dirs, text_da
         check_resumable(state, cfg, 2, record, path)
 
 
+def test_a_resume_may_change_the_label_floors_and_is_checked_against_its_own(
+    uninterrupted, tiny_target_dirs, text_data, tmp_path
+):
+    """min_label_tokens and min_label_tokens_per_row only gate the start (RESUMABLE_CHANGES): a resume with
+    lower floors ends bit-identical, and one with a floor its data misses stops with the numbers."""
+    step, path = checkpoint_steps(uninterrupted)[0]
+    out = tmp_path / "run"
+    shutil.copytree(path, out / "checkpoints" / path.name)
+    with pytest.raises(ValueError, match=r"label tokens in .* rows .*min_label_tokens=1000000000 in total"):
+        train(*sigterm_args(tiny_target_dirs, text_data, out, "resume=auto", "min_label_tokens=1000000000"))
+    assert latest_checkpoint(out).name == f"step-{step}"  # refused before anything was written
+    floors = ("min_label_tokens=0", "min_label_tokens_per_row=0")
+    train(*sigterm_args(tiny_target_dirs, text_data, out, "resume=auto", *floors))
+    assert json.loads((out / "train_summary.json").read_text())["resumed_from"].endswith(f"step-{step}")
+    assert_bit_identical(uninterrupted, out)
+
+
 def test_resume_names_a_missing_checkpoint(tmp_path):
     from specheads.train.checkpointing import resolve_resume
 
