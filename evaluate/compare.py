@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shlex
 import time
 import uuid
@@ -72,6 +71,7 @@ from specheads.evaluate.report import (
     draft_figures,
     first_mismatch,
     render_comparison,
+    run_environment,
     summarize,
 )
 from specheads.heads import FrozenTarget, load_heads, read_head_config
@@ -79,7 +79,6 @@ from specheads.heads.atomic import write_text
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import claim_results_folder, clear, hold_folder
-from specheads.version import __version__
 
 ANSWERS_DIR = "answers"
 
@@ -429,8 +428,6 @@ def build_results(
     templated: bool,
 ) -> dict[str, Any]:
     """results.json: one entry per method first, then the run order and what produced them."""
-    import transformers  # lazy: transformers adds seconds to every command's start
-
     entries = [
         method_entry(name, kind, method, records_for(runs[name], runs[BASELINE], conversations))
         for name, (kind, method) in methods.items()
@@ -454,17 +451,7 @@ def build_results(
         "max_new_tokens": args.max_new_tokens,
         "temperature": 0.0,
         "warmup": args.warmup,
-        "device": str(target.device),
-        "dtype": str(target.dtype).removeprefix("torch."),
-        "attn_implementation": args.attn,
-        "threads": torch.get_num_threads(),
-        "versions": {
-            "specheads": __version__,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-        },
-        "platform": platform.platform(),
+        **run_environment(target, args.attn),
         "command": command_line(args, peers),
         "definitions": {**DEFINITIONS, **DRAFT_DEFINITIONS},
         "answers": {name: answer_file(name) for name in methods},

@@ -44,7 +44,6 @@ Terms (all taken over every prompt together, never as a mean of per-prompt ratio
 from __future__ import annotations
 
 import argparse
-import platform
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -66,10 +65,16 @@ from specheads.evaluate.eval_drafters import (  # noqa: F401 (EAGLE_TOTAL_TOKENS
     drafter_for,
 )
 from specheads.evaluate.prompts import Prompt
-from specheads.evaluate.report import DEFINITIONS, per_category, prompt_record, render_report, summarize
+from specheads.evaluate.report import (
+    DEFINITIONS,
+    per_category,
+    prompt_record,
+    render_report,
+    run_environment,
+    summarize,
+)
 from specheads.heads import FrozenTarget
 from specheads.heads.checkpoint import heads_adapter
-from specheads.version import __version__
 
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
@@ -252,8 +257,6 @@ def build_results(
     calibration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """results.json: the headline figures first, then what produced them, then the per-prompt records."""
-    import transformers  # lazy: transformers adds seconds to every command's start
-
     sampling = sampling_params(args)
     return {
         "method": head_config["method"],
@@ -280,17 +283,7 @@ def build_results(
         "max_new_tokens": args.max_new_tokens,
         "warmup": args.warmup,
         "batch_size": args.batch_size,
-        "device": str(target.device),
-        "dtype": str(target.dtype).removeprefix("torch."),
-        "attn_implementation": args.attn,
-        "threads": torch.get_num_threads(),
-        "versions": {
-            "specheads": __version__,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-        },
-        "platform": platform.platform(),
+        **run_environment(target, args.attn),
         "command": command_line(args, "auto" if calibration else tree["name"]),
         "definitions": DEFINITIONS,
         "per_prompt": records,

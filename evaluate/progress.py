@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from specheads.heads.atomic import write_text
+
 PROGRESS_FILE = "progress.jsonl"
 
 
@@ -56,8 +58,6 @@ class Progress:
             self._rewrite({"progress": kind, "settings": self.settings})
 
     def _rewrite(self, header: dict[str, Any]) -> None:
-        from specheads.heads.atomic import write_text
-
         lines = [header, *self.done]
         write_text(self.path, "".join(json.dumps(line, default=str) + "\n" for line in lines))
 

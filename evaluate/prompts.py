@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from specheads.heads.question_sets import read_questions
+
 # Written beside the embedded target by `specheads tiny-target` (train/builders/tiny_target.py); decode/
 # does not import train/, so the name is repeated here.
 HELDOUT_FILE = "heldout_files.json"
@@ -82,25 +84,14 @@ def read_prompts(
 
 
 def _questions(path: Path) -> list[PromptText]:
-    """MT-Bench / Spec-Bench questions: the first turn of each."""
-    prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            question = json.loads(line)
-            turns = question["turns"]
-            text = turns[0] if isinstance(turns, list) else None
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
-            raise ValueError(
-                f"{path}, line {n}: expected a question like "
-                f'{{"question_id": 81, "category": "writing", "turns": ["..."]}} ({e!r})'
-            ) from e
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"{path}, line {n}: the first turn must be a non-empty string, got {text!r}")
-        question_id = question.get("question_id", n)
-        prompts.append(PromptText(str(question_id), question.get("category"), text, chat=True))
-    return prompts
+    """MT-Bench / Spec-Bench questions (checked by heads/question_sets.read_questions): the first turn of
+    each."""
+    if not path.read_text(encoding="utf-8").strip():
+        return []  # read_prompts says the file holds no prompts
+    return [
+        PromptText(str(q["question_id"]), q["category"], q["turns"][0], chat=True)
+        for q in read_questions(path)
+    ]
 
 
 def _file_list(path: Path) -> list[PromptText]:

@@ -6,7 +6,12 @@ per-prompt ratios, so a long output weighs by its tokens. DEFINITIONS is written
 
 from __future__ import annotations
 
+import platform
 from typing import Any
+
+import torch
+
+from specheads.version import __version__
 
 DEFINITIONS = {
     "step": "one speculative step: one target forward over a draft tree",
@@ -310,3 +315,22 @@ def _short(value: Any) -> str:
         keep = {k: v for k, v in value.items() if not isinstance(v, (list, tuple, dict))}
         return "{" + ", ".join(f"{k}: {v}" for k, v in keep.items()) + "}"
     return str(value)
+
+
+def run_environment(target, attn: str) -> dict:
+    """What results.json records of where a run ran: device, dtype, attention, threads, versions."""
+    import transformers  # lazy: transformers adds seconds to every command's start
+
+    return {
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "attn_implementation": attn,
+        "threads": torch.get_num_threads(),
+        "versions": {
+            "specheads": __version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
+        "platform": platform.platform(),
+    }
