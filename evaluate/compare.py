@@ -5,7 +5,7 @@
 
 In one run on one machine, with the same prompts and settings, every method decodes every prompt:
 the peers (evaluate/peers.py: `generate`, the baseline; `prompt-lookup`; `assisted`, with --draft-model)
-and our tree decoder with each --heads checkpoint (its drafter from decode.evaluate.drafter_for). The
+and our tree decoder with each --heads checkpoint (its drafter from evaluate.eval_drafters.drafter_for). The
 methods are interleaved per prompt, in an order rotated by one from prompt to prompt (prompt 1: A B C,
 prompt 2: B C A, prompt 3: C A B, ...), so slow drift (clocks, caches, other processes) favours none;
 results.json records the order. Each call is timed end to end, prefill included, and greedy outputs are
@@ -17,7 +17,7 @@ Prompts (--prompts):
     *.jsonl                MT-Bench / Spec-Bench questions. Every turn is asked (--max-turns cuts them):
                            turn k goes to each method after that method's own answers to turns 1..k-1,
                            rendered with the target's chat template, as Spec-Bench does
-    heldout, *.json        held-out source files (decode.prompts.read_prompts): the first
+    heldout, *.json        held-out source files (evaluate.prompts.read_prompts): the first
                            --prompt-tokens tokens of each, as raw text
 
 Writes to --out: results.json (one entry per method: DESIGN.md's figures, report.py's draft figures,

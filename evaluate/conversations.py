@@ -56,7 +56,7 @@ def read_conversations(
 
 
 def _all_turns(path: Path) -> dict[str, tuple[Any, list[str]]]:
-    """id -> (question_id as written, every turn), keyed as decode.prompts.read_prompts keys them."""
+    """id -> (question_id as written, every turn), keyed as evaluate.prompts.read_prompts keys them."""
     questions = {}
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -76,7 +76,7 @@ def render_turn(
 ) -> torch.Tensor:
     """(1, T) ids of turn len(answers) + 1: the user turns so far, with this method's own answers.
 
-    The first turn tokenizes exactly as decode.prompts.encode_prompts does; later turns render the
+    The first turn tokenizes exactly as evaluate.prompts.encode_prompts does; later turns render the
     whole conversation with the chat template (without one: the texts joined by blank lines).
     """
     k = len(answers)

@@ -86,7 +86,7 @@ class Method(Protocol):
 
 
 class GeneratePeer:
-    """The target's own `generate(do_sample=False)` (decode.evaluate.baseline_generate)."""
+    """The target's own `generate(do_sample=False)` (evaluate.baseline.generate_rows)."""
 
     max_depth = 0
 
@@ -269,7 +269,7 @@ class RecordingDrafter:
 
 
 class HeadsMethod:
-    """Our tree decoder with one set of heads (the drafter from decode.evaluate.drafter_for)."""
+    """Our tree decoder with one set of heads (the drafter from evaluate.eval_drafters.drafter_for)."""
 
     def __init__(self, target: FrozenTarget, drafter: Drafter, tree: dict[str, Any], heads: dict[str, Any]):
         self.recorder = RecordingDrafter(drafter)
