@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 
 from specheads.commands.threads import add_threads_argument
-from specheads.evaluate.compare import ANSWERS_DIR, CompareOptions, compare_heads
+from specheads.evaluate.answers import ANSWERS_DIR
+from specheads.evaluate.compare import CompareOptions, compare_heads
 from specheads.evaluate.eval_drafters import add_tree_argument
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE
 from specheads.evaluate.peers import BASELINE, PEERS

@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
@@ -43,6 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specheads.decode.decoder import timed
+from specheads.evaluate.answers import ANSWERS_DIR, answer_file, write_answers
 from specheads.evaluate.conversations import (
     Conversation,
     TurnSettings,
@@ -79,9 +78,6 @@ from specheads.heads.atomic import write_text
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import claim_results_folder, clear, hold_folder
-
-ANSWERS_DIR = "answers"
-
 
 # -- running ----------------------------------------------------------------------------------------
 
@@ -247,39 +243,6 @@ def method_entry(name: str, kind: str, method: Method, records: list[dict]) -> d
         "settings": method.settings(),
         "per_prompt": records,
     }
-
-
-# -- Spec-Bench answer files ------------------------------------------------------------------------
-
-
-def answer_rows(model_id: str, runs: list[Run], conversations: list[Conversation]) -> list[dict[str, Any]]:
-    """Spec-Bench answer-file rows (its evaluation/eval.py writes them; evaluation/speed.py reads them):
-    one per question, one choice, per turn its answer text, decoding steps, new tokens and wall time,
-    and every step's accept length."""
-    return [
-        {
-            "question_id": conversation.question_id,
-            "category": conversation.category,
-            "answer_id": uuid.uuid4().hex,
-            "model_id": model_id,
-            "choices": [
-                {
-                    "index": 0,
-                    "turns": run.answers,
-                    "decoding_steps": [len(d.accept_lengths) for d in run.decoded],
-                    "new_tokens": [len(d.tokens) for d in run.decoded],
-                    "wall_time": run.seconds,
-                    "accept_lengths": [n for d in run.decoded for n in d.accept_lengths],
-                }
-            ],
-            "tstamp": time.time(),
-        }
-        for run, conversation in zip(runs, conversations)
-    ]
-
-
-def answer_file(name: str) -> str:
-    return f"{ANSWERS_DIR}/{name.replace(':', '-').replace('/', '-')}.jsonl"
 
 
 # -- the command ------------------------------------------------------------------------------------
@@ -463,11 +426,7 @@ def write_outputs(
     out: Path, results: dict[str, Any], runs: dict[str, list[Run]], conversations: list[Conversation]
 ) -> None:
     """answers/*.jsonl, results.json, the plots, then report.md (which shows them)."""
-    (out / ANSWERS_DIR).mkdir(parents=True, exist_ok=True)
-    model = Path(results["target"]["path"]).name
-    for name, path in results["answers"].items():
-        rows = answer_rows(f"{model}-{name}-{results['dtype']}", runs[name], conversations)
-        write_text(out / path, "".join(json.dumps(row) + "\n" for row in rows))
+    write_answers(out, results, runs, conversations)
     write_text(out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
     if results["plots"]:
         write_plots(results["methods"], out, results["baseline"])

@@ -114,7 +114,6 @@ def render_report(results: dict[str, Any]) -> str:
         for name, figures in results["per_category"].items():
             lines.append(_row([name, str(figures["num_prompts"])], figures))
     rates = ", ".join(f"{d}: {_num(r, 2)}" for d, r in enumerate(results["accept_rate_per_depth"], 1))
-    versions = results["versions"]
     lines += [
         "",
         f"- τ: tokens per speculative step, bonus included (1.0 = autoregressive): "
@@ -123,15 +122,8 @@ def render_report(results: dict[str, Any]) -> str:
         "identical: outputs equal to it token for token.",
         f"- tree `{tree['name']}` ({tree['nodes']} nodes, depth {tree['depth']}); heads `{results['heads']['path']}`; "
         f"prompts `{results['prompts']['source']}`; {results['max_new_tokens']} new tokens at most.",
-        f"- {results['dtype']} on {results['device']} ({results['threads']} threads), {results['attn_implementation']} "
-        f"attention; torch {versions['torch']}, transformers {versions['transformers']}, specheads {versions['specheads']}.",
-        "",
-        "Reproduce:",
-        "",
-        "```bash",
-        results["command"],
-        "```",
-        "",
+        f"- {environment(results)}.",
+        *reproduce(results),
     ]
     return "\n".join(lines)
 
@@ -287,24 +279,15 @@ def render_comparison(results: dict[str, Any]) -> str:
         lines.append(f"- `{m['name']}` ({m['method']}): {settings}")
     lines += ["", "## Terms", ""]
     lines += [f"- **{term}**: {text}" for term, text in results["definitions"].items()]
-    versions = results["versions"]
     lines += [
         "",
         "## Setup",
         "",
-        f"- {results['dtype']} on {results['device']} ({results['threads']} threads), "
-        f"{results['attn_implementation']} attention; torch {versions['torch']}, transformers "
-        f"{versions['transformers']}, specheads {versions['specheads']}; {results['platform']}.",
+        f"- {environment(results)}; {results['platform']}.",
         f"- Spec-Bench answer files in `answers/`; compare them with Spec-Bench's own script: "
         f"`python evaluation/speed.py --file-path answers/<method>.jsonl --base-path "
         f"answers/{results['baseline']}.jsonl --tokenizer-path {results['target']['path']}`.",
-        "",
-        "Reproduce:",
-        "",
-        "```bash",
-        results["command"],
-        "```",
-        "",
+        *reproduce(results),
     ]
     return "\n".join(lines)
 
@@ -315,6 +298,21 @@ def _short(value: Any) -> str:
         keep = {k: v for k, v in value.items() if not isinstance(v, (list, tuple, dict))}
         return "{" + ", ".join(f"{k}: {v}" for k, v in keep.items()) + "}"
     return str(value)
+
+
+def environment(results: dict[str, Any]) -> str:
+    """report.md's line on where a run ran (`run_environment`'s record)."""
+    versions = results["versions"]
+    return (
+        f"{results['dtype']} on {results['device']} ({results['threads']} threads), "
+        f"{results['attn_implementation']} attention; torch {versions['torch']}, transformers "
+        f"{versions['transformers']}, specheads {versions['specheads']}"
+    )
+
+
+def reproduce(results: dict[str, Any]) -> list[str]:
+    """report.md's closing lines: the command that made it."""
+    return ["", "Reproduce:", "", "```bash", results["command"], "```", ""]
 
 
 def run_environment(target, attn: str) -> dict:
