@@ -84,11 +84,6 @@ class Method:
     check_tree: Callable[[str], None] = lambda tree: None
     export_formats: tuple[str, ...] = ()
     refused_formats: dict[str, str] = field(default_factory=dict)
-    checkpoint_method: str = ""  # the method its saved heads name ("" = its own); Medusa-2 saves Medusa heads
-
-    @property
-    def saved_as(self) -> str:
-        return self.checkpoint_method or self.name
 
 
 _TABLE: dict[str, Method] = {}

@@ -99,8 +99,7 @@ MEDUSA2 = replace(
     log_extras=lambda cfg, step, lrs: {"lr_adapter": lrs[-1], "lambda0": heads_weight(cfg, step)},
     after_prepare=after_prepare,
     save_extra=save_extra,
-    drafter=None,  # its checkpoints name "medusa": they decode through Medusa's entry
+    drafter=None,  # its heads are MedusaHeads, saved as "medusa": they decode through Medusa's entry
     calibrate=None,
     export_formats=(),
-    checkpoint_method="medusa",
 )
