@@ -276,6 +276,8 @@ def test_the_trainers_ran_and_moved_the_weights(trained):
     assert moved > 1e-3, f"main.py's weights moved by {moved} only"
     _, _, checkpoint, _ = trained["medusa"]
     heads = torch.load(checkpoint / "medusa_lm_head.pt", weights_only=True)
+    # a Vicuna-template "tokenization mismatch" masks every label: the loss, then the heads, turn NaN
+    assert all(bool(v.isfinite().all()) for v in heads.values()), "medusa's trained heads hold NaN"
     lm_head = load_file(str(target_dir / "model.safetensors"))["lm_head.weight"]
     moved = float((heads["0.1.weight"].float() - lm_head).abs().max())
     assert moved > 1e-3, f"medusa's heads moved by {moved} only"
