@@ -159,12 +159,12 @@ def start_trainer(env: Path, job: dict, work: Path) -> subprocess.Popen:
         "TOKENIZERS_PARALLELISM": "false",
     }
     cmd = [sys.executable, str(RUNNER), str(work / "job.json")]
-    log = open(work / "trainer.log", "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=environ, cwd=work)
+    with open(work / "trainer.log", "w") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environ, cwd=work)
 
 
-def finish_trainer(run: subprocess.Popen, job: dict, work: Path) -> dict:
-    if run.wait() != 0:
+def finish_trainer(returncode: int, job: dict, work: Path) -> dict:
+    if returncode != 0:
         log = (work / "trainer.log").read_text()
         raise AssertionError(f"{job['kind']}'s trainer run failed:\n{log[-6000:]}")
     return torch.load(job["out"], weights_only=False)
@@ -209,11 +209,15 @@ def trained(consumer_env, tiny_target_dirs, tmp_path_factory) -> dict:
         work = Path(job["work"])
         job.update(inputs=str(work / "inputs.pt"), out=str(work / "out.pt"))
         runs[kind] = start_trainer(consumer_env, job, work)
+    returncodes = {kind: run.wait() for kind, run in runs.items()}
     for kind, job in jobs.items():
         work = Path(job["work"])
-        got = finish_trainer(runs[kind], job, work)
+        got = finish_trainer(returncodes[kind], job, work)
         inputs = torch.load(work / "inputs.pt")
-        if kind == "eagle":  # the last state's weights beside the --configpath config, as EAGLE ships them
+        if kind == "eagle":
+            # the last state's draft beside the --configpath config, as EAGLE ships them (the state also
+            # holds model_1.safetensors: accelerate saves every prepared model, and main.py prepares the
+            # frozen lm_head too)
             checkpoint = work / "release"
             checkpoint.mkdir()
             shutil.copy(Path(got["states"][-1]) / "model.safetensors", checkpoint / "model.safetensors")
