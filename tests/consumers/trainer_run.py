@@ -60,6 +60,7 @@ Shims, each the smallest that lets their unchanged code run here (CPU only, tran
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import runpy
@@ -143,11 +144,12 @@ def shim_medusa(train_module) -> None:
     from medusa.model import medusa_model
 
     init = transformers.Trainer.__init__
+    if "tokenizer" not in inspect.signature(init).parameters:  # transformers 5
 
-    def trainer_init(self, *a, tokenizer=None, **kw):
-        init(self, *a, processing_class=kw.pop("processing_class", tokenizer), **kw)
+        def trainer_init(self, *a, tokenizer=None, **kw):
+            init(self, *a, processing_class=kw.pop("processing_class", tokenizer), **kw)
 
-    transformers.Trainer.__init__ = trainer_init
+        transformers.Trainer.__init__ = trainer_init
 
     compute_loss = train_module.CustomizedTrainer.compute_loss
 
@@ -215,7 +217,6 @@ def train_medusa(job: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text())
-    sys.path.insert(0, str(Path(__file__).parent))  # consumer_run, beside this file
     shim_cuda()
     result = {"eagle": train_eagle, "medusa": train_medusa}[job["kind"]](job)
     torch.save(result, job["out"])
