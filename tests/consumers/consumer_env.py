@@ -5,7 +5,7 @@ cache (`SPECHEADS_CACHE`, else ~/.cache/specheads), keyed by the pins and the Py
 runs reuse it. `--no-deps` keeps their old pins (eagle-llm: accelerate 0.21, gradio 3.50, ...) out: torch,
 transformers, safetensors and the rest come from the project's environment; the only extras are what
 the model files import that the project lacks (speculators imports `openai`, `loguru` and `hs_connectors` at
-package import). About 8 s to install from PyPI here (a few MB of wheels), once per pin set.
+package import; their trainers, `fastchat`). About 8 s to install from PyPI here (a few MB of wheels), once per pin set.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from specheads.train.builders.tiny_target import default_cache_dir
 
 CONSUMERS = ("speculators==0.9.0", "eagle-llm==1.2.1", "medusa-llm==0.1")
 IMPORTED_BY_THEM = ("hs-connectors==0.9.0", "openai==3.57.0", "loguru==0.7.3")  # speculators imports them
-PINS = CONSUMERS + IMPORTED_BY_THEM
+# medusa-llm's trainer (medusa/train/train.py) and eagle-llm's data generator (eagle/ge_data) import fastchat
+IMPORTED_BY_TRAINERS = ("fschat==0.2.36",)
+PINS = CONSUMERS + IMPORTED_BY_THEM + IMPORTED_BY_TRAINERS
 RUNNER = Path(__file__).with_name("consumer_run.py")
 
 
