@@ -33,6 +33,7 @@ it unless told what to do (`fc_bias` option, CLI `--fc-bias`):
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -211,11 +212,27 @@ def import_layer_config(draft: dict[str, Any], target: FrozenTarget, what: str) 
 
 
 def check_shared_weights(tensors: dict[str, torch.Tensor], target: FrozenTarget, what: str) -> None:
-    """Drop the embedding a draft checkpoint may carry (the engines share the target's); check its shape."""
+    """Drop the embedding a draft checkpoint may carry (the engines share the target's); check its shape,
+    and warn when its values are not the target's: the EAGLE repo's EaModel drafts with the checkpoint's own
+    copy, SGLang / vLLM and the heads here with the target's, so the drafts would differ (a checkpoint
+    made against another target of the same shape)."""
     embed = tensors.pop("embed_tokens.weight", None)
+    if embed is None:
+        return
     expected = (target.vocab_size, target.hidden_size)
-    if embed is not None and tuple(embed.shape) != expected:
+    if tuple(embed.shape) != expected:
         raise FormatError(f"{what}: embed_tokens.weight is {tuple(embed.shape)}, the target's is {expected}")
+    ours = target.embed_tokens.weight.detach().to("cpu", torch.float32)
+    diff = float((embed.float() - ours).abs().max())
+    # the same weights stored in another float type differ by a rounding of the coarser of the two
+    eps = max(torch.finfo(embed.dtype).eps, torch.finfo(target.embed_tokens.weight.dtype).eps)
+    if diff > eps * float(ours.abs().max()):
+        warnings.warn(
+            f"{what}: its embed_tokens.weight is not the target's (max |diff| {diff:.3g}): the heads here "
+            "and the engines use the target's embedding, the EAGLE repo's EaModel the checkpoint's own, so "
+            "their drafts differ. Was it made for another target?",
+            stacklevel=2,
+        )
 
 
 # -- EAGLE-1/2 -------------------------------------------------------------------------------------

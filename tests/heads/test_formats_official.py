@@ -4,6 +4,7 @@ output; the CLI wraps both directions; malformed checkpoints are refused with er
 
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -224,6 +225,23 @@ def test_official_eagle1_imports_computes_the_reference_and_decodes(tmp_path, ta
         ref = target.lm_head(llama_layer_ref(w, "layers.0.", x, x))  # no input norm on layer 0
         torch.testing.assert_close(head_logits(head, target, tokens), ref, rtol=1e-4, atol=1e-4)
     greedy_equal(target, EagleDrafter(head, target, default_tree("medusa-15")))
+
+
+def test_eagle_checkpoint_with_another_embedding_warns(tmp_path, target):
+    """The EAGLE repo drafts with the checkpoint's own embed_tokens, the engines and we with the target's:
+    a copy that is not the target's (made for another target of the same shape) is named; the target's
+    own embedding stored in fp16 (what the official releases ship) is not."""
+    write_eagle1(tmp_path / "same", target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        import_heads(tmp_path / "same", "eagle", target, tmp_path / "same-out")
+    other = tmp_path / "other"
+    write_eagle1(other, target)
+    tensors = torch.load(other / "pytorch_model.bin")
+    tensors["embed_tokens.weight"] = tensors["embed_tokens.weight"] * 1.01
+    torch.save(tensors, other / "pytorch_model.bin")
+    with pytest.warns(UserWarning, match=r"embed_tokens.weight is not the target's \(max \|diff\|"):
+        import_heads(other, "eagle", target, tmp_path / "other-out")
 
 
 def test_official_eagle3_imports_computes_the_reference_and_decodes(tmp_path, target, target_dir):
