@@ -16,8 +16,7 @@ from specheads.version import __version__
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specheads.commands import COMMANDS
-    from specheads.commands.threads import torch_threads
+    from specheads.commands import COMMANDS, load
 
     parser = argparse.ArgumentParser(
         prog="specheads", description="Train and prove speculative-decoding draft heads."
@@ -28,7 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     debug_flag = argparse.ArgumentParser(add_help=False)  # also accepted after the command
     debug_flag.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, help_text, module in COMMANDS:
+    # Only the command being run is imported and given its arguments (the first word that is not an
+    # option: the options before it take no value); the others are listed by name and help alone.
+    chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    for name, help_text, _ in COMMANDS:
+        if name != chosen:
+            sub.add_parser(name, help=help_text)
+            continue
+        module = load(name)
         p = sub.add_parser(
             name,
             help=help_text,
@@ -40,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(run=module.run)
 
     args = parser.parse_args(argv)
+    from specheads.commands.threads import torch_threads  # imports torch: after --help and usage errors
+
     if args.debug or argv is not None:
         with torch_threads(getattr(args, "threads", None)):
             return args.run(args)

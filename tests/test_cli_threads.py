@@ -37,8 +37,8 @@ def test_every_computing_command_takes_the_one_threads_flag():
     (one,) = [a for a in reference._actions if "--threads" in a.option_strings]
     names = {name for name, _, _ in commands.COMMANDS}
     assert set(COMPUTING) == names - {"seed-prompts"}  # a new command is listed here, or here left out
-    for name, _, module in commands.COMMANDS:
-        action = threads_action(module)
+    for name, _, _ in commands.COMMANDS:
+        action = threads_action(commands.load(name))
         if name not in COMPUTING:
             assert action is None, name
             continue
@@ -49,7 +49,7 @@ def test_every_computing_command_takes_the_one_threads_flag():
 
 @pytest.mark.parametrize("name", sorted(COMPUTING))
 def test_the_run_sees_the_threads_and_the_caller_gets_its_own_back(name, monkeypatch):
-    module = dict((n, m) for n, _, m in commands.COMMANDS)[name]
+    module = commands.load(name)
     seen = []
     monkeypatch.setattr(module, "run", lambda args: seen.append(torch.get_num_threads()) or 0)
     before = torch.get_num_threads()
