@@ -29,8 +29,10 @@
   provenance is one nested block).
 
 Offsets agree everywhere: head k reads the target's last hidden state (after the final norm) at t and
-proposes token t+2+k. Heads that share the target's lm_head are written with copies of it (both layouts
-want one per head), which needs the target.
+proposes token t+2+k. Heads that share the target's lm_head need the target to be exported: `medusa` writes
+one copy of it per head (its three readers build one lm_head per head and have no shared form), `vllm-medusa`
+one copy in all, `lm_heads.0.weight` with `original_lm_head: true` (vLLM's MedusaModel then builds a single
+lm_head for every head, and its load_weights reads that key into it).
 """
 
 from __future__ import annotations
@@ -131,6 +133,9 @@ def to_vllm_medusa(
     state, sizes = _medusa_state(heads, "vllm-medusa", target)
     tensors = to_engine(state, VLLM_MEDUSA_KEYS, sizes, "vllm-medusa export")
     cfg = heads.config
+    if cfg.share_lm_head:  # vLLM's original_lm_head: one lm_head for every head, read from lm_heads.0
+        for h in range(1, cfg.num_heads):
+            del tensors[f"lm_heads.{h}.weight"]
     config = {
         "model_type": "medusa",
         "architectures": ["MedusaModel"],
@@ -140,6 +145,7 @@ def to_vllm_medusa(
         "num_hidden_layers": cfg.num_layers,
         "medusa_fc_bias": True,
         "truncated_vocab_size": cfg.vocab_size,
+        "original_lm_head": cfg.share_lm_head,
         "specheads_provenance": provenance(native_config, "vllm-medusa", share_lm_head=cfg.share_lm_head),
     }
     notes = [

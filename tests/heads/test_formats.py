@@ -191,6 +191,13 @@ def test_shared_lm_head_needs_the_target_and_then_writes_its_copies(tmp_path, ta
         export(src, fmt, tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
     export(src, fmt, tmp_path / "engine", target=target)
+    if fmt == "vllm-medusa":  # one copy in all, as vLLM's original_lm_head reads it; medusa: one per head
+        config, tensors = written(tmp_path / "engine", "model.safetensors")
+        assert config["original_lm_head"] is True
+        assert [k for k in tensors if k.startswith("lm_heads.")] == ["lm_heads.0.weight"]
+    else:
+        _, tensors = written(tmp_path / "engine", "medusa_lm_head.safetensors")
+        assert all(f"{h}.{L}.weight" in tensors for h in range(K))
     back = import_heads(tmp_path / "engine", fmt, target, tmp_path / "back")
     assert not back.config.share_lm_head
     for h in range(K):
@@ -239,6 +246,7 @@ def test_vllm_medusa_layout(tmp_path, target):
         "hidden_size": H,
         "vocab_size": V,
         "medusa_fc_bias": True,
+        "original_lm_head": False,  # heads with their own lm_heads: one each
     }
     assert {k: config[k] for k in expected} == expected
     # vLLM's MedusaConfig.from_pretrained renames every top-level key holding "num" and "heads"/"layers"
