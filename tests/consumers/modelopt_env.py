@@ -30,7 +30,12 @@ from specheads.train.builders.tiny_target import default_cache_dir
 
 MODELOPT = "nvidia-modelopt==0.47.0"
 ITS_TRANSFORMERS = ("transformers==5.14.1", "tokenizers==0.22.2", "huggingface_hub==1.33.0")
-IMPORTED_BY_IT = ("omegaconf==2.3.0", "antlr4-python3-runtime==4.9.3", "pulp==3.3.2", "nvidia-ml-py==13.615.71")
+IMPORTED_BY_IT = (
+    "omegaconf==2.3.0",
+    "antlr4-python3-runtime==4.9.3",
+    "pulp==3.3.2",
+    "nvidia-ml-py==13.615.71",
+)
 PINS = (MODELOPT, *ITS_TRANSFORMERS, *IMPORTED_BY_IT)
 RUNNER = Path(__file__).with_name("modelopt_run.py")
 
