@@ -1,6 +1,6 @@
-"""Build an engine's own EAGLE-3 model class on CPU and call its load_weights on our export (engine env).
+"""Build an engine's own EAGLE-3 / EAGLE model class on CPU and call its load_weights on our export (engine env).
 
-    python engine_load_run.py ENGINE EXPORT_DIR TARGET_DIR OUT.json
+    python engine_load_run.py ENGINE FORMAT EXPORT_DIR TARGET_DIR OUT.json     # FORMAT: eagle3 or eagle
 
 Runs with PYTHONPATH at the engine's wheel (installed --no-deps by scripts/check_engines.py --load) and the
 pure-Python packages its import chain needs. It imports nothing of specheads. Two import-time stubs, both
@@ -83,6 +83,8 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 UNSET = -123456789  # integer parameters (vLLM's draft_id_to_target_id) start at this
 STACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
 STACKED |= {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+PADDED = ("lm_head.weight", "embed_tokens.weight")  # vocabulary-parallel: rows padded to a multiple of 64
 
 
 def destinations(
@@ -110,18 +112,19 @@ def destinations(
         else:
             held[engine] = t
     for engine, pieces in parts.items():
-        held[engine] = torch.cat([pieces[i] for i in sorted(pieces)], dim=0)
+        if sorted(pieces) == list(range(len(FUSED_PARTS[engine.split(".")[-2]]))):  # a part missing: no value
+            held[engine] = torch.cat([pieces[i] for i in sorted(pieces)], dim=0)
     return where, held
 
 
-def build_sglang(export: Path, target: Path):
+def build_sglang(export: Path, target: Path, fmt: str):
     from sglang.srt import runtime_context as rc
     from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs(
         model_path=str(target),
         device="cpu",
-        speculative_algorithm="EAGLE3",
+        speculative_algorithm="EAGLE3" if fmt == "eagle3" else "EAGLE",
         speculative_draft_model_path=str(export),
         tp_size=1,
         disable_cuda_graph=True,
@@ -133,17 +136,21 @@ def build_sglang(export: Path, target: Path):
         world_size=1, rank=0, local_rank=0, backend="gloo", distributed_init_method="tcp://127.0.0.1:29533"
     )
     ps.initialize_model_parallel(backend="gloo")
-    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
     from transformers import AutoConfig
 
-    model = LlamaForCausalLMEagle3(AutoConfig.from_pretrained(export))
-    return model, "sglang.srt.models.llama_eagle3.LlamaForCausalLMEagle3", lambda m: m.hot_token_id
+    if fmt == "eagle3":
+        from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3 as cls
+    else:
+        from sglang.srt.models.llama_eagle import LlamaForCausalLMEagle as cls
+
+    model = cls(AutoConfig.from_pretrained(export))
+    return model, f"{cls.__module__}.{cls.__name__}", lambda m: getattr(m, "hot_token_id", None)
 
 
 _HELD: list = []  # a context manager collected early would unset vLLM's current config
 
 
-def build_vllm(export: Path, target: Path):
+def build_vllm(export: Path, target: Path, fmt: str):
     import os
 
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -159,7 +166,7 @@ def build_vllm(export: Path, target: Path):
     target_config = ModelConfig(model=str(target), dtype="float32")
     speculative = SpeculativeConfig(
         model=str(export),
-        method="eagle3",
+        method=fmt,
         num_speculative_tokens=3,
         target_model_config=target_config,
         target_parallel_config=ParallelConfig(),
@@ -171,11 +178,14 @@ def build_vllm(export: Path, target: Path):
         world_size=1, rank=0, local_rank=0, distributed_init_method="tcp://127.0.0.1:29544", backend="gloo"
     )
     initialize_model_parallel(1, 1)
-    from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+    if fmt == "eagle3":
+        from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM as cls
+    else:
+        from vllm.model_executor.models.llama_eagle import EagleLlamaForCausalLM as cls
 
-    model = Eagle3LlamaForCausalLM(vllm_config=config)
+    model = cls(vllm_config=config)
     d2t = lambda m: torch.arange(m.draft_id_to_target_id.numel()) + m.draft_id_to_target_id.detach()  # noqa: E731
-    return model, "vllm.model_executor.models.llama_eagle3.Eagle3LlamaForCausalLM", d2t
+    return model, f"{cls.__module__}.{cls.__name__}", d2t
 
 
 def load_and_check(model, tensors: dict[str, torch.Tensor], d2t_map) -> dict:
@@ -191,31 +201,42 @@ def load_and_check(model, tensors: dict[str, torch.Tensor], d2t_map) -> dict:
     for name, p in params.items():
         want = expected.get(name)
         # vocabulary-parallel layers pad their rows (to a multiple of 64): compare the rows we fill
-        held = p.detach()[tuple(slice(0, n) for n in want.shape)] if want is not None else p.detach()
+        padded = want is not None and name.endswith(PADDED) and want.shape[1:] == p.shape[1:]
+        held = p.detach()[: want.shape[0]] if padded else p.detach()
+        if want is not None and held.shape != want.shape:
+            want = None  # shapes differ: not what our files say
         filled = not (torch.isnan(held) if held.is_floating_point() else held == UNSET).any().item()
         report[name] = {
             "filled": filled,
             "from": sorted(k for k, v in where.items() if v == name),
             "max_abs_diff": float((held - want).abs().max()) if want is not None and filled else None,
-            "padding_rows": int(p.shape[0] - want.shape[0]) if want is not None else 0,
+            "padding_rows": int(p.shape[0] - want.shape[0]) if padded else 0,
         }
-    landed = {n for n, r in report.items() if r["filled"] and r["max_abs_diff"] == 0.0}
-    unused = sorted(k for k, dest in where.items() if dest not in landed)
+    landed = {n for n, r in report.items() if r["filled"] and r["max_abs_diff"] == 0.0}  # None: no value
+    # an all-zero tensor the engine has no parameter for changes nothing (our `eagle` export's fc.bias,
+    # zeros for a head trained without one, which SGLang's fc has and vLLM's lacks): listed apart
+    zero_no_param = sorted(k for k, d in where.items() if d not in params and not tensors[k].any())
+    unused = sorted(k for k, dest in where.items() if dest not in landed and k not in zero_no_param)
     d2t_ok = None
     if "d2t" in tensors:
         d2t_ok = bool(
             torch.equal(d2t_map(model).cpu(), torch.arange(tensors["d2t"].numel()) + tensors["d2t"])
         )
-    return {"params": report, "our_keys_not_landed": unused, "d2t_to_target_ids_equal": d2t_ok}
+    return {
+        "params": report,
+        "our_keys_not_landed": unused,
+        "zero_keys_without_engine_param": zero_no_param,
+        "d2t_to_target_ids_equal": d2t_ok,
+    }
 
 
-def main(engine: str, export: str, target: str, out: str) -> None:
+def main(engine: str, fmt: str, export: str, target: str, out: str) -> None:
     from safetensors.torch import load_file
 
     sys.meta_path.insert(0, _StubFinder(list(STUBS[engine])))
     export_dir = Path(export)
     tensors = load_file(str(export_dir / "model.safetensors"))
-    model, cls, d2t_map = {"sglang": build_sglang, "vllm": build_vllm}[engine](export_dir, Path(target))
+    model, cls, d2t_map = {"sglang": build_sglang, "vllm": build_vllm}[engine](export_dir, Path(target), fmt)
     result = {"engine_class": cls, "stubs": STUBS[engine], **load_and_check(model, tensors, d2t_map)}
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
 
