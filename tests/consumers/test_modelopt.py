@@ -213,5 +213,4 @@ def test_import_refuses_a_modelopt_export_broken_on_purpose(made, tmp_path, caps
     assert cli([*args, "--out", str(tmp_path / "native")]) == 1
     error = capsys.readouterr().err
     assert re.search(why, error), error
-    with capsys.disabled():
-        print(f"{breakage.__name__}: {error.strip()[:200]}")
+    print(f"{breakage.__name__}: {error.strip()[-200:]}")
