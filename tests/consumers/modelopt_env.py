@@ -11,8 +11,8 @@ directory because modelopt 0.47.0 needs an older transformers than the project's
     huggingface_hub 1.33.0), shadowing the project's in the modelopt subprocess only.
   * modelopt's import-time needs the project lacks: omegaconf (+ antlr4 runtime), pulp, nvidia-ml-py.
 
-Torch, safetensors, numpy, pydantic and the rest come from the project's environment. About 190 MB installed (pulp ships solver binaries),
-wheels, once per pin set. With it, modelopt's conversion, training forward and exporter run on CPU
+Torch, safetensors, numpy, pydantic and the rest come from the project's environment. About 190 MB
+installed (pulp ships solver binaries), once per pin set. With it, modelopt's conversion, training forward and exporter run on CPU
 unchanged (no shim).
 """
 
