@@ -12,8 +12,8 @@ directory because modelopt 0.47.0 needs an older transformers than the project's
   * modelopt's import-time needs the project lacks: omegaconf (+ antlr4 runtime), pulp, nvidia-ml-py.
 
 Torch, safetensors, numpy, pydantic and the rest come from the project's environment. About 190 MB
-installed (pulp ships solver binaries), once per pin set. With it, modelopt's conversion, training forward and exporter run on CPU
-unchanged (no shim).
+installed (pulp ships solver binaries), once per pin set. With it, modelopt's conversion, training
+forward and exporter run on CPU unchanged (no shim).
 """
 
 from __future__ import annotations
