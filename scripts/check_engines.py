@@ -1,8 +1,7 @@
-"""AUDIT, not a load: our `eagle3`, `eagle` and `vllm-medusa` exports against the pinned engines' source.
+"""AUDIT of our `eagle3`, `eagle` and `vllm-medusa` exports against the pinned engines' source; with --load, a LOAD.
 
-vLLM 0.33.0 and SGLang 0.5.23 ship CUDA wheels whose model classes need the engines' distributed state and
-custom ops to be built, so neither can load a checkpoint on this CPU machine. This script reads their
-loading code instead, straight from the wheels (`pip download --no-deps`, cached under the specheads cache),
+vLLM 0.33.0 and SGLang 0.5.23 ship CUDA wheels: neither engine can start on this CPU machine. This script
+reads their loading code, straight from the wheels (`pip download --no-deps`, cached under the specheads cache),
 and checks an export of tiny random heads against it:
 
   * registered: the architecture name our config.json gives resolves in the engine's registry;
@@ -17,7 +16,21 @@ and checks an export of tiny random heads against it:
 The formats the suite loads with a consumer's own code (speculators, eagle via eagle-llm, medusa via
 medusa-llm) are in tests/consumers/; this is the rest.
 
-    python scripts/check_engines.py --out engine_audit.json
+`--load` also LOADS the `eagle3` and `eagle` exports with each engine's own model class (scripts/engine_load_run.py, in
+a directory holding the engine's wheel and the pure-Python packages its import chain needs, installed
+--no-deps under the specheads cache, ~1 GB for SGLang, whose import needs triton): vLLM's
+Eagle3LlamaForCausalLM / EagleLlamaForCausalLM (a VllmConfig with its SpeculativeConfig,
+VLLM_TARGET_DEVICE=cpu, a gloo group of world size 1) and SGLang's LlamaForCausalLMEagle3 /
+LlamaForCausalLMEagle (its ServerArgs published with device cpu, a gloo group)
+are built on CPU, every parameter set to NaN, and the engine's own load_weights called on our files: each
+parameter must be filled and equal what our files say (q/k/v, gate/up stacked), each of our keys must
+land (an all-zero tensor the engine has no parameter for, our `eagle` fc.bias in vLLM, is listed apart),
+and d2t must give the engine's draft-to-target map. The embedding (and EAGLE-1/2's lm_head) is left: both
+engines share the target's (vLLM llm_base_proposer.py `_maybe_share_embeddings`, SGLang
+eagle_worker_v2.py `set_embed`). A copy with a key renamed must fail. The forward does not run here
+(FORWARD_BLOCKED says why for each engine).
+
+    python scripts/check_engines.py --out engine_audit.json [--load]
 """
 
 from __future__ import annotations
@@ -49,6 +62,41 @@ from specheads.heads.formats import export_heads
 from specheads.train.builders.tiny_target import default_cache_dir
 
 ENGINES = {"vllm": "0.33.0", "sglang": "0.5.23"}
+# what each engine's import chain needs beyond the project's packages, installed --no-deps (found by
+# importing llama_eagle3 and building its class until nothing was missing); torchvision is stubbed instead
+# (engine_load_run.STUBS: PyPI's wheel is CUDA-built)
+ENGINE_DEPS = {
+    "vllm": (
+        "aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 apache-tvm-ffi==0.1.15.post2 cachetools==8.0.2 "
+        "cbor2==6.3.0 fastapi==0.165.0 frozenlist==1.8.0 llguidance==1.9.1 msgspec==0.22.0 multidict==7.2.1 "
+        "openai==3.57.0 openai-harmony==0.0.8 partial-json-parser==0.2.1.1.post7 prometheus-client==0.26.0 "
+        "propcache==0.5.4 pybase64==1.5.1 pyzmq==27.3.0 starlette==1.10.0 uvloop==0.23.0 xgrammar==0.2.8 "
+        "yarl==1.25.1"
+    ).split(),
+    "sglang": (
+        "aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 apache-tvm-ffi==0.1.15.post2 "
+        "compressed-tensors==0.20.0 frozenlist==1.8.0 loguru==0.7.3 msgspec==0.22.0 multidict==7.2.1 "
+        "openai==3.57.0 partial-json-parser==0.2.1.1.post7 propcache==0.5.4 pybase64==1.5.1 pyzmq==27.3.0 "
+        "sentencepiece==0.2.3 starlette==1.10.0 triton==3.9.0 yarl==1.25.1"
+    ).split(),
+}
+FORWARD_BLOCKED = {
+    "vllm": "not run: the forward needs vLLM's attention backend and custom ops, and the CUDA wheel carries "
+    "no CPU kernels (its CPU platform logs `Failed to import from vllm._C_AVX2: No module named "
+    "'vllm._C_AVX2'`; the CPU build is a separate wheel, not on PyPI); its Attention layer also reads "
+    "per-batch metadata from a forward context that only the model runner builds",
+    "sglang": "not run: RadixAttention reads the KV pool and attention backend from a ForwardBatch that only "
+    "SGLang's ModelRunner builds, and its CPU backend needs SGLANG_USE_CPU_ENGINE=1, whose import chain "
+    "needs the compiled `sgl_kernel` (sglang/kernels/ops/kvcache/cache_move.py:10; PyPI's sglang-kernel "
+    "0.4.10 is CUDA-only)",
+}
+# parameters our files leave to the target, which both engines share (module docstring): the embedding,
+# and for EAGLE-1/2 the lm_head too
+FROM_TARGET = {
+    "eagle3": {"model.embed_tokens.weight"},
+    "eagle": {"model.embed_tokens.weight", "lm_head.weight"},
+}
+BREAK = {"eagle3": "midlayer.mlp.up_proj.weight", "eagle": "layers.0.mlp.up_proj.weight"}
 VLLM_MODELS, SGLANG_MODELS = "vllm/model_executor/models/", "sglang/srt/models/"
 
 # (format, engine, model file, architecture our config names, rules: (file, snippet, what it means))
@@ -194,7 +242,9 @@ def tiny_exports(root: Path) -> dict[str, Path]:
         num_key_value_heads=2,
         tie_word_embeddings=False,
     )
-    target = FrozenTarget(AutoModelForCausalLM.from_config(config), name_or_path="org/tiny-llama")
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(root / "target")  # the engines' configs read a target directory
+    target = FrozenTarget(model, name_or_path="org/tiny-llama")
     layer_config = layer_config_from(target.config)
     heads = {
         "eagle3": Eagle3Head(Eagle3Config(layer_config, draft_vocab_size=100)),
@@ -296,10 +346,93 @@ def _modules(name: str) -> list[str]:
     return [p for p in name.split(".") if p not in layer_parts]
 
 
+def engine_env(engine: str, wheel: zipfile.ZipFile, cache: Path) -> list[Path]:
+    """PYTHONPATH entries for the engine: its wheel unpacked, and ENGINE_DEPS (--no-deps), once each."""
+    site, deps = cache / f"{engine}-{ENGINES[engine]}", cache / f"{engine}-{ENGINES[engine]}-deps"
+    if not (site / "UNPACKED").is_file():
+        wheel.extractall(site)
+        (site / "UNPACKED").write_text("")
+    if not (deps / "PINS").is_file():
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(deps)]
+        subprocess.run([*cmd, *ENGINE_DEPS[engine]], check=True)
+        (deps / "PINS").write_text(" ".join(ENGINE_DEPS[engine]) + "\n")
+    return [deps, site]
+
+
+def rename_key(export: Path, out: Path, key: str) -> Path:
+    """A copy of `export` with `key` renamed (...mlp.up_proj.weight -> ...mlp.up.weight)."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(export, out)
+    tensors = load_file(str(out / "model.safetensors"))
+    tensors[key.replace("up_proj", "up")] = tensors.pop(key)
+    save_file(tensors, str(out / "model.safetensors"))
+    return out
+
+
+def load(engine: str, fmt: str, paths: list[Path], export: Path, target: Path, out: Path) -> dict:
+    """engine_load_run.py in the engine's directory; its report, judged."""
+    import os
+
+    runner = Path(__file__).with_name("engine_load_run.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, paths)), "OMP_NUM_THREADS": "1"}
+    env |= {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, str(runner), engine, fmt, str(export), str(target), str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=out.parent)
+    if done.returncode != 0:
+        return {"ok": False, "error": done.stderr[-3000:]}
+    report = json.loads(out.read_text())
+    params, shared = report["params"], FROM_TARGET[fmt]
+    wrong = [
+        n for n, r in params.items() if n not in shared and not (r["filled"] and r["max_abs_diff"] == 0.0)
+    ]
+    report["params_wrong"] = wrong
+    report["left_to_the_target"] = sorted(n for n in shared if n in params and not params[n]["filled"])
+    d2t = report["d2t_to_target_ids_equal"] is not False  # None: no d2t (EAGLE-1/2)
+    report["ok"] = not wrong and not report["our_keys_not_landed"] and d2t
+    return report
+
+
+def loads(engine_wheels: dict, cache: Path, exports: dict[str, Path], root: Path) -> list[dict]:
+    """Each engine's own class for `eagle3` and `eagle`, on our export and on a copy with a key renamed."""
+    results = []
+    for engine, wheel in engine_wheels.items():
+        paths = engine_env(engine, wheel, cache)
+        for fmt in ("eagle3", "eagle"):
+            broken = rename_key(exports[fmt], root / f"{engine}-{fmt}-key-renamed", BREAK[fmt])
+            report = load(engine, fmt, paths, exports[fmt], root / "target", root / f"{engine}-{fmt}.json")
+            check = load(engine, fmt, paths, broken, root / "target", root / f"{engine}-{fmt}-broken.json")
+            module = "vllm/model_executor/models/" if engine == "vllm" else "sglang/srt/models/"
+            results.append(
+                {
+                    "kind": "loaded: the engine's own model class built on CPU, its load_weights called on our files",
+                    "format": fmt,
+                    "engine": f"{engine} {ENGINES[engine]}",
+                    "model_file": module + ("llama_eagle3.py" if fmt == "eagle3" else "llama_eagle.py"),
+                    "ok": report.get("ok", False),
+                    "forward": FORWARD_BLOCKED[engine],
+                    "broken_on_purpose": {
+                        "breakage": f"{BREAK[fmt]} renamed {BREAK[fmt].replace('up_proj', 'up')}",
+                        "check_fails": not check.get("ok", False),
+                        "not_landed": check.get("our_keys_not_landed"),
+                        "params_wrong": check.get("params_wrong"),
+                        "engine_error": (check.get("error") or "").strip().splitlines()[-1:],
+                    },
+                    "report": report,
+                }
+            )
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("engine_audit.json"))
     p.add_argument("--wheels", type=Path, default=default_cache_dir() / "engine-wheels")
+    p.add_argument(
+        "--load", action="store_true", help="also load the eagle3 export with the engines' classes"
+    )
     args = p.parse_args(argv)
     engine_wheels = wheels(args.wheels)
     with tempfile.TemporaryDirectory() as tmp:
@@ -308,9 +441,16 @@ def main(argv: list[str] | None = None) -> int:
             audit(fmt, engine, model_file, arch, rules, engine_wheels[engine], exports[fmt])
             for fmt, engine, model_file, arch, rules in AUDITS
         ]
-    args.out.write_text(json.dumps({"versions": ENGINES, "audits": results}, indent=2) + "\n")
+        loaded = loads(engine_wheels, args.wheels / "envs", exports, Path(tmp)) if args.load else []
+    out = {"versions": ENGINES, "audits": results, "loads": loaded}
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
     for r in results:
         print(f"{r['format']:12s} {r['engine']:14s} {'ok' if r['ok'] else 'FAILS'}  {r.get('verdict', '')}")
+    for r in loaded:
+        broken = "fails as it must" if r["broken_on_purpose"]["check_fails"] else "PASSES: the check is blind"
+        print(
+            f"{r['format']:12s} {r['engine']:14s} loaded: {'ok' if r['ok'] else 'FAILS'}; key renamed: {broken}"
+        )
     print(f"wrote {args.out}")
     return 0
 

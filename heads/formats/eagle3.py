@@ -6,6 +6,8 @@ vllm/model_executor/models/llama_eagle3.py `Eagle3LlamaForCausalLM`, registered 
                   eagle_config.eagle_aux_hidden_state_layer_ids (SGLang), eagle_aux_hidden_state_layer_ids (vLLM)
     weights       fc.weight (H, 3H), midlayer.* (q/k/v read 2H; input_layernorm and hidden_norm),
                   norm.weight, lm_head.weight (Vd, H), d2t (Vd,) int64, t2d (V,) bool
+                  (import also reads layers.0.* for midlayer.*, and no t2d: NVIDIA Model Optimizer's
+                  export_speculative_decoding writes so; vLLM reads both names)
 
 `speculators` (vllm-project/speculators src/speculators/models/eagle3; read by vLLM
 vllm/transformers_utils/configs/speculators/{base,algos}.py):
@@ -360,7 +362,20 @@ def from_eagle3(path, target: FrozenTarget) -> Eagle3Head:
     ids = from_sglang or vllm or list(default_eagle3_layers(num_layers))
     ids = check_layer_ids(ids, num_layers, what)
     tensors, _ = read_weights(path, READ_WEIGHTS)
-    return _build_eagle3(config, tensors, target, ids, config.get("draft_vocab_size"), EAGLE3_KEYS, what)
+    return _build_eagle3(
+        config, tensors, target, ids, config.get("draft_vocab_size"), _layer_table(tensors), what
+    )
+
+
+def _layer_table(tensors: dict[str, torch.Tensor]) -> KeyTable:
+    """EAGLE3_KEYS (midlayer.*), or the layers.0.* names NVIDIA Model Optimizer's exporter writes (0.47.0
+    `export_speculative_decoding`, hf_spec_export.py: eagle_module.* with the prefix dropped) and vLLM's
+    llama_eagle3 reads (it renames midlayer. to layers.0.). A checkpoint with both is refused by the key check."""
+    if any(k.startswith("layers.0.") for k in tensors) and not any(
+        k.startswith("midlayer.") for k in tensors
+    ):
+        return SPECULATORS_KEYS
+    return EAGLE3_KEYS
 
 
 def from_speculators(path, target: FrozenTarget) -> Eagle3Head:

@@ -329,6 +329,27 @@ def test_eagle3_over_the_whole_vocabulary_needs_no_d2t(tmp_path, target):
     assert torch.equal(head.to_target_ids(torch.arange(target.vocab_size)), torch.arange(target.vocab_size))
 
 
+def test_eagle3_in_model_optimizer_names_imports_as_the_midlayer_one(tmp_path, target):
+    """NVIDIA Model Optimizer 0.47.0's export_speculative_decoding names the layer layers.0.* (its eagle_module
+    keys without the prefix; vLLM reads both) and writes no t2d: the same heads as the midlayer.* file
+    (tests/consumers/test_modelopt.py runs Model Optimizer itself). Both names at once are refused."""
+    w, config = write_eagle3(tmp_path / "midlayer", target, [0, 1, 2])
+    reference = import_heads(tmp_path / "midlayer", "eagle3", target, tmp_path / "a")
+    (tmp_path / "modelopt").mkdir()
+    renamed = {k.replace("midlayer.", "layers.0."): v for k, v in w.items() if k != "t2d"}
+    save_file(renamed, str(tmp_path / "modelopt" / "model.safetensors"))
+    (tmp_path / "modelopt" / "config.json").write_text(json.dumps(config))
+    head = import_heads(tmp_path / "modelopt", "eagle3", target, tmp_path / "b")
+    ours, theirs = reference.state_dict(), head.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    save_file(
+        {**renamed, "midlayer.norm_extra.weight": w["norm.weight"].clone()},
+        str(tmp_path / "modelopt" / "model.safetensors"),
+    )
+    with pytest.raises(FormatError, match="midlayer.self_attn.q_proj.weight"):
+        import_heads(tmp_path / "modelopt", "eagle3", target, tmp_path / "c")
+
+
 # -- refused imports -------------------------------------------------------------------------------
 
 

@@ -1,0 +1,79 @@
+"""NVIDIA Model Optimizer, installed apart from the project (never a dependency of specheads).
+
+`pip install --no-deps --target` under the specheads cache (`SPECHEADS_CACHE`, else ~/.cache/specheads),
+keyed by the pins and the Python version, as consumer_env.py does for the other consumers; a separate
+directory because modelopt 0.47.0 needs an older transformers than the project's:
+
+  * nvidia-modelopt 0.47.0 declares `transformers<5.15,>=4.57` (its `hf` extra) and, under the project's
+    5.24, fails in its own training forward (modeling_eagle.py `_maybe_init_rope`:
+    `LlamaRotaryEmbedding(config=..., device=...)`, a keyword 5.24 dropped). So the directory carries
+    transformers 5.14.1 and what its import-time version check asks for (tokenizers 0.22.2,
+    huggingface_hub 1.33.0), shadowing the project's in the modelopt subprocess only.
+  * modelopt's import-time needs the project lacks: omegaconf (+ antlr4 runtime), pulp, nvidia-ml-py.
+
+Torch, safetensors, numpy, pydantic and the rest come from the project's environment. About 190 MB
+installed (pulp ships solver binaries), once per pin set. With it, modelopt's conversion, training
+forward and exporter run on CPU unchanged (no shim).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from specheads.train.builders.tiny_target import default_cache_dir
+
+MODELOPT = "nvidia-modelopt==0.47.0"
+ITS_TRANSFORMERS = ("transformers==5.14.1", "tokenizers==0.22.2", "huggingface_hub==1.33.0")
+IMPORTED_BY_IT = (
+    "omegaconf==2.3.0",
+    "antlr4-python3-runtime==4.9.3",
+    "pulp==3.3.2",
+    "nvidia-ml-py==13.615.71",
+)
+PINS = (MODELOPT, *ITS_TRANSFORMERS, *IMPORTED_BY_IT)
+RUNNER = Path(__file__).with_name("modelopt_run.py")
+
+
+def json_key() -> str:
+    return " ".join(PINS) + f" py{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def env_dir() -> Path:
+    return default_cache_dir() / "modelopt" / hashlib.sha256(json_key().encode()).hexdigest()[:16]
+
+
+def ensure_env() -> Path:
+    """The directory holding modelopt and its transformers (installed on first use, then reused)."""
+    out = env_dir()
+    if (out / "PINS").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".building-"))
+    try:
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp), *PINS]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"installing modelopt failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
+        (tmp / "PINS").write_text(json_key() + "\n")
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another run finished first: keep its copy
+            if not (out / "PINS").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def run_modelopt(env: Path, args: list[str]) -> None:
+    """modelopt_run.py ARGS in a subprocess that sees modelopt and its transformers first."""
+    environ = {**os.environ, "PYTHONPATH": str(env), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(RUNNER), *args], capture_output=True, text=True, env=environ)
+    if done.returncode != 0:
+        raise AssertionError(f"the modelopt runner failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
