@@ -30,7 +30,8 @@ tests/consumers/trainer_run.py. Their tokenizer view of the target (`peer_target
 ids, with Llama's conventions their Vicuna masking counts on (BOS added, `</s>` the EOS token, an unk
 token for medusa's pad). The EAGLE-3 vs Model Optimizer row is a TODO slot (tests/consumers/modelopt_*).
 
-Writes OUT/bench_trainers.json, OUT/bench_trainers.md (the table) and OUT/learning_curve.png.
+Writes REPORT/bench_trainers.json, REPORT/bench_trainers.md (the table) and REPORT/learning_curve.png
+(--report, default docs/bench_trainers/); the checkpoints and logs stay in --out (runs/bench-trainers).
 """
 
 from __future__ import annotations
@@ -109,11 +110,13 @@ def eagle_budget(rows: int, epochs: int, bs: int = EAGLE_BS) -> dict:
 
 
 def medusa_budget(rows: int, epochs: int, batch: int = 8, grad_accum: int = 4) -> dict:
-    """medusa-llm's train.py (HF Trainer) for `epochs` epochs over `rows`, and ours at its optimizer steps."""
-    per_step = batch * grad_accum
-    steps = epochs * math.ceil(rows / per_step)
-    return {"peer_rows": rows, "epochs": epochs, "batch": batch, "grad_accum": grad_accum, "steps": steps,
-            "rows_seen": epochs * rows}  # fmt: skip
+    """medusa-llm's train.py (HF Trainer) for `epochs` epochs over `rows`, and ours at its optimizer steps.
+    The Trainer steps at each epoch's end with what it accumulated: with fewer micro-batches an epoch than
+    `grad_accum`, a step holds one epoch's rows, and ours accumulates that many micro-batches."""
+    micro = math.ceil(rows / batch)
+    steps = epochs * math.ceil(micro / grad_accum)
+    return {"peer_rows": rows, "epochs": epochs, "batch": batch, "grad_accum": min(grad_accum, micro),
+            "steps": steps, "rows_seen": epochs * rows}  # fmt: skip
 
 
 def tokens_seen(budget: dict, mean_row_tokens: float) -> int:
@@ -476,18 +479,21 @@ def run_medusa(args, ctx: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-trainers")
-    p.add_argument("--rows", type=int, default=40, help="conversations (N)")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-trainers", help="work directory")
+    p.add_argument("--report", type=Path, default=ROOT / "docs" / "bench_trainers", help="JSON, table, PNG")
+    p.add_argument("--rows", type=int, default=16, help="conversations (N)")
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--answer-tokens", type=int, default=64)
     p.add_argument("--max-length", type=int, default=256)
-    p.add_argument("--eagle-epochs", default="6,11,21", help="learning-curve budgets (states main.py saves)")
-    p.add_argument("--medusa-epochs", default="6,11,21")
-    p.add_argument("--eagle-lrs", default=f"{EAGLE_LR:g}", help="eagle-llm --lr values (its default first)")
+    p.add_argument("--eagle-epochs", default="11,21", help="learning-curve budgets (states main.py saves)")
+    p.add_argument("--medusa-epochs", default="3,6")
+    p.add_argument(
+        "--eagle-lrs", default=f"{EAGLE_LR:g},1e-3", help="eagle-llm --lr values (its default first)"
+    )
     p.add_argument("--eagle-tree", default="dynamic")
     p.add_argument("--medusa-tree", default="medusa-31")
-    p.add_argument("--eval-prompts", type=int, default=8)
-    p.add_argument("--eval-new-tokens", type=int, default=64)
+    p.add_argument("--eval-prompts", type=int, default=6)
+    p.add_argument("--eval-new-tokens", type=int, default=48)
     p.add_argument("--our-eval-batches", type=int, default=2, help="our trainer's end-of-run held-out loss")
     p.add_argument("--methods", default="eagle,medusa")
     p.add_argument("--seed", type=int, default=0)
@@ -554,11 +560,12 @@ def main(argv: list[str] | None = None) -> int:
         "todo": ["EAGLE-3: ours vs NVIDIA Model Optimizer (tests/consumers/modelopt_*), not run here yet"],
         "rows": results,
     }  # fmt: skip
-    (args.out / "bench_trainers.json").write_text(json.dumps(report, indent=1, default=str))
-    (args.out / "bench_trainers.md").write_text(render_table(results))
-    plot(results, args.out / "learning_curve.png")
+    args.report.mkdir(parents=True, exist_ok=True)
+    (args.report / "bench_trainers.json").write_text(json.dumps(report, indent=1, default=str))
+    (args.report / "bench_trainers.md").write_text(render_table(results))
+    plot(results, args.report / "learning_curve.png")
     print(render_table(results))
-    print(f"wrote {args.out}/bench_trainers.json, bench_trainers.md, learning_curve.png")
+    print(f"wrote {args.report}/bench_trainers.json, bench_trainers.md, learning_curve.png")
     return 0
 
 

@@ -33,6 +33,10 @@ def test_medusa_budget_counts_optimizer_steps_of_batch_times_accumulation():
     assert b["steps"] == 21 * 2  # ceil(40 / 32)
     assert b["rows_seen"] == 21 * 40
     assert bench.medusa_budget(64, 3)["steps"] == 6
+    # fewer micro-batches an epoch than the accumulation: the Trainer steps at the epoch's end
+    small = bench.medusa_budget(16, 4)
+    assert (small["steps"], small["grad_accum"], small["rows_seen"]) == (4, 2, 64)
+    assert bench.medusa_budget(40, 1)["steps"] == 2  # 5 micro-batches: one step of 4, one of 1
     assert bench.tokens_seen(b, 100.5) == round(21 * 40 * 100.5)
 
 
