@@ -131,22 +131,29 @@ def fmt(x, spec: str = ".2f") -> str:
 
 
 def render_table(rows: list[dict]) -> str:
-    """Markdown: one line per (method, trainer, budget); a verdict line per method at the largest budget."""
+    """Markdown: one line per (method, trainer, budget); each trainer's changes from its defaults as a
+    numbered note under the table; a verdict line per method at the largest budget."""
     head = (
-        "| method | trainer | epochs | steps x batch | target tokens seen | tau | greedy = generate() "
-        "| train wall s | peak RSS MiB | train tokens/s | changes from its defaults |\n"
+        "| method | trainer | epochs | steps x rows/step | target tokens seen | tau | greedy = generate() "
+        "| train wall s | peak RSS MiB | train tokens/s | changes |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
+    notes: list[tuple] = []
     lines = []
     for r in rows:
-        b = r["budget"]
+        b, changes = r["budget"], tuple(r.get("changes", []))
+        if changes and changes not in notes:
+            notes.append(changes)
+        note = f"[{notes.index(changes) + 1}]" if changes else "-"
         lines.append(
             f"| {r['method']} | {r['trainer']} | {b['epochs']} | {b['steps']} x {b['batch'] * b['grad_accum']} "
             f"| {r['tokens_seen']} | {fmt(r.get('tau'))} | {r.get('identical', '-')} "
             f"| {fmt(r.get('wall_s'), '.1f')} | {fmt(r.get('peak_rss_mib'), '.0f')} "
-            f"| {fmt(r.get('tokens_per_s'), '.0f')} | {'; '.join(r.get('changes', [])) or '-'} |"
+            f"| {fmt(r.get('tokens_per_s'), '.0f')} | {note} |"
         )
-    return head + "\n".join(lines) + "\n" + "\n".join(verdicts(rows)) + "\n"
+    text = head + "\n".join(lines) + "\n"
+    text += "".join(f"\n[{i}] {'; '.join(n)}.\n" for i, n in enumerate(notes, 1))
+    return text + "".join(verdicts(rows)) + "\n"
 
 
 def verdicts(rows: list[dict]) -> list[str]:

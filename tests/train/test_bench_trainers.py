@@ -67,7 +67,8 @@ def test_table_has_a_line_per_run_and_says_plainly_when_ours_loses():
     table = bench.render_table(rows)
     lines = [line for line in table.splitlines() if line.startswith("| ")]
     assert len(lines) == 1 + len(rows)  # the header and one line a run
-    assert "| Medusa | medusa-llm 0.1 | 6 | 12 x 32 | 6000 | 1.50 | 8/8 | 30.0 | 900 | 200 | fp32 |" in table
+    assert "| Medusa | medusa-llm 0.1 | 6 | 12 x 32 | 6000 | 1.50 | 8/8 | 30.0 | 900 | 200 | [1] |" in table
+    assert "\n[1] fp32.\n" in table  # each trainer's changes from its defaults, once, under the table
     assert "| Medusa | specheads | 6 | 12 x 32 | 6000 | 1.40 | 8/8 | - | - | - | - |" in table
     # the verdict at each method's largest budget only
     assert "Medusa, 21 epochs: ours LOSES against medusa-llm 0.1: tau 1.70 vs 1.90 (-10.5%)." in table
