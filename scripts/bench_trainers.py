@@ -12,7 +12,7 @@ data     N one-turn conversations: a prompt of P tokens from a window of the tin
          (the target's own chat template, loss on the assistant turns, as theirs).
 budget   the peer's: eagle-llm's main.py runs 21 epochs (hard-coded) over the 95% of its files it keeps for
          training, at --bs 4 (its default): ours gets batch 4 and the same optimizer steps (21 x
-         ceil(n_train / 4)). Its states after 6 and 11 epochs are the smaller budgets of the learning
+         ceil(n_train / 4)). Its saved states at smaller epoch counts (--eagle-epochs) are the smaller budgets of the learning
          curve; ours trains afresh at each budget. Medusa: train.py with its README's settings (batch 8,
          gradient accumulation 4, lr 1e-3, warmup ratio 0.1, cosine, 3 heads of 1 layer) for E epochs;
          ours with batch 8, grad_accum 4, 3 heads and the same optimizer steps (E x ceil(N / 32)).
