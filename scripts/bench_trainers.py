@@ -15,7 +15,7 @@ budget   the peer's: eagle-llm's main.py runs 21 epochs (hard-coded) over the 95
          ceil(n_train / 4)). Its saved states at smaller epoch counts (--eagle-epochs) are the smaller budgets of the learning
          curve; ours trains afresh at each budget. Medusa: train.py with its README's settings (batch 8,
          gradient accumulation 4, lr 1e-3, warmup ratio 0.1, cosine, 3 heads of 1 layer) for E epochs;
-         ours with batch 8, grad_accum 4, 3 heads and the same optimizer steps (E x ceil(N / 32)).
+         ours with batch 8, 3 heads, and the same optimizer steps and rows a step (medusa_budget).
 decode   each checkpoint through `specheads import-heads` (the peers') and `specheads eval` on the tiny
          target's held-out prompts (--prompts heldout), the same tree for both; tau and the greedy
          identity to generate() (results.json's N/N) come from eval.
