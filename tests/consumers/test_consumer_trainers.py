@@ -26,16 +26,14 @@ preprocess finds a "tokenization mismatch" and masks every label.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from trainer_run import eagle_draft_config, finish_trainer, start_trainer
 
 from specheads.decode import EagleDrafter, MedusaDrafter, SpeculativeDecoder, default_tree
 from specheads.heads import FrozenTarget
@@ -46,7 +44,6 @@ from helpers import command
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-RUNNER = Path(__file__).with_name("trainer_run.py")
 T = 12
 TOL = 1e-5  # fp32, as test_consumers.py
 CONVERSATIONS = 4  # ge_data's and the trainers' data: main.py's 95/5 split makes it 3 train files, 1 test
@@ -135,39 +132,6 @@ def sharegpt(target_dir: Path, n: int, seed: int = 0, reply: int = 12) -> list[d
             }
         )
     return conversations
-
-
-def eagle_draft_config(target: Path, out: Path) -> Path:
-    """main.py's --configpath: the target's config with one layer, as the EAGLE repo's configs are."""
-    config = json.loads((target / "config.json").read_text())
-    config.update(num_hidden_layers=1, architectures=["LlamaForCausalLM"])
-    out.write_text(json.dumps(config))
-    return out
-
-
-def start_trainer(env: Path, job: dict, work: Path) -> subprocess.Popen:
-    """trainer_run.py on `job`, in the consumer env, started in the background (the two trainers run side
-    by side: most of each run is importing torch, transformers and fastchat)."""
-    (work / "job.json").write_text(json.dumps(job))
-    environ = {
-        **os.environ,
-        "PYTHONPATH": str(env),
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-        "WANDB_MODE": "disabled",
-        "HF_DATASETS_CACHE": str(work / "hf-datasets"),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    cmd = [sys.executable, str(RUNNER), str(work / "job.json")]
-    with open(work / "trainer.log", "w") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environ, cwd=work)
-
-
-def finish_trainer(returncode: int, job: dict, work: Path) -> dict:
-    if returncode != 0:
-        log = (work / "trainer.log").read_text()
-        raise AssertionError(f"{job['kind']}'s trainer run failed:\n{log[-6000:]}")
-    return torch.load(job["out"], weights_only=False)
 
 
 def causal_mask(t: int) -> torch.Tensor:

@@ -3,6 +3,14 @@ the consumer env, one process per trainer: each builds its own accelerate state)
 
     python trainer_run.py JOB.json     # {"kind": "eagle" | "medusa", "work", "target", "inputs", "out"}
 
+The tests (test_consumer_trainers.py) and scripts/bench_trainers.py both start it with `start_trainer` and
+read its out file with `finish_trainer` (this file, imported by path: tests/consumers on sys.path). Job
+keys beyond the above: eagle "lr", "bs" (main.py's --bs, default 4); medusa "lr", "steps", "max_length",
+and "args" (train.py flags that replace or add to the defaults below, e.g. {"--num_train_epochs": "6"};
+a value None drops the flag). The out file also holds "wall_s" (the whole trainer run, data generation
+included), "maxrss_kb" (the process's peak resident memory, resource.getrusage) and, for eagle,
+"ge_data_s" / "main_s" (its two stages).
+
 Runs with PYTHONPATH at the consumer packages (consumer_env.py); torch, transformers, accelerate, datasets
 and wandb are the project's. It imports nothing of specheads. Their files are run as they are, never
 edited: `runpy` runs eagle-llm's `eagle/ge_data/ge_data_all_vicuna.py` and `eagle/train/main.py` as
@@ -63,8 +71,11 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import resource
 import runpy
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -117,9 +128,13 @@ def train_eagle(job: dict) -> dict:
     shim_loader_workers()
     os.chdir(work)  # ge_data reads its ShareGPT file and "vicunav13/13B" from the cwd
     n = len(json.loads((work / "ShareGPT_V4.3_unfiltered_cleaned_split.json").read_text()))
+    start = time.perf_counter()
     run_module("eagle.ge_data.ge_data_all_vicuna", ["--start", "0", "--end", str(n), "--outdir", "data"])
+    ge_data_s = time.perf_counter() - start
     args = ["--basepath", str(target), "--configpath", str(work / "config.json"), "--tmpdir", "data"]
-    run_module("eagle.train.main", [*args, "--cpdir", "ckpt", "--bs", "4", "--lr", str(job["lr"])])
+    bs = str(job.get("bs", 4))
+    run_module("eagle.train.main", [*args, "--cpdir", "ckpt", "--bs", bs, "--lr", str(job["lr"])])
+    main_s = time.perf_counter() - start - ge_data_s
 
     from eagle.model.cnets import Model
     from eagle.model.configs import EConfig
@@ -136,6 +151,8 @@ def train_eagle(job: dict) -> dict:
         "features": features,
         "states": [str(p) for p in states],
         "data_files": sorted(str(p.relative_to(work)) for p in (work / "data").rglob("*.ckpt")),
+        "ge_data_s": ge_data_s,
+        "main_s": main_s,
     }
 
 
@@ -185,25 +202,27 @@ def train_medusa(job: dict) -> dict:
     work, target = Path(job["work"]), Path(job["target"])
     shim_medusa(train_module)
     os.chdir(work)
-    argv = [
-        "--model_name_or_path", str(target),
-        "--data_path", str(work / "train.json"),
-        "--output_dir", str(work / "medusa"),
-        "--medusa_num_heads", "3",
-        "--medusa_num_layers", "1",
-        "--model_max_length", str(job["max_length"]),
-        "--lazy_preprocess", "True",
-        "--per_device_train_batch_size", "2",
-        "--max_steps", str(job["steps"]),
-        "--learning_rate", str(job["lr"]),
-        "--weight_decay", "0.0",
-        "--warmup_steps", "1",
-        "--lr_scheduler_type", "cosine",
-        "--save_strategy", "no",
-        "--logging_steps", "1",
-        "--report_to", "none",
-        "--seed", "0",
-    ]  # fmt: skip
+    flags = {
+        "--model_name_or_path": str(target),
+        "--data_path": str(work / "train.json"),
+        "--output_dir": str(work / "medusa"),
+        "--medusa_num_heads": "3",
+        "--medusa_num_layers": "1",
+        "--model_max_length": str(job["max_length"]),
+        "--lazy_preprocess": "True",
+        "--per_device_train_batch_size": "2",
+        "--max_steps": str(job.get("steps")),
+        "--learning_rate": str(job["lr"]),
+        "--weight_decay": "0.0",
+        "--warmup_steps": "1",
+        "--lr_scheduler_type": "cosine",
+        "--save_strategy": "no",
+        "--logging_steps": "1",
+        "--report_to": "none",
+        "--seed": "0",
+        **job.get("args", {}),
+    }
+    argv = [x for k, v in flags.items() if v is not None for x in (k, v)]
     saved = sys.argv
     sys.argv = ["train.py", *argv]
     try:
@@ -218,9 +237,49 @@ def train_medusa(job: dict) -> dict:
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text())
     shim_cuda()
+    start = time.perf_counter()
     result = {"eagle": train_eagle, "medusa": train_medusa}[job["kind"]](job)
+    result["wall_s"] = time.perf_counter() - start
+    result["maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     torch.save(result, job["out"])
     return 0
+
+
+# -- started from the tests and scripts/bench_trainers.py (the project's environment) ---------------
+
+
+def eagle_draft_config(target: Path, out: Path) -> Path:
+    """main.py's --configpath: the target's config with one layer, as the EAGLE repo's configs are."""
+    config = json.loads((target / "config.json").read_text())
+    config.update(num_hidden_layers=1, architectures=["LlamaForCausalLM"])
+    out.write_text(json.dumps(config))
+    return out
+
+
+def start_trainer(env: Path, job: dict, work: Path) -> subprocess.Popen:
+    """This file on `job`, in the consumer env `env`, started in the background (the two trainers run side
+    by side: most of each run is importing torch, transformers and fastchat)."""
+    (work / "job.json").write_text(json.dumps(job))
+    environ = {
+        **os.environ,
+        "PYTHONPATH": str(env),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "disabled",
+        "HF_DATASETS_CACHE": str(work / "hf-datasets"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    cmd = [sys.executable, str(Path(__file__).resolve()), str(work / "job.json")]
+    with open(work / "trainer.log", "w") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environ, cwd=work)
+
+
+def finish_trainer(returncode: int, job: dict, work: Path) -> dict:
+    """The trainer's out file, or its log's tail in the error when it failed."""
+    if returncode != 0:
+        log = (work / "trainer.log").read_text()
+        raise AssertionError(f"{job['kind']}'s trainer run failed:\n{log[-6000:]}")
+    return torch.load(job["out"], weights_only=False)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,580 @@
+"""Side by side with the peers' own trainers on the tiny target (issue 21): tau for the same budget.
+
+    nice -n 10 env OMP_NUM_THREADS=1 python scripts/bench_trainers.py --out runs/bench-trainers
+
+For EAGLE (ours: `specheads train recipes/tiny/eagle.yaml` vs eagle-llm 1.2.1's ge_data + main.py) and
+Medusa (ours: recipes/tiny/medusa.yaml vs medusa-llm 0.1's train.py), on the embedded tiny target:
+
+data     N one-turn conversations: a prompt of P tokens from a window of the tiny target's TRAINING files
+         (stdlib_rows(heldout=False); never the held-out files the evaluation reads) and, as the answer,
+         the target's own greedy continuation of it (A new tokens). The peers read them in ShareGPT's
+         format (their Vicuna template around them); ours reads the same rows as {"messages": [...]}
+         (the target's own chat template, loss on the assistant turns, as theirs).
+budget   the peer's: eagle-llm's main.py runs 21 epochs (hard-coded) over the 95% of its files it keeps for
+         training, at --bs 4 (its default): ours gets batch 4 and the same optimizer steps (21 x
+         ceil(n_train / 4)). Its saved states at smaller epoch counts (--eagle-epochs) are the smaller budgets of the learning
+         curve; ours trains afresh at each budget. Medusa: train.py with its README's settings (batch 8,
+         gradient accumulation 4, lr 1e-3, warmup ratio 0.1, cosine, 3 heads of 1 layer) for E epochs;
+         ours with batch 8, 3 heads, and the same optimizer steps and rows a step (medusa_budget).
+decode   each checkpoint through `specheads import-heads` (the peers') and `specheads eval` on the tiny
+         target's held-out prompts (--prompts heldout), the same tree for both; tau and the greedy
+         identity to generate() (results.json's N/N) come from eval.
+measured training wall time (the whole trainer process: imports, data features, training, save; for
+         eagle-llm also its two stages apart), the process's peak RSS (os.wait4's rusage for ours,
+         getrusage in trainer_run.py for the peers) and target tokens seen / wall second.
+
+What the peers cannot do here (recorded in the JSON and the table): CUDA, bf16/tf32 (fp32 on the CPU),
+wandb, several GPUs (one process: Medusa's README runs 4 GPUs x 8 x accumulation 4), a 2048-token
+context (the tiny target is trained at 256: model_max_length 256), and the shims of
+tests/consumers/trainer_run.py. Their tokenizer view of the target (`peer_target`): the same weights and
+ids, with Llama's conventions their Vicuna masking counts on (BOS added, `</s>` the EOS token, an unk
+token for medusa's pad). The EAGLE-3 vs Model Optimizer row is a TODO slot (tests/consumers/modelopt_*).
+
+Writes REPORT/bench_trainers.json, REPORT/bench_trainers.md (the table) and REPORT/learning_curve.png
+(--report, default docs/bench_trainers/); the checkpoints and logs stay in --out (runs/bench-trainers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONSUMERS = ROOT / "tests" / "consumers"
+
+EAGLE_EPOCHS = 21  # main.py: `for epoch in range(num_epochs + 1)` with num_epochs 20
+EAGLE_SAVED = tuple(e for e in range(EAGLE_EPOCHS) if (e + 1) % 5)  # main.py saves state_e for these
+EAGLE_TRAIN_FRACTION = 0.95  # main.py: datapath[:int(len(datapath) * 0.95)]
+EAGLE_BS = 4  # main.py's --bs default
+EAGLE_LR = 3e-5  # main.py's --lr default (linear warm-up over 2000 steps, hard-coded)
+MEDUSA_README = {  # medusa-llm 0.1's README training command, less what cannot run here
+    "--per_device_train_batch_size": "8",
+    "--gradient_accumulation_steps": "4",
+    "--learning_rate": "1e-3",
+    "--weight_decay": "0.0",
+    "--warmup_steps": "0.1",  # README: --warmup_ratio 0.1; transformers 5 takes the ratio here
+    "--lr_scheduler_type": "cosine",
+    "--medusa_num_heads": "3",
+    "--medusa_num_layers": "1",
+    "--lazy_preprocess": "True",
+    "--save_strategy": "no",
+    "--logging_steps": "1",
+}
+PEER_CHANGES = {
+    "eagle-llm": [
+        "CPU fp32 (accelerate's bf16 autocast kept as main.py sets it; no CUDA)",
+        "the trainer_run.py shims (CUDA calls, EConfig rope_scaling, an index file, DataLoader workers "
+        "in-process, hard-coded paths, wandb disabled)",
+    ],
+    "medusa-llm": [
+        "CPU fp32: no --bf16/--tf32",
+        "1 process, not 4 GPUs (batch 8 x accumulation 4 per step, as one of its GPUs)",
+        "model_max_length 256 (the tiny target's context), not 2048",
+        "--num_train_epochs E for the budget (README: 1), --report_to none",
+        "--warmup_steps 0.1 for --warmup_ratio 0.1 (transformers 5 dropped the name)",
+        "the trainer_run.py shims (transformers 5 API, the heads' save, the tokenizer path)",
+    ],
+}
+OUR_CHANGES = {
+    "eagle": [
+        "data, max_steps, batch_size for the budget",
+        "loss_on=assistant (chat rows; the recipe's text rows use all)",
+    ],
+    "medusa": [
+        "data, max_steps, batch_size, grad_accum for the budget",
+        "num_heads=3 (the peer's; the recipe has 4) so both decode with the same tree",
+        "loss_on=assistant (chat rows)",
+    ],
+}
+
+
+# -- budgets (pure) -----------------------------------------------------------------------------------
+
+
+def eagle_budget(rows: int, epochs: int, bs: int = EAGLE_BS) -> dict:
+    """eagle-llm's main.py over `rows` data files for `epochs` epochs, and ours matched to it: the same
+    batch and optimizer steps (main.py's last batch of an epoch may be short: ours sees the same rows)."""
+    n_train = int(rows * EAGLE_TRAIN_FRACTION)
+    steps = epochs * math.ceil(n_train / bs)
+    return {"peer_rows": n_train, "epochs": epochs, "batch": bs, "grad_accum": 1, "steps": steps,
+            "rows_seen": epochs * n_train}  # fmt: skip
+
+
+def medusa_budget(rows: int, epochs: int, batch: int = 8, grad_accum: int = 4) -> dict:
+    """medusa-llm's train.py (HF Trainer) for `epochs` epochs over `rows`, and ours at its optimizer steps.
+    The Trainer steps at each epoch's end with what it accumulated: with fewer micro-batches an epoch than
+    `grad_accum`, a step holds one epoch's rows, and ours accumulates that many micro-batches."""
+    micro = math.ceil(rows / batch)
+    steps = epochs * math.ceil(micro / grad_accum)
+    return {"peer_rows": rows, "epochs": epochs, "batch": batch, "grad_accum": min(grad_accum, micro),
+            "steps": steps, "rows_seen": epochs * rows}  # fmt: skip
+
+
+def tokens_seen(budget: dict, mean_row_tokens: float) -> int:
+    return round(budget["rows_seen"] * mean_row_tokens)
+
+
+# -- the table (pure) ---------------------------------------------------------------------------------
+
+
+def fmt(x, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def render_table(rows: list[dict]) -> str:
+    """Markdown: one line per (method, trainer, budget); each trainer's changes from its defaults as a
+    numbered note under the table; a verdict line per method at the largest budget."""
+    head = (
+        "| method | trainer | epochs | steps x rows/step | target tokens seen | tau | greedy = generate() "
+        "| train wall s | peak RSS MiB | train tokens/s | changes |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    notes: list[tuple] = []
+    lines = []
+    for r in rows:
+        b, changes = r["budget"], tuple(r.get("changes", []))
+        if changes and changes not in notes:
+            notes.append(changes)
+        note = f"[{notes.index(changes) + 1}]" if changes else "-"
+        lines.append(
+            f"| {r['method']} | {r['trainer']} | {b['epochs']} | {b['steps']} x {b['batch'] * b['grad_accum']} "
+            f"| {r['tokens_seen']} | {fmt(r.get('tau'))} | {r.get('identical', '-')} "
+            f"| {fmt(r.get('wall_s'), '.1f')} | {fmt(r.get('peak_rss_mib'), '.0f')} "
+            f"| {fmt(r.get('tokens_per_s'), '.0f')} | {note} |"
+        )
+    text = head + "\n".join(lines) + "\n"
+    text += "".join(f"\n[{i}] {'; '.join(n)}.\n" for i, n in enumerate(notes, 1))
+    return text + "".join(verdicts(rows)) + "\n"
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """At each method's largest budget: ours against each peer, in plain words."""
+    out = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method and r["trainer"] == "specheads"]
+        if not mine:
+            continue
+        top = max(r["budget"]["epochs"] for r in mine)
+        ours = next(r for r in mine if r["budget"]["epochs"] == top)
+        for peer in rows:
+            if peer["method"] != method or peer["trainer"] == "specheads" or peer["budget"]["epochs"] != top:
+                continue
+            if ours.get("tau") is None or peer.get("tau") is None:
+                continue
+            word = (
+                "wins" if ours["tau"] > peer["tau"] else ("ties" if ours["tau"] == peer["tau"] else "LOSES")
+            )
+            out.append(
+                f"\n{method}, {top} epochs: ours {word} against {peer['trainer']}: tau {ours['tau']:.2f} vs "
+                f"{peer['tau']:.2f} ({(ours['tau'] / peer['tau'] - 1) * 100:+.1f}%)."
+            )
+    return out
+
+
+# -- the data -----------------------------------------------------------------------------------------
+
+
+def make_conversations(target_dir: Path, n: int, prompt_tokens: int, answer_tokens: int, seed: int) -> list:
+    """[(prompt text, answer text)]: windows of the training files, the target's greedy continuation."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specheads.train.data.sources import stdlib_rows
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    texts = stdlib_rows(heldout=False)["text"]
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        text = texts[rng.randrange(len(texts))]
+        lines = text.splitlines(keepends=True)
+        if len(lines) < 8:
+            continue
+        start = rng.randrange(len(lines) - 4)
+        ids = tok("".join(lines[start : start + 40]), add_special_tokens=False).input_ids[:prompt_tokens]
+        if len(ids) < prompt_tokens:
+            continue
+        prompt = tok.decode(ids)
+        ids = tok(prompt, add_special_tokens=False).input_ids
+        with torch.no_grad():
+            gen = model.generate(
+                torch.tensor([[tok.bos_token_id, *ids]]), max_new_tokens=answer_tokens, do_sample=False
+            )[0, len(ids) + 1 :].tolist()
+        if tok.eos_token_id in gen:
+            gen = gen[: gen.index(tok.eos_token_id)]
+        answer = tok.decode(gen, skip_special_tokens=True)
+        if answer.strip():
+            out.append((prompt, answer))
+    return out
+
+
+def sharegpt_rows(conversations: list) -> list[dict]:
+    return [
+        {"id": f"tiny_{i}", "conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": a}]}
+        for i, (p, a) in enumerate(conversations)
+    ]
+
+
+def message_rows(conversations: list) -> list[dict]:
+    return [
+        {"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": a}]}
+        for p, a in conversations
+    ]
+
+
+def peer_target(source: Path, out: Path, max_length: int) -> Path:
+    """The tiny target as the peers' Vicuna code reads it: the same weights and token ids; the tokenizer
+    adds its BOS in front, its EOS is spelt `</s>` (the Vicuna template ends each answer with that
+    text), and `<|pad|>` is also its unk token (medusa pads with the unk token). Plus an index file."""
+    from safetensors import safe_open
+
+    out.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        shutil.copy(source / name, out / name)
+    tj = json.loads((source / "tokenizer.json").read_text())
+    cfg = json.loads((source / "tokenizer_config.json").read_text())
+    eos, bos = cfg["eos_token"], cfg["bos_token"]
+    for t in tj["added_tokens"]:
+        if t["content"] == eos:
+            t["content"] = "</s>"
+    vocab = tj["model"]["vocab"]
+    if eos in vocab:
+        vocab["</s>"] = vocab.pop(eos)
+    bos_id = next(t["id"] for t in tj["added_tokens"] if t["content"] == bos)
+    tj["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
+    }  # fmt: skip
+    (out / "tokenizer.json").write_text(json.dumps(tj))
+    cfg.update(eos_token="</s>", unk_token=cfg["pad_token"], model_max_length=max_length)
+    cfg["extra_special_tokens"] = [t for t in cfg.get("extra_special_tokens", []) if t != eos]
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = sorted(f.keys())
+    index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in names}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    return out
+
+
+def mean_tokens(tokenizer, texts: list[str]) -> float:
+    return sum(len(tokenizer(t).input_ids) for t in texts) / len(texts)
+
+
+# -- runs ---------------------------------------------------------------------------------------------
+
+
+def specheads_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "specheads", *args]
+
+
+def run_measured(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float, float]:
+    """(wall s, peak RSS MiB) of one child process (os.wait4: its own rusage, not all children's)."""
+    start = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{log.read_text()[-4000:]}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def train_ours(method: str, data: Path, budget: dict, out: Path, extra: dict) -> dict:
+    overrides = {
+        "data": f"[{data}]",
+        "max_steps": budget["steps"],
+        "batch_size": budget["batch"],
+        "grad_accum": budget["grad_accum"],
+        "eval_every": budget["steps"],
+        "loss_on": "assistant",
+        "report_to": "none",
+        "output_dir": str(out),
+        **extra,
+    }
+    recipe = ROOT / "recipes" / "tiny" / f"{method}.yaml"
+    args = ["train", str(recipe), *(f"{k}={v}" for k, v in overrides.items()), "--no-progress", "--overwrite"]
+    wall, rss = run_measured(specheads_cmd(*args), out.parent / f"{out.name}.log")
+    return {
+        "wall_s": wall,
+        "peak_rss_mib": rss,
+        "heads": str(out),
+        "overrides": {k: str(v) for k, v in overrides.items()},
+    }
+
+
+def import_heads(fmt: str, checkpoint: Path, target: Path, out: Path) -> Path:
+    args = ["import-heads", "--format", fmt, "--checkpoint", str(checkpoint), "--target", str(target)]
+    run_measured(specheads_cmd(*args, "--out", str(out)), out.parent / f"{out.name}.log")
+    return out
+
+
+def evaluate(heads: Path, tree: str, out: Path, prompts: int, new_tokens: int) -> dict:
+    args = ["eval", "--target", "tiny", "--heads", str(heads), "--prompts", "heldout", "--tree", tree]
+    args += ["--num-prompts", str(prompts), "--max-new-tokens", str(new_tokens), "--out", str(out)]
+    run_measured(specheads_cmd(*args, "--no-progress", "--overwrite"), out.parent / f"{out.name}.log")
+    return json.loads((out / "results.json").read_text())
+
+
+VICUNA_SYSTEM = (  # fastchat's "vicuna_v1.1" template, which both peers apply
+    "A chat between a curious user and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the user's questions."
+)
+
+
+def vicuna_text(prompt: str, answer: str) -> str:
+    return f"{VICUNA_SYSTEM} USER: {prompt} ASSISTANT: {answer}</s>"
+
+
+def row_result(
+    method, trainer, budget, mean_row_tokens, ev, wall=None, rss=None, changes=(), **extra
+) -> dict:
+    seen = tokens_seen(budget, mean_row_tokens)
+    return {
+        "method": method,
+        "trainer": trainer,
+        "budget": budget,
+        "tokens_seen": seen,
+        "tau": ev["mean_accept_length"],
+        "identical": ev["identical_to_baseline"],
+        "accept_rate_per_depth": ev.get("accept_rate_per_depth"),
+        "wall_s": wall,
+        "peak_rss_mib": rss,
+        "tokens_per_s": None if wall is None else seen / wall,
+        "changes": list(changes),
+        **extra,
+    }
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 4), squeeze=False)
+    for ax, method in zip(axes[0], methods):
+        for trainer in dict.fromkeys(r["trainer"] for r in rows if r["method"] == method):
+            pts = sorted(
+                (r["tokens_seen"], r["tau"])
+                for r in rows
+                if r["method"] == method and r["trainer"] == trainer
+            )
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=trainer)
+        ax.set_title(f"{method} on the tiny target")
+        ax.set_xlabel("target tokens seen in training")
+        ax.set_ylabel("tau (our decoder, held-out prompts)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run_eagle(args, ctx: dict) -> list[dict]:
+    import torch
+    from trainer_run import eagle_draft_config, finish_trainer, start_trainer
+
+    out, n, rows = args.out, len(ctx["conversations"]), []
+    epochs = [int(e) for e in args.eagle_epochs.split(",")]
+    for lr in [float(x) for x in args.eagle_lrs.split(",")]:
+        work = out / f"eagle-llm-lr{lr:g}"
+        work.mkdir()
+        (work / "ShareGPT_V4.3_unfiltered_cleaned_split.json").write_text(json.dumps(ctx["sharegpt"]))
+        (work / "vicunav13").mkdir()
+        (work / "vicunav13" / "13B").symlink_to(ctx["peer_target"])
+        eagle_draft_config(ctx["peer_target"], work / "config.json")
+        torch.save({"features": torch.zeros(1, 4, ctx["hidden"]), "input_ids": torch.zeros(1, 4, dtype=torch.long)},
+                   work / "inputs.pt")  # fmt: skip
+        job = {"kind": "eagle", "work": str(work), "target": str(ctx["peer_target"]), "lr": lr, "bs": EAGLE_BS,
+               "inputs": str(work / "inputs.pt"), "out": str(work / "out.pt")}  # fmt: skip
+        print(f"eagle-llm lr {lr:g}: training", flush=True)
+        proc = start_trainer(ctx["env"], job, work)
+        got = finish_trainer(proc.wait(), job, work)
+        changes = list(PEER_CHANGES["eagle-llm"])
+        if lr != EAGLE_LR:
+            changes.insert(0, f"--lr {lr:g} (its default {EAGLE_LR:g}: with its 2000-step warm-up it reaches "
+                              "a fraction of that in this budget)")  # fmt: skip
+        for e in epochs:
+            release = work / f"release-e{e}"
+            release.mkdir()
+            shutil.copy(work / "ckpt" / f"state_{e - 1}" / "model.safetensors", release / "model.safetensors")
+            shutil.copy(work / "config.json", release / "config.json")
+            native = import_heads("eagle", release, ctx["target"], work / f"native-e{e}")
+            ev = evaluate(
+                native, args.eagle_tree, work / f"eval-e{e}", args.eval_prompts, args.eval_new_tokens
+            )
+            full = e == EAGLE_EPOCHS
+            rows.append(row_result(
+                "EAGLE", f"eagle-llm 1.2.1 (lr {lr:g})", eagle_budget(n, e), ctx["vicuna_tokens"], ev,
+                wall=got["wall_s"] if full else None, rss=got["maxrss_kb"] / 1024 if full else None,
+                changes=changes, stages_s={"ge_data": got["ge_data_s"], "main": got["main_s"]} if full else None,
+            ))  # fmt: skip
+            print(f"  {e} epochs: tau {rows[-1]['tau']:.3f} {rows[-1]['identical']}", flush=True)
+    for e in epochs:
+        budget = eagle_budget(n, e)
+        print(f"ours eagle {e} epochs ({budget['steps']} steps x {budget['batch']})", flush=True)
+        got = train_ours(
+            "eagle",
+            ctx["rows_path"],
+            budget,
+            out / f"ours-eagle-e{e}",
+            {"eval_batches": args.our_eval_batches},
+        )
+        ev = evaluate(Path(got["heads"]), args.eagle_tree, out / f"eval-ours-eagle-e{e}", args.eval_prompts,
+                      args.eval_new_tokens)  # fmt: skip
+        rows.append(row_result("EAGLE", "specheads", budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
+                               OUR_CHANGES["eagle"], overrides=got["overrides"]))  # fmt: skip
+        print(f"  tau {rows[-1]['tau']:.3f} {rows[-1]['identical']}", flush=True)
+    return rows
+
+
+def run_medusa(args, ctx: dict) -> list[dict]:
+    import torch
+    from trainer_run import finish_trainer, start_trainer
+
+    out, n, rows = args.out, len(ctx["conversations"]), []
+    for e in [int(x) for x in args.medusa_epochs.split(",")]:
+        budget = medusa_budget(n, e)
+        work = out / f"medusa-llm-e{e}"
+        work.mkdir()
+        (work / "train.json").write_text(json.dumps(ctx["sharegpt"]))
+        torch.save({"hidden": torch.zeros(1, 4, ctx["hidden"])}, work / "inputs.pt")
+        flags = {**MEDUSA_README, "--num_train_epochs": str(e), "--max_steps": None, "--report_to": "none"}
+        job = {"kind": "medusa", "work": str(work), "target": str(ctx["peer_target"]), "lr": 1e-3,
+               "max_length": args.max_length, "args": flags, "inputs": str(work / "inputs.pt"),
+               "out": str(work / "out.pt")}  # fmt: skip
+        print(f"medusa-llm {e} epochs", flush=True)
+        proc = start_trainer(ctx["env"], job, work)
+        got = finish_trainer(proc.wait(), job, work)
+        native = import_heads("medusa", Path(got["checkpoint"]), ctx["target"], work / "native")
+        ev = evaluate(native, args.medusa_tree, work / "eval", args.eval_prompts, args.eval_new_tokens)
+        rows.append(row_result("Medusa", "medusa-llm 0.1", budget, ctx["vicuna_tokens"], ev, got["wall_s"],
+                               got["maxrss_kb"] / 1024, PEER_CHANGES["medusa-llm"]))  # fmt: skip
+        print(f"  tau {rows[-1]['tau']:.3f} {rows[-1]['identical']}", flush=True)
+        print(
+            f"ours medusa {e} epochs ({budget['steps']} steps x {budget['batch']} x {budget['grad_accum']})",
+            flush=True,
+        )
+        extra = {"num_heads": 3, "eval_batches": args.our_eval_batches}
+        got = train_ours("medusa", ctx["rows_path"], budget, out / f"ours-medusa-e{e}", extra)
+        ev = evaluate(Path(got["heads"]), args.medusa_tree, out / f"eval-ours-medusa-e{e}", args.eval_prompts,
+                      args.eval_new_tokens)  # fmt: skip
+        rows.append(row_result("Medusa", "specheads", budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
+                               OUR_CHANGES["medusa"], overrides=got["overrides"]))  # fmt: skip
+        print(f"  tau {rows[-1]['tau']:.3f} {rows[-1]['identical']}", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-trainers", help="work directory")
+    p.add_argument("--report", type=Path, default=ROOT / "docs" / "bench_trainers", help="JSON, table, PNG")
+    p.add_argument("--rows", type=int, default=16, help="conversations (N)")
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--answer-tokens", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--eagle-epochs", default="11,21", help="learning-curve budgets (states main.py saves)")
+    p.add_argument("--medusa-epochs", default="3,6")
+    p.add_argument(
+        "--eagle-lrs", default=f"{EAGLE_LR:g},1e-3", help="eagle-llm --lr values (its default first)"
+    )
+    p.add_argument("--eagle-tree", default="dynamic")
+    p.add_argument("--medusa-tree", default="medusa-31")
+    p.add_argument("--eval-prompts", type=int, default=6)
+    p.add_argument("--eval-new-tokens", type=int, default=48)
+    p.add_argument("--our-eval-batches", type=int, default=2, help="our trainer's end-of-run held-out loss")
+    p.add_argument("--methods", default="eagle,medusa")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true")
+    args = p.parse_args(argv)
+
+    sys.path.insert(0, str(CONSUMERS))
+    from transformers import AutoTokenizer
+
+    from specheads.train.builders.tiny_target import ensure_tiny_target
+
+    import consumer_env
+
+    if args.out.exists():
+        if not args.overwrite:
+            raise SystemExit(f"{args.out} exists: --overwrite to replace it")
+        shutil.rmtree(args.out)
+    args.out.mkdir(parents=True)
+    started, load_start = time.time(), load_average()
+    env = consumer_env.env_dir()
+    if not (env / "PINS").is_file():
+        consumer_env.build(env)
+    target, _, _ = ensure_tiny_target(progress=False)
+    print(f"data: {args.rows} conversations from the training files", flush=True)
+    conversations = make_conversations(target, args.rows, args.prompt_tokens, args.answer_tokens, args.seed)
+    data = args.out / "data"
+    data.mkdir()
+    rows_path = data / "rows.jsonl"
+    rows_path.write_text("".join(json.dumps(r) + "\n" for r in message_rows(conversations)))
+    (data / "sharegpt.json").write_text(json.dumps(sharegpt_rows(conversations), indent=1))
+    peer_dir = peer_target(target, args.out / "peer-target", args.max_length)
+    ours_tok, peer_tok = AutoTokenizer.from_pretrained(target), AutoTokenizer.from_pretrained(peer_dir)
+    chats = [ours_tok.apply_chat_template(r["messages"], tokenize=False) for r in message_rows(conversations)]
+    ctx = {
+        "env": env,
+        "target": target,
+        "peer_target": peer_dir,
+        "conversations": conversations,
+        "sharegpt": sharegpt_rows(conversations),
+        "rows_path": rows_path,
+        "hidden": json.loads((target / "config.json").read_text())["hidden_size"],
+        "chat_tokens": sum(len(ours_tok(c, add_special_tokens=False).input_ids) for c in chats) / len(chats),
+        "vicuna_tokens": mean_tokens(peer_tok, [vicuna_text(p_, a) for p_, a in conversations]),
+    }
+    results = []
+    methods = args.methods.split(",")
+    if "eagle" in methods:
+        results += run_eagle(args, ctx)
+    if "medusa" in methods:
+        results += run_medusa(args, ctx)
+    report = {
+        "command": " ".join(sys.argv),
+        "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+                    "python": platform.python_version(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
+        "load_average": {"start": load_start, "end": load_average()},
+        "runs": 1,
+        "total_wall_s": round(time.time() - started, 1),
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "data": {"conversations": len(conversations), "prompt_tokens": args.prompt_tokens,
+                 "answer_tokens": args.answer_tokens, "mean_row_tokens_ours": ctx["chat_tokens"],
+                 "mean_row_tokens_peers": ctx["vicuna_tokens"]},
+        "peer_changes": PEER_CHANGES,
+        "our_changes": OUR_CHANGES,
+        "todo": ["EAGLE-3: ours vs NVIDIA Model Optimizer (tests/consumers/modelopt_*), not run here yet"],
+        "rows": results,
+    }  # fmt: skip
+    args.report.mkdir(parents=True, exist_ok=True)
+    (args.report / "bench_trainers.json").write_text(json.dumps(report, indent=1, default=str))
+    (args.report / "bench_trainers.md").write_text(render_table(results))
+    plot(results, args.report / "learning_curve.png")
+    print(render_table(results))
+    print(f"wrote {args.report}/bench_trainers.json, bench_trainers.md, learning_curve.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""scripts/bench_trainers.py's pure parts: the budgets matched to the peers', and the table (no training here:
+tests/consumers/test_consumer_trainers.py runs the peers' trainers)."""
+
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_trainers.py"
+spec = importlib.util.spec_from_file_location("bench_trainers", SCRIPT)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_eagle_budget_follows_main_py_split_epochs_and_batch():
+    """main.py trains on int(0.95 N) files at --bs 4; ours takes the same optimizer steps and batch."""
+    b = bench.eagle_budget(40, 21)
+    assert (b["peer_rows"], b["batch"], b["grad_accum"]) == (38, 4, 1)
+    assert b["steps"] == 21 * 10  # ceil(38 / 4) batches an epoch, the last one short
+    assert b["rows_seen"] == 21 * 38
+    assert bench.eagle_budget(40, 6)["steps"] == 60
+    assert bench.eagle_budget(20, 21)["peer_rows"] == 19
+
+
+def test_eagle_budgets_are_states_main_py_saves():
+    """main.py saves state_e only when (e + 1) % 5 != 0: the curve's budgets must be among them."""
+    assert bench.EAGLE_EPOCHS - 1 in bench.EAGLE_SAVED
+    assert all(e - 1 in bench.EAGLE_SAVED for e in (6, 11, 21))
+    assert 4 not in bench.EAGLE_SAVED and 19 not in bench.EAGLE_SAVED
+
+
+def test_medusa_budget_counts_optimizer_steps_of_batch_times_accumulation():
+    b = bench.medusa_budget(40, 21)
+    assert (b["batch"], b["grad_accum"]) == (8, 4)
+    assert b["steps"] == 21 * 2  # ceil(40 / 32)
+    assert b["rows_seen"] == 21 * 40
+    assert bench.medusa_budget(64, 3)["steps"] == 6
+    # fewer micro-batches an epoch than the accumulation: the Trainer steps at the epoch's end
+    small = bench.medusa_budget(16, 4)
+    assert (small["steps"], small["grad_accum"], small["rows_seen"]) == (4, 2, 64)
+    assert bench.medusa_budget(40, 1)["steps"] == 2  # 5 micro-batches: one step of 4, one of 1
+    assert bench.tokens_seen(b, 100.5) == round(21 * 40 * 100.5)
+
+
+def row(method, trainer, epochs, tau, **kw):
+    budget = bench.medusa_budget(40, epochs)
+    return {"method": method, "trainer": trainer, "budget": budget, "tokens_seen": 1000 * epochs, "tau": tau,
+            "identical": "8/8", **kw}  # fmt: skip
+
+
+def test_table_has_a_line_per_run_and_says_plainly_when_ours_loses():
+    rows = [
+        row(
+            "Medusa",
+            "medusa-llm 0.1",
+            6,
+            1.5,
+            wall_s=30.0,
+            peak_rss_mib=900.0,
+            tokens_per_s=200.0,
+            changes=["fp32"],
+        ),  # fmt: skip
+        row("Medusa", "specheads", 6, 1.4),
+        row("Medusa", "medusa-llm 0.1", 21, 1.9),
+        row("Medusa", "specheads", 21, 1.7),
+        row("EAGLE", "eagle-llm 1.2.1", 21, 2.0),
+        row("EAGLE", "specheads", 21, 2.5),
+    ]
+    table = bench.render_table(rows)
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    assert len(lines) == 1 + len(rows)  # the header and one line a run
+    assert "| Medusa | medusa-llm 0.1 | 6 | 12 x 32 | 6000 | 1.50 | 8/8 | 30.0 | 900 | 200 | [1] |" in table
+    assert "\n[1] fp32.\n" in table  # each trainer's changes from its defaults, once, under the table
+    assert "| Medusa | specheads | 6 | 12 x 32 | 6000 | 1.40 | 8/8 | - | - | - | - |" in table
+    # the verdict at each method's largest budget only
+    assert "Medusa, 21 epochs: ours LOSES against medusa-llm 0.1: tau 1.70 vs 1.90 (-10.5%)." in table
+    assert "EAGLE, 21 epochs: ours wins against eagle-llm 1.2.1: tau 2.50 vs 2.00 (+25.0%)." in table
+    assert "6 epochs: ours" not in table
+
+
+def test_vicuna_text_is_fastchats_one_turn_prompt():
+    text = bench.vicuna_text("def f():", "    return 1")
+    assert text == bench.VICUNA_SYSTEM + " USER: def f(): ASSISTANT:     return 1</s>"
+
+
+def test_plot_writes_a_png(tmp_path):
+    rows = [
+        row("Medusa", "specheads", 6, 1.4),
+        row("Medusa", "specheads", 21, 1.7),
+        row("EAGLE", "x", 6, 2.0),
+    ]
+    bench.plot(rows, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
