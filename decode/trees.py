@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -92,6 +92,7 @@ class DraftTree:
             setattr(tree, name, value)
         tree.__dict__["ancestors"] = shape.ancestors.expand(b, -1, -1)  # the cached properties
         tree.__dict__["depths"] = shape.depths.expand(b, -1)
+        tree.__dict__["static_shape"] = shape  # its masks, cached (batched_inputs.tree_block_mask)
         return tree
 
     @property
@@ -131,6 +132,7 @@ class TreeShape:
     parents: torch.Tensor
     ancestors: torch.Tensor
     depths: torch.Tensor
+    masks: dict = field(default_factory=dict, compare=False)  # dtype -> (1, 1, N, N) additive mask
 
     @classmethod
     def of(cls, parents: Sequence[int], device: torch.device | str | None = None) -> TreeShape:
