@@ -35,6 +35,7 @@ STATIC_ROPE = ("default", "linear", "llama3")
 class DraftLayer:
     """The lean forward of one head decoder layer (module docstring)."""
 
+    @torch.no_grad()  # plain copies of the weights (no autograd history: a drafter can be deep-copied)
     def __init__(self, layer: nn.Module, rotary_emb: nn.Module):
         attn, mlp = layer.self_attn, layer.mlp
         projections = [attn.q_proj, attn.k_proj, attn.v_proj]
@@ -52,7 +53,7 @@ class DraftLayer:
         self.gqa = self.q_size != self.kv_size
         self.layer_idx = attn.layer_idx
         self.rotary_emb = rotary_emb
-        self._cos = self._sin = None
+        self._table = None  # (positions, 2, D) cos and sin
 
     @classmethod
     def of(cls, layer: nn.Module, rotary_emb: nn.Module) -> DraftLayer | None:
@@ -76,11 +77,12 @@ class DraftLayer:
     def rope_rows(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, 1, m, D) cos and sin at `positions` (B, m), read from a table grown on demand."""
         needed = int(positions.max()) + 1
-        if self._cos is None or self._cos.shape[0] < needed or self._cos.dtype != like.dtype:
-            size = max(needed, 2 * (0 if self._cos is None else self._cos.shape[0]), 256)
+        if self._table is None or self._table.shape[0] < needed or self._table.dtype != like.dtype:
+            size = max(needed, 2 * (0 if self._table is None else self._table.shape[0]), 256)
             cos, sin = self.rotary_emb(like, torch.arange(size, device=like.device)[None])
-            self._cos, self._sin = cos[0], sin[0]  # (size, D)
-        return self._cos[positions][:, None], self._sin[positions][:, None]
+            self._table = torch.stack([cos[0], sin[0]], dim=1)  # (size, 2, D)
+        cos, sin = self._table[positions][:, None].unbind(-2)  # (B, 1, m, D) each
+        return cos, sin
 
     def __call__(
         self,
@@ -101,12 +103,15 @@ class DraftLayer:
         qkv = attn_input @ self.qkv
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(b, m, -1, self.head_dim).transpose(1, 2)  # (B, H_q, m, D)
-        k = k.view(b, m, -1, self.head_dim).transpose(1, 2)  # (B, H_kv, m, D)
-        v = v.view(b, m, -1, self.head_dim).transpose(1, 2)
+        # (B, H_q + 2 H_kv, m, D): the query heads, then the key heads, then the value heads
+        heads = qkv.view(b, m, -1, self.head_dim).transpose(1, 2)
+        rotary, v = heads.split(
+            [(self.q_size + self.kv_size) // self.head_dim, self.kv_size // self.head_dim], 1
+        )
         cos, sin = self.rope_rows(position_ids, residual)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = _rotate(rotary, cos, sin).split(
+            [self.q_size // self.head_dim, self.kv_size // self.head_dim], 1
+        )
         k, v = cache.update(k, v, self.layer_idx)
         attended = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=self.gqa

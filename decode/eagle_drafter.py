@@ -100,6 +100,7 @@ class EagleDrafter:
         # (B, m, V) log-probabilities per level when sampling (for q)
         self._fed_out = self._fed_ancestors = None
         self._fed_logprobs: list[torch.Tensor] | None = None
+        self._real_mask: torch.Tensor | None = None  # additive, over the rows' real entries (_feed)
 
     @classmethod
     def from_drafter(cls, drafter: EagleDrafter) -> EagleDrafter:
@@ -123,6 +124,7 @@ class EagleDrafter:
         self._fed_out = root_hidden.new_zeros(b, 0, root_hidden.shape[-1])
         self._fed_ancestors = torch.zeros(b, 0, 0, dtype=torch.bool, device=device)
         self._fed_logprobs = None if rows.sampling is None else []
+        self._real_mask = None
         roots = rows.roots.to(device)
         root_logprobs = self._logprobs(root_hidden)  # (B, V) drafts depth 1
         try:
@@ -250,11 +252,11 @@ class EagleDrafter:
         outputs = torch.cat([root_hidden[:, None], self._fed_out], dim=1)  # (B, 1 + F, H)
         index = (parents + 1)[:, :, None].expand(b, m, outputs.shape[-1])
         parent_out = outputs.gather(1, index)  # (B, m, H); -1 -> the root's
-        allowed = torch.cat(
-            [layout.real_slots(self.cached).to(device)[:, None].expand(b, m, -1), ancestors], -1
-        )
+        if self._real_mask is None:  # the rows' real entries, the same for every level: (B, 1, 1, cached)
+            self._real_mask = self._additive(layout.real_slots(self.cached).to(device)[:, None])
+        mask = torch.cat([self._real_mask.expand(b, 1, m, -1), self._additive(ancestors)], dim=-1)
         positions = (layout.root_positions.to(device) + depth - 1)[:, None].expand(b, m)
-        out = self._head(parent_out, self._embed(tokens), positions, self._additive(allowed))
+        out = self._head(parent_out, self._embed(tokens), positions, mask)
         self._fed_out = torch.cat([self._fed_out, out], dim=1)
         logprobs = self._logprobs(out)
         if self._fed_logprobs is not None:
