@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specheads.decode.kv_cache import kv_pairs
+from specheads.decode.kv_cache import compact_cache, kv_pairs
 from specheads.decode.tree_inputs import TreeInputs, additive_mask
 from specheads.decode.trees import DraftTree
 
@@ -183,10 +183,23 @@ def batched_tree_inputs(
     own ancestors: mask (B, 1, N, past + N).
     """
     positions = layout.root_positions[:, None] + tree.depths  # (B, N)
-    allowed = block_attention(layout, past, tree.ancestors, positions, window)
-    return TreeInputs(
-        input_ids=tree.tokens, attention_mask=additive_mask(allowed, dtype), position_ids=positions
-    )
+    if window is not None:
+        mask = additive_mask(block_attention(layout, past, tree.ancestors, positions, window), dtype)
+    else:  # the same mask from its two parts: each row's real slots, the same for every node; the tree
+        b, n = tree.tokens.shape
+        past_part = additive_mask(layout.real_slots(past)[:, None], dtype).expand(b, 1, n, past)
+        mask = torch.cat([past_part, tree_block_mask(tree, dtype)], dim=-1)
+    return TreeInputs(input_ids=tree.tokens, attention_mask=mask, position_ids=positions)
+
+
+def tree_block_mask(tree: DraftTree, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, N, N) additive: each node sees its ancestors and itself; built once per static tree shape."""
+    shape = tree.__dict__.get("static_shape")  # set by DraftTree.on_shape
+    if shape is None:
+        return additive_mask(tree.ancestors, dtype)
+    if dtype not in shape.masks:
+        shape.masks[dtype] = additive_mask(shape.ancestors, dtype)
+    return shape.masks[dtype].expand(tree.tokens.shape[0], -1, -1, -1)
 
 
 # -- the cache --------------------------------------------------------------------------------------------
@@ -216,6 +229,9 @@ def compact_rows(cache, past: int, columns: torch.Tensor, counts: torch.Tensor, 
     to max_b (start_b + counts_b). Every gather happens before any write, so sources and destinations
     may overlap.
     """
+    if columns.shape[0] == 1 and int(start[0]) == past:  # one row right after its past: the plain copy
+        compact_cache(cache, past, columns[0, : int(counts[0])])
+        return past + int(counts[0])
     m = columns.shape[1]
     offsets = torch.arange(m, device=columns.device)
     destination = start[:, None] + offsets  # (B, M)

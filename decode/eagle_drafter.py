@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from specheads.decode.batched_inputs import Layout, compact_rows, select_cache_rows
+from specheads.decode.draft_layer import DraftLayer
 from specheads.decode.drafters import BatchDraftContext, SampledTree, check_children, sibling_index
 from specheads.decode.dynamic_tree import Candidates, candidates_to_tree, grow_rows, rerank
 from specheads.decode.sampling import draft_probs, draw_children
@@ -91,12 +92,15 @@ class EagleDrafter:
         self.embed_tokens, self.lm_head = target.embed_tokens, target.lm_head
         self.capture_layers = tuple(head.capture_layers)
         self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
+        # the head's layer in fewer kernels on the CPU (draft_layer.py); None keeps the head's own forward
+        self.draft_layer = DraftLayer.of(head.layer, head.rotary_emb)
         self.cache = None
         self.cached = 0  # slots of the head's cache that hold the rows' real entries (tree entries beyond)
         # while drafting: the tree nodes fed so far, (B, F, H) outputs and (B, F, F) ancestors, and their
         # (B, m, V) log-probabilities per level when sampling (for q)
         self._fed_out = self._fed_ancestors = None
         self._fed_logprobs: list[torch.Tensor] | None = None
+        self._real_mask: torch.Tensor | None = None  # additive, over the rows' real entries (_feed)
 
     @classmethod
     def from_drafter(cls, drafter: EagleDrafter) -> EagleDrafter:
@@ -120,6 +124,7 @@ class EagleDrafter:
         self._fed_out = root_hidden.new_zeros(b, 0, root_hidden.shape[-1])
         self._fed_ancestors = torch.zeros(b, 0, 0, dtype=torch.bool, device=device)
         self._fed_logprobs = None if rows.sampling is None else []
+        self._real_mask = None
         roots = rows.roots.to(device)
         root_logprobs = self._logprobs(root_hidden)  # (B, V) drafts depth 1
         try:
@@ -193,12 +198,21 @@ class EagleDrafter:
         allowed = torch.cat([before.real_slots(past)[:, None].expand(b, m, past), block], dim=-1)
         positions = (slots - pad[:, None]).clamp(min=0)
         tokens = context.next_tokens.to(weight.device)
-        out = self.head(hidden, self._embed(tokens), positions, self._additive(allowed), self.cache)
+        out = self._head(hidden, self._embed(tokens), positions, self._additive(allowed))
         self.cached = compact_rows(self.cache, past, columns.expand(b, m), length - start, start)
         last = (length - 1 - start)[:, None, None].expand(-1, 1, out.shape[-1])
         return out.gather(1, last)[:, 0]
 
     # -- tree nodes -----------------------------------------------------------------------------------
+
+    def _head(
+        self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The head over (B, m) entries appended to its cache: (B, m, H) outputs."""
+        if self.draft_layer is None:
+            return self.head(hidden, embeds, positions, mask, self.cache)
+        residual, attn_input = self.head.attention_inputs(hidden, embeds)
+        return self.draft_layer(residual, attn_input, positions, mask, self.cache)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(tokens.to(self.embed_tokens.weight.device)).to(self.head.fc.weight)
@@ -238,11 +252,11 @@ class EagleDrafter:
         outputs = torch.cat([root_hidden[:, None], self._fed_out], dim=1)  # (B, 1 + F, H)
         index = (parents + 1)[:, :, None].expand(b, m, outputs.shape[-1])
         parent_out = outputs.gather(1, index)  # (B, m, H); -1 -> the root's
-        allowed = torch.cat(
-            [layout.real_slots(self.cached).to(device)[:, None].expand(b, m, -1), ancestors], -1
-        )
+        if self._real_mask is None:  # the rows' real entries, the same for every level: (B, 1, 1, cached)
+            self._real_mask = self._additive(layout.real_slots(self.cached).to(device)[:, None])
+        mask = torch.cat([self._real_mask.expand(b, 1, m, -1), self._additive(ancestors)], dim=-1)
         positions = (layout.root_positions.to(device) + depth - 1)[:, None].expand(b, m)
-        out = self.head(parent_out, self._embed(tokens), positions, self._additive(allowed), self.cache)
+        out = self._head(parent_out, self._embed(tokens), positions, mask)
         self._fed_out = torch.cat([self._fed_out, out], dim=1)
         logprobs = self._logprobs(out)
         if self._fed_logprobs is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -80,6 +80,21 @@ class DraftTree:
                 f"{self.parents.tolist()}"
             )
 
+    @classmethod
+    def on_shape(cls, tokens: torch.Tensor, shape: TreeShape, **fields) -> DraftTree:
+        """B trees of one known shape: `tokens` (B, N) laid on `shape` (a checked StaticTree's), whose
+        ancestors and depths are computed once per tree rather than once per step; `fields` fill a
+        subclass's own (SampledTree's draft_probs, children)."""
+        b = tokens.shape[0]
+        tree = cls.__new__(cls)  # the shape was checked when it was built: no per-step validation
+        tree.tokens, tree.parents = tokens, shape.parents.expand(b, -1)
+        for name, value in fields.items():
+            setattr(tree, name, value)
+        tree.__dict__["ancestors"] = shape.ancestors.expand(b, -1, -1)  # the cached properties
+        tree.__dict__["depths"] = shape.depths.expand(b, -1)
+        tree.__dict__["static_shape"] = shape  # its masks, cached (batched_inputs.tree_block_mask)
+        return tree
+
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
@@ -107,6 +122,24 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
         ancestors |= reach.bool()
         reach = reach @ step  # one more level up
     return ancestors
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """One tree's parents (1, N), ancestors (1, N, N) and depths (1, N), on one device: what every step of
+    a static tree shares (`DraftTree.on_shape`)."""
+
+    parents: torch.Tensor
+    ancestors: torch.Tensor
+    depths: torch.Tensor
+    masks: dict = field(default_factory=dict, compare=False)  # dtype -> (1, 1, N, N) additive mask
+
+    @classmethod
+    def of(cls, parents: Sequence[int], device: torch.device | str | None = None) -> TreeShape:
+        tree = DraftTree(
+            tokens=torch.zeros(1, len(parents), dtype=torch.long), parents=torch.tensor([parents])
+        )
+        return cls(tree.parents.to(device), tree.ancestors.to(device), tree.depths.to(device))
 
 
 # -- static trees from tree choices -----------------------------------------------------------------
@@ -168,6 +201,14 @@ class StaticTree:
             depths=(0, *(len(p) for p in ordered)),
             ranks=(0, *(p[-1] for p in ordered)),
         )
+
+    def shape(self, device: torch.device | str | None = None) -> TreeShape:
+        """Its parents, ancestors and depths as tensors on `device`, built once per device."""
+        key = str(torch.device(device or "cpu"))
+        shapes = self.__dict__.setdefault("_shapes", {})  # a cache beside the frozen fields
+        if key not in shapes:
+            shapes[key] = TreeShape.of(self.parents, key)
+        return shapes[key]
 
     @property
     def num_nodes(self) -> int:

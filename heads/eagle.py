@@ -178,6 +178,19 @@ class EagleHead(nn.Module):
         )
 
     @property
+    def layer(self) -> nn.Module:
+        """The decoder layer (`forward` is it over `attention_inputs`)."""
+        return self.layers[0]
+
+    def attention_inputs(
+        self, features: torch.Tensor, input_embeds: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual, attention input) of the layer, both x = fc(cat(embed, f)) (B, T, H): its first norm
+        is the identity. A lean forward of the layer (decode/draft_layer.py) starts from these."""
+        x = self.fc(torch.cat([input_embeds, features], dim=-1))
+        return x, self.layers[0].input_layernorm(x)
+
+    @property
     def draft_vocab_size(self) -> int:
         """EAGLE-1/2 drafts over the target's whole vocabulary."""
         return self.config.vocab_size

@@ -194,6 +194,18 @@ class Eagle3Head(nn.Module):
         """Captured target layers (keyed by id) -> g = fc(cat(low, mid, high)) (B, T, H)."""
         return self.fc(torch.cat([features[i] for i in self.capture_layers], dim=-1))
 
+    @property
+    def layer(self) -> nn.Module:
+        """The decoder layer (`forward` wires its submodules over `attention_inputs`)."""
+        return self.midlayer
+
+    def attention_inputs(
+        self, hidden: torch.Tensor, input_embeds: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual h (B, T, H), attention input cat(input_norm(emb), hidden_norm(h)) (B, T, 2H))."""
+        layer = self.midlayer
+        return hidden, torch.cat([layer.input_layernorm(input_embeds), layer.hidden_norm(hidden)], dim=-1)
+
     def forward(
         self,
         hidden: torch.Tensor,
@@ -203,7 +215,7 @@ class Eagle3Head(nn.Module):
         cache=None,
     ) -> torch.Tensor:
         layer = self.midlayer
-        x = torch.cat([layer.input_layernorm(input_embeds), layer.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)
+        hidden, x = self.attention_inputs(hidden, input_embeds)  # x (B, T, 2H)
         attended, _ = layer.self_attn(
             hidden_states=x,
             attention_mask=attention_mask,

@@ -14,9 +14,10 @@ from specheads.decode import (
     tree_inputs,
 )
 from specheads.decode.batched import BatchedSpeculativeDecoder
-from specheads.decode.batched_inputs import Layout, batched_tree_inputs, compact_rows
+from specheads.decode.batched_inputs import Layout, batched_tree_inputs, block_attention, compact_rows
 from specheads.decode.kv_cache import compact_cache
 from specheads.decode.step import speculative_step
+from specheads.decode.tree_inputs import additive_mask
 from specheads.decode.trees import DraftTree
 from specheads.evaluate.calibrate import record_dynamic_steps
 from specheads.evaluate.step_timing import MeasuredTimer
@@ -42,6 +43,23 @@ def test_the_contiguous_layout_gives_the_batch_one_tree_inputs(window):
     assert torch.equal(one.attention_mask, rows.attention_mask)
     assert torch.equal(one.position_ids, rows.position_ids)
     assert torch.equal(one.input_ids, rows.input_ids)
+
+
+def test_a_static_trees_inputs_are_those_of_the_same_tree_built_from_parents():
+    """The mask built from its parts, the tree block cached per static shape (DraftTree.on_shape), equals
+    the mask of every slot and node at once (block_attention), for padded rows and across steps."""
+    static = default_tree("medusa-15")
+    layout = Layout(pad=torch.tensor([0, 3]), length=torch.tensor([9, 7]))
+    for _ in range(2):  # the second reads the cached block
+        tokens = torch.randint(0, 50, (2, static.num_nodes))
+        shaped = DraftTree.on_shape(tokens, static.shape())
+        built = DraftTree(tokens=tokens, parents=torch.tensor([static.parents] * 2))
+        fast = batched_tree_inputs(shaped, layout, 9, torch.float32)
+        positions = layout.root_positions[:, None] + built.depths
+        allowed = block_attention(layout, 9, built.ancestors, positions)
+        assert torch.equal(fast.attention_mask, additive_mask(allowed, torch.float32))
+        assert torch.equal(fast.position_ids, positions)
+    assert list(static.shape().masks) == [torch.float32]
 
 
 def test_the_contiguous_layout_compacts_as_the_batch_one_cache(target):

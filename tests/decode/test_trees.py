@@ -8,6 +8,7 @@ import torch
 from specheads.decode import (
     DEFAULT_TREES,
     DraftTree,
+    SampledTree,
     StaticTree,
     build_tree,
     default_tree,
@@ -83,6 +84,19 @@ def test_ancestors_and_depths_of_a_draft_tree():
     # batched: each row its own tree
     both = ancestor_mask(torch.tensor([[-1, 0, 1], [-1, 0, 0]]))
     assert both[0, 2].tolist() == [True, True, True] and both[1, 2].tolist() == [True, False, True]
+
+
+def test_a_tree_on_a_static_shape_is_the_tree_built_from_its_parents():
+    """DraftTree.on_shape (the static trees' per-step constructor) equals DraftTree(tokens, parents), the
+    subclass's own fields kept, and the shape is built once per device."""
+    static = default_tree("medusa-31")
+    tokens = torch.randint(0, 100, (3, static.num_nodes))
+    shaped = SampledTree.on_shape(tokens, static.shape("cpu"), draft_probs=torch.ones(1), children="iid")
+    built = DraftTree(tokens=tokens, parents=torch.tensor([static.parents]).expand(3, -1))
+    assert type(shaped) is SampledTree and shaped.children == "iid" and shaped.draft_probs is not None
+    assert torch.equal(shaped.tokens, tokens) and torch.equal(shaped.parents, built.parents)
+    assert torch.equal(shaped.ancestors, built.ancestors) and torch.equal(shaped.depths, built.depths)
+    assert static.shape("cpu") is static.shape(torch.device("cpu"))
 
 
 @pytest.mark.parametrize(
