@@ -33,20 +33,22 @@ def env_dir() -> Path:
     return default_cache_dir() / "consumers" / key
 
 
-def json_key() -> str:
-    return " ".join(PINS) + f" py{sys.version_info.major}.{sys.version_info.minor}"
+def json_key(pins: tuple[str, ...] = PINS) -> str:
+    return " ".join(pins) + f" py{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def build(out: Path) -> None:
-    """pip install --no-deps --target into a temporary sibling, renamed to `out` once whole."""
+def build(out: Path, pins: tuple[str, ...] = PINS) -> None:
+    """pip install --no-deps --target `pins` into a temporary sibling, renamed to `out` once whole."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".building-"))
     try:
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp), *PINS]
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp), *pins]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"installing the consumers failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
-        (tmp / "PINS").write_text(json_key() + "\n")
+            raise RuntimeError(
+                f"installing {pins[0]} and the rest failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}"
+            )
+        (tmp / "PINS").write_text(json_key(pins) + "\n")
         try:
             os.replace(tmp, out)
         except OSError:  # another run finished first: keep its copy

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from specheads.train.builders.tiny_target import default_cache_dir
+
+from consumer_env import build, json_key
 
 MODELOPT = "nvidia-modelopt==0.47.0"
 ITS_TRANSFORMERS = ("transformers==5.14.1", "tokenizers==0.22.2", "huggingface_hub==1.33.0")
@@ -40,34 +40,15 @@ PINS = (MODELOPT, *ITS_TRANSFORMERS, *IMPORTED_BY_IT)
 RUNNER = Path(__file__).with_name("modelopt_run.py")
 
 
-def json_key() -> str:
-    return " ".join(PINS) + f" py{sys.version_info.major}.{sys.version_info.minor}"
-
-
 def env_dir() -> Path:
-    return default_cache_dir() / "modelopt" / hashlib.sha256(json_key().encode()).hexdigest()[:16]
+    return default_cache_dir() / "modelopt" / hashlib.sha256(json_key(PINS).encode()).hexdigest()[:16]
 
 
 def ensure_env() -> Path:
     """The directory holding modelopt and its transformers (installed on first use, then reused)."""
     out = env_dir()
-    if (out / "PINS").is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".building-"))
-    try:
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp), *PINS]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"installing modelopt failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
-        (tmp / "PINS").write_text(json_key() + "\n")
-        try:
-            os.replace(tmp, out)
-        except OSError:  # another run finished first: keep its copy
-            if not (out / "PINS").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if not (out / "PINS").is_file():
+        build(out, PINS)
     return out
 
 
