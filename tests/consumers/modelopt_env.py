@@ -9,7 +9,8 @@ directory because modelopt 0.47.0 needs an older transformers than the project's
     `LlamaRotaryEmbedding(config=..., device=...)`, a keyword 5.24 dropped). So the directory carries
     transformers 5.14.1 and what its import-time version check asks for (tokenizers 0.22.2,
     huggingface_hub 1.33.0), shadowing the project's in the modelopt subprocess only.
-  * modelopt's import-time needs the project lacks: omegaconf (+ antlr4 runtime), pulp, nvidia-ml-py.
+  * modelopt's import-time needs the project lacks: omegaconf (+ antlr4 runtime), pulp, nvidia-ml-py, scipy
+    (a fresh venv has none of them: CI caught scipy, which a system-site-packages venv had hidden).
 
 Torch, safetensors, numpy, pydantic and the rest come from the project's environment. About 190 MB
 installed (pulp ships solver binaries), once per pin set. With it, modelopt's conversion, training
@@ -35,6 +36,7 @@ IMPORTED_BY_IT = (
     "antlr4-python3-runtime==4.9.3",
     "pulp==3.3.2",
     "nvidia-ml-py==13.615.71",
+    "scipy==1.17.1",  # modelopt.torch.nas imports scipy.interpolate at package import
 )
 PINS = (MODELOPT, *ITS_TRANSFORMERS, *IMPORTED_BY_IT)
 RUNNER = Path(__file__).with_name("modelopt_run.py")
