@@ -432,19 +432,22 @@ def run_eagle(args, ctx: dict) -> list[dict]:
     for e in epochs:
         budget = eagle_budget(n, e)
         print(f"ours eagle {e} epochs ({budget['steps']} steps x {budget['batch']})", flush=True)
-        got = train_ours(
-            "eagle",
-            ctx["rows_path"],
-            budget,
-            out / f"ours-eagle-e{e}",
-            {"eval_batches": args.our_eval_batches},
-        )
-        ev = evaluate(Path(got["heads"]), args.eagle_tree, out / f"eval-ours-eagle-e{e}", args.eval_prompts,
-                      args.eval_new_tokens)  # fmt: skip
-        rows.append(row_result("EAGLE", "specheads", budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
-                               OUR_CHANGES["eagle"], overrides=got["overrides"]))  # fmt: skip
-        print(f"  tau {rows[-1]['tau']:.3f} {rows[-1]['identical']}", flush=True)
+        rows.append(ours_row("eagle", budget, e, {}, args.eagle_tree, args, ctx))
     return rows
+
+
+def ours_row(method: str, budget: dict, epochs: int, extra: dict, tree: str, args, ctx: dict) -> dict:
+    """Train ours at `budget` (recipe overrides `extra`), decode with `tree`, and give its table row."""
+    out = args.out
+    extra = {**extra, "eval_batches": args.our_eval_batches}
+    got = train_ours(method, ctx["rows_path"], budget, out / f"ours-{method}-e{epochs}", extra)
+    ev = evaluate(Path(got["heads"]), tree, out / f"eval-ours-{method}-e{epochs}", args.eval_prompts,
+                  args.eval_new_tokens)  # fmt: skip
+    name = {"eagle": "EAGLE", "medusa": "Medusa"}[method]
+    row = row_result(name, "specheads", budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
+                     OUR_CHANGES[method], overrides=got["overrides"])  # fmt: skip
+    print(f"  tau {row['tau']:.3f} {row['identical']}", flush=True)
+    return row
 
 
 def run_medusa(args, ctx: dict) -> list[dict]:
@@ -474,13 +477,7 @@ def run_medusa(args, ctx: dict) -> list[dict]:
             f"ours medusa {e} epochs ({budget['steps']} steps x {budget['batch']} x {budget['grad_accum']})",
             flush=True,
         )
-        extra = {"num_heads": 3, "eval_batches": args.our_eval_batches}
-        got = train_ours("medusa", ctx["rows_path"], budget, out / f"ours-medusa-e{e}", extra)
-        ev = evaluate(Path(got["heads"]), args.medusa_tree, out / f"eval-ours-medusa-e{e}", args.eval_prompts,
-                      args.eval_new_tokens)  # fmt: skip
-        rows.append(row_result("Medusa", "specheads", budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
-                               OUR_CHANGES["medusa"], overrides=got["overrides"]))  # fmt: skip
-        print(f"  tau {rows[-1]['tau']:.3f} {rows[-1]['identical']}", flush=True)
+        rows.append(ours_row("medusa", budget, e, {"num_heads": 3}, args.medusa_tree, args, ctx))
     return rows
 
 
