@@ -194,7 +194,7 @@ def batched_tree_inputs(
 
 def tree_block_mask(tree: DraftTree, dtype: torch.dtype) -> torch.Tensor:
     """(B, 1, N, N) additive: each node sees its ancestors and itself; built once per static tree shape."""
-    shape = tree.__dict__.get("static_shape")  # set by DraftTree.on_shape
+    shape = tree.static_shape
     if shape is None:
         return additive_mask(tree.ancestors, dtype)
     if dtype not in shape.masks:
@@ -208,6 +208,8 @@ def tree_block_mask(tree: DraftTree, dtype: torch.dtype) -> torch.Tensor:
 def pad_rows(rows: Sequence[torch.Tensor], fill: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Ragged 1-D tensors -> (B, M) right-padded with `fill`, and (B,) their lengths."""
     counts = torch.tensor([r.numel() for r in rows], dtype=torch.long, device=rows[0].device)
+    if len(rows) == 1:  # one row (single-prompt decoding, every step): nothing to pad
+        return rows[0][None], counts
     out = torch.full((len(rows), int(counts.max())), fill, dtype=rows[0].dtype, device=rows[0].device)
     for b, r in enumerate(rows):
         out[b, : r.numel()] = r

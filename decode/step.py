@@ -278,11 +278,7 @@ def speculative_step(
     with clock("verify"):
         acceptances = verify(tree, out.logits, context)
     with clock("compact"):
-        if len(acceptances) == 1:  # (1, n), (1,)
-            paths = acceptances[0].path[None]
-            counts = torch.tensor([paths.shape[1]], device=paths.device)
-        else:
-            paths, counts = pad_rows([a.path for a in acceptances])  # (B, M), (B,)
+        paths, counts = pad_rows([a.path for a in acceptances])  # (B, M), (B,)
         compact_rows(cache, past, paths, counts, layout.length)
         after = Layout(pad=layout.pad, length=layout.length + counts.to(layout.length.device))
         hidden = decoder.features(out.hidden, paths)

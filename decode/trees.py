@@ -61,6 +61,9 @@ class DraftTree:
 
     tokens: torch.Tensor
     parents: torch.Tensor
+    # the static tree these are laid on (`on_shape`), whose attention block is cached with it; None for a
+    # tree grown per step (EAGLE-2) or built directly
+    static_shape: TreeShape | None = field(default=None, kw_only=True, repr=False, compare=False)
 
     def __post_init__(self):
         if self.tokens.ndim != 2 or self.tokens.shape != self.parents.shape:
@@ -87,12 +90,11 @@ class DraftTree:
         subclass's own (SampledTree's draft_probs, children)."""
         b = tokens.shape[0]
         tree = cls.__new__(cls)  # the shape was checked when it was built: no per-step validation
-        tree.tokens, tree.parents = tokens, shape.parents.expand(b, -1)
+        tree.tokens, tree.parents, tree.static_shape = tokens, shape.parents.expand(b, -1), shape
         for name, value in fields.items():
             setattr(tree, name, value)
         tree.__dict__["ancestors"] = shape.ancestors.expand(b, -1, -1)  # the cached properties
         tree.__dict__["depths"] = shape.depths.expand(b, -1)
-        tree.__dict__["static_shape"] = shape  # its masks, cached (batched_inputs.tree_block_mask)
         return tree
 
     @property
