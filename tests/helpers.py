@@ -98,3 +98,24 @@ def command(name: str):
     from specheads.cli import main
 
     return lambda argv: main([name, *argv])
+
+
+def causal_mask(t: int, past: int = 0) -> torch.Tensor:
+    """(1, 1, t, past + t) additive float mask: each of t new tokens sees the past and itself and before."""
+    allowed = torch.ones(t, past + t, dtype=torch.bool).tril(past)
+    return torch.zeros(1, 1, t, past + t).masked_fill(~allowed, torch.finfo(torch.float32).min)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| of two tensors of one shape (their shapes are asserted equal first)."""
+    assert a.shape == b.shape, (tuple(a.shape), tuple(b.shape))
+    return float((a - b).abs().max())
+
+
+def edit_weights(path: Path, edit) -> None:
+    """Apply `edit` (in place, on the dict of tensors) to `path`/model.safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(path / "model.safetensors"))

@@ -40,7 +40,7 @@ from specheads.heads import FrozenTarget
 from specheads.heads.checkpoint import load_heads
 from specheads.heads.formats import FormatError
 
-from helpers import command
+from helpers import causal_mask, command, max_diff
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -134,11 +134,6 @@ def sharegpt(target_dir: Path, n: int, seed: int = 0, reply: int = 12) -> list[d
     return conversations
 
 
-def causal_mask(t: int) -> torch.Tensor:
-    allowed = torch.ones(t, t, dtype=torch.bool).tril()
-    return torch.zeros(1, 1, t, t).masked_fill(~allowed, torch.finfo(torch.float32).min)
-
-
 @pytest.fixture(scope="module")
 def trained(consumer_env, tiny_target_dirs, tmp_path_factory) -> dict:
     """kind -> (the consumer's outputs, the inputs, its checkpoint directory, the target directory)."""
@@ -198,11 +193,6 @@ def imported(checkpoint: Path, fmt: str, target_dir: Path, out: Path):
     target = FrozenTarget.from_pretrained(str(target_dir), dtype="float32")
     heads, _ = load_heads(out, target)
     return heads, target
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert a.shape == b.shape, (tuple(a.shape), tuple(b.shape))
-    return float((a - b).abs().max())
 
 
 def check_eagle(heads, target, got: dict, inputs: dict) -> float:

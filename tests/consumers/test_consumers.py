@@ -27,7 +27,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from specheads.cli import main as formats_cli
 from specheads.decode import EagleDrafter, MedusaDrafter, SpeculativeDecoder, default_tree
@@ -45,7 +44,7 @@ from specheads.heads import (
 from specheads.heads.checkpoint import load_heads
 
 from consumer_env import run_consumers
-from helpers import perturbed
+from helpers import causal_mask, edit_weights, max_diff, perturbed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -53,18 +52,8 @@ T = 9
 TOL = 1e-5  # fp32; measured: 7e-7 (speculators), 4e-7 (eagle-llm), 0 (medusa-llm)
 
 
-def causal_mask(t: int) -> torch.Tensor:
-    allowed = torch.ones(t, t, dtype=torch.bool).tril()
-    return torch.zeros(1, 1, t, t).masked_fill(~allowed, torch.finfo(torch.float32).min)
-
-
 def left_over(got: dict) -> str:
     return ", ".join(f"{k} {got[k]}" for k in ("missing", "unexpected", "mismatched") if got.get(k))
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert a.shape == b.shape, (tuple(a.shape), tuple(b.shape))
-    return float((a - b).abs().max())
 
 
 # -- the cases: heads, the inputs the consumer gets, what our heads compute ------------------------
@@ -152,12 +141,6 @@ CHECKS = {
 
 
 # -- breakages -------------------------------------------------------------------------------------
-
-
-def edit_weights(path: Path, edit) -> None:
-    tensors = load_file(str(path / "model.safetensors"))
-    edit(tensors)
-    save_file(tensors, str(path / "model.safetensors"))
 
 
 def shift_layer_id(path: Path) -> None:

@@ -37,21 +37,13 @@ from specheads.decode import EagleDrafter, SpeculativeDecoder
 from specheads.heads import FrozenTarget
 from specheads.heads.checkpoint import load_heads
 
+from helpers import causal_mask, edit_weights, max_diff
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 T = 9
 STEPS = 5
 TOL = 1e-5  # fp32; measured: 0 (the same ops in the same order)
-
-
-def causal_mask(t: int) -> torch.Tensor:
-    allowed = torch.ones(t, t, dtype=torch.bool).tril()
-    return torch.zeros(1, 1, t, t).masked_fill(~allowed, torch.finfo(torch.float32).min)
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    assert a.shape == b.shape, (tuple(a.shape), tuple(b.shape))
-    return float((a - b).abs().max())
 
 
 @pytest.fixture(scope="module")
@@ -175,10 +167,8 @@ def rename_key(path: Path) -> None:
 
 
 def swap_norms(path: Path) -> None:
-    tensors = load_file(str(path / "model.safetensors"))
     a, b = "layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight"
-    tensors[a], tensors[b] = tensors[b], tensors[a]
-    save_file(tensors, str(path / "model.safetensors"))
+    edit_weights(path, lambda t: t.update({a: t[b], b: t[a]}))
 
 
 def test_the_check_fails_on_a_modelopt_export_with_its_norms_swapped(made, tmp_path):

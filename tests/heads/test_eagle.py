@@ -19,14 +19,9 @@ from specheads.heads import (
 )
 from specheads.heads.checkpoint import read_head_config
 
-from helpers import tiny_config, tiny_model
+from helpers import causal_mask, tiny_config, tiny_model
 
 B, T, H, V = 2, 6, 64, 264
-
-
-def causal_mask(T: int, past: int = 0) -> torch.Tensor:
-    allowed = torch.ones(T, past + T, dtype=torch.bool).tril(past)
-    return torch.zeros(1, 1, T, past + T).masked_fill(~allowed, torch.finfo(torch.float32).min)
 
 
 def positions(T: int) -> torch.Tensor:
