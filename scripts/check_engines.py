@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -347,22 +349,26 @@ def _modules(name: str) -> list[str]:
 
 
 def engine_env(engine: str, wheel: zipfile.ZipFile, cache: Path) -> list[Path]:
-    """PYTHONPATH entries for the engine: its wheel unpacked, and ENGINE_DEPS (--no-deps), once each."""
+    """PYTHONPATH entries for the engine: its wheel unpacked, and ENGINE_DEPS (--no-deps), once each; each
+    written into a temporary sibling renamed into place, so a stopped run leaves nothing half-written."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "consumers"))
+    from consumer_env import build  # the consumer tests' installer: pip --no-deps --target, then renamed
+
     site, deps = cache / f"{engine}-{ENGINES[engine]}", cache / f"{engine}-{ENGINES[engine]}-deps"
     if not (site / "UNPACKED").is_file():
-        wheel.extractall(site)
-        (site / "UNPACKED").write_text("")
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".unpacking-"))
+        wheel.extractall(tmp)
+        (tmp / "UNPACKED").write_text("")
+        shutil.rmtree(site, ignore_errors=True)
+        os.replace(tmp, site)
     if not (deps / "PINS").is_file():
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(deps)]
-        subprocess.run([*cmd, *ENGINE_DEPS[engine]], check=True)
-        (deps / "PINS").write_text(" ".join(ENGINE_DEPS[engine]) + "\n")
+        build(deps, tuple(ENGINE_DEPS[engine]))
     return [deps, site]
 
 
 def rename_key(export: Path, out: Path, key: str) -> Path:
     """A copy of `export` with `key` renamed (...mlp.up_proj.weight -> ...mlp.up.weight)."""
-    import shutil
-
     from safetensors.torch import save_file
 
     shutil.copytree(export, out)
@@ -374,8 +380,6 @@ def rename_key(export: Path, out: Path, key: str) -> Path:
 
 def load(engine: str, fmt: str, paths: list[Path], export: Path, target: Path, out: Path) -> dict:
     """engine_load_run.py in the engine's directory; its report, judged."""
-    import os
-
     runner = Path(__file__).with_name("engine_load_run.py")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, paths)), "OMP_NUM_THREADS": "1"}
     env |= {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
@@ -404,7 +408,7 @@ def loads(engine_wheels: dict, cache: Path, exports: dict[str, Path], root: Path
             broken = rename_key(exports[fmt], root / f"{engine}-{fmt}-key-renamed", BREAK[fmt])
             report = load(engine, fmt, paths, exports[fmt], root / "target", root / f"{engine}-{fmt}.json")
             check = load(engine, fmt, paths, broken, root / "target", root / f"{engine}-{fmt}-broken.json")
-            module = "vllm/model_executor/models/" if engine == "vllm" else "sglang/srt/models/"
+            module = VLLM_MODELS if engine == "vllm" else SGLANG_MODELS
             results.append(
                 {
                     "kind": "loaded: the engine's own model class built on CPU, its load_weights called on our files",
@@ -431,7 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("engine_audit.json"))
     p.add_argument("--wheels", type=Path, default=default_cache_dir() / "engine-wheels")
     p.add_argument(
-        "--load", action="store_true", help="also load the eagle3 export with the engines' classes"
+        "--load",
+        action="store_true",
+        help="also load the eagle3 and eagle exports with the engines' own classes",
     )
     args = p.parse_args(argv)
     engine_wheels = wheels(args.wheels)
