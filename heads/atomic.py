@@ -23,19 +23,23 @@ from specheads.heads.run_folder import clean_stale_tmp, tmp_prefix
 
 
 def write_file(dest: str | Path, write: Callable[[str], Any]) -> Path:
-    """Call `write(tmp_path)` to write a temporary file beside `dest`, then rename it to `dest`; on any
-    error the temporary file is removed and `dest` is untouched."""
+    """Call `write(tmp_path)` to write a temporary file, then rename it to `dest`; on any error the
+    temporary file is removed and `dest` is untouched.
+
+    The temporary file (named as `dest`) lies in a temporary folder beside `dest`, so that what `write`
+    itself puts beside the path it is given (safetensors' writer: a `.tmpXXXXXX` file it renames at the
+    end) stays inside that folder, and a killed writer's leftovers are one folder that the next write of
+    `dest` removes (clean_stale_tmp)."""
     dest = Path(dest)
     clean_stale_tmp(dest)  # what a killed writer of `dest` left (a resumed cache rewrites its index.json)
-    fd, tmp = tempfile.mkstemp(prefix=tmp_prefix(dest), dir=dest.parent)
-    os.close(fd)
+    folder = Path(tempfile.mkdtemp(prefix=tmp_prefix(dest), dir=dest.parent))
+    tmp = folder / dest.name
     try:
-        write(tmp)
+        write(str(tmp))
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, dest)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
     return dest
 
 
