@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import json
-from pathlib import Path
+
+import pytest
 
 from specheads.evaluate.conversations import prompt_set_path
 from specheads.train.data import load_rows
-from specheads.train.data.seed_prompts import ngrams, question_texts, seed_prompts, shared_ngrams, words
+from specheads.train.data.seed_prompts import (
+    EVAL_NGRAMS,
+    fingerprint,
+    question_texts,
+    seed_prompts,
+    shared_ngrams,
+    touches_evaluation,
+    words,
+)
+from specheads.train.data.seed_prompts import evaluation_fingerprint as shipped_fingerprint
 
 from helpers import command
 
@@ -18,10 +26,6 @@ def texts(rows):
     return [r["messages"][0]["content"] for r in rows]
 
 
-# Every 6-word sequence of every turn of MT-Bench and Spec-Bench (../shared/data), as 8-byte blake2b digests,
-# so the check runs on a fresh clone without the evaluation sets beside it. Regenerated from them with
-# fingerprint() below; the test compares the two whenever the files are found.
-FINGERPRINT = Path(__file__).parent / "data" / "eval-6grams.bin.gz"
 # MT-Bench question 81, first turn: a known evaluation prompt for the leak checks.
 MT_BENCH_81 = (
     "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences "
@@ -29,23 +33,15 @@ MT_BENCH_81 = (
 )
 
 
-def digest(gram: tuple[str, ...]) -> bytes:
-    return hashlib.blake2b(" ".join(gram).encode(), digest_size=8).digest()
-
-
-def fingerprint(texts_) -> set[bytes]:
-    return {digest(g) for g in ngrams(texts_, 6)}
-
-
 def evaluation_fingerprint() -> set[bytes]:
-    raw = gzip.decompress(FINGERPRINT.read_bytes())
-    shipped = {raw[i : i + 8] for i in range(0, len(raw), 8)}
+    """The shipped digests (train/data/eval-6grams.bin.gz), checked against ../shared/data when found."""
+    shipped = set(shipped_fingerprint())
     try:
         paths = [prompt_set_path(name) for name in ("mt-bench", "spec-bench")]
     except FileNotFoundError:  # a clone without ../shared/data: the shipped digests stand in
         return shipped
     real = set().union(*(fingerprint(question_texts(path)) for path in paths))
-    assert real == shipped, "tests/train/data/eval-6grams.bin.gz is stale: regenerate it from ../shared/data"
+    assert real == shipped, f"{EVAL_NGRAMS} is stale: regenerate it from ../shared/data"
     return real
 
 
@@ -85,3 +81,27 @@ def test_written_file_is_read_back_as_user_turns(tmp_path):
         {"role": "user", "content": json.loads(out.read_text().splitlines()[0])["messages"][0]["content"]}
     ]
     assert texts(rows) == texts(seed_prompts()[:50])
+
+
+def test_stdlib_chats_share_no_6_word_sequence_with_the_evaluation_sets(tmp_path, monkeypatch):
+    # `stdlib-chats`, the labelled-text route's training rows (train/data/sources.py): both turns
+    monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path))
+    from specheads.train.data.sources import stdlib_chat_rows
+
+    rows = stdlib_chat_rows(heldout=False)
+    assert len(rows) > 2000
+    turns = [m["content"] for r in rows for m in r["messages"]]
+    assert fingerprint(turns) & evaluation_fingerprint() == set()
+    # the filter that makes it so: a chat quoting an evaluation prompt is left out
+    assert touches_evaluation(["So what is " + MT_BENCH_81.lower()])
+    assert not touches_evaluation(turns)
+
+
+def test_a_file_that_is_not_questions_is_named(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# Evaluation sets\n")
+    out = tmp_path / "prompts.jsonl"
+    args = ["--out", str(out), "--max-rows", "5", "--check-against", str(readme)]
+    with pytest.raises(ValueError, match=r"README\.md, line 1: not a question row"):
+        command("seed-prompts")(args)
+    assert not out.exists()

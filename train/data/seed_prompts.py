@@ -10,12 +10,15 @@ carry no answers: the target writes those (`specheads distill`), so the heads le
 words. tests/train/test_seed_prompts.py proves that no 6-word sequence of any prompt appears in
 either evaluation set.
 
-    python -m specheads.train.data.seed_prompts --out data/seed-prompts.jsonl     # 2,108 prompts, OpenAI rows
+    specheads seed-prompts --out data/seed-prompts.jsonl --check-against ../shared/data/*.jsonl  # 2,108 prompts
     specheads distill --source data/seed-prompts.jsonl --target smollm2 --out data/seed-sd
 """
 
 from __future__ import annotations
 
+import functools
+import gzip
+import hashlib
 import json
 import random
 import re
@@ -168,10 +171,46 @@ def ngrams(texts: Iterable[str], n: int) -> set[tuple[str, ...]]:
 
 def question_texts(path: str | Path) -> list[str]:
     """Every turn of an MT-Bench / Spec-Bench question file (JSONL rows with `turns`)."""
+    turns = []
     with open(path, encoding="utf-8") as f:
-        return [turn for line in f if line.strip() for turn in json.loads(line)["turns"]]
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                turns += json.loads(line)["turns"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(
+                    f"{path}, line {number}: not a question row (JSON with a `turns` list): {e!r}"
+                ) from None
+    return turns
 
 
 def shared_ngrams(texts: Iterable[str], reference: Iterable[str], n: int = 6) -> set[tuple[str, ...]]:
     """The n-word sequences that `texts` and `reference` have in common."""
     return ngrams(texts, n) & ngrams(reference, n)
+
+
+# Every 6-word sequence of every turn of MT-Bench and Spec-Bench (../shared/data), as 8-byte blake2b
+# digests of the words joined by spaces, shipped so training sources can be filtered, and the
+# disjointness checked, without the evaluation sets beside the package (tests/train/test_seed_prompts.py
+# checks it against them whenever they are found).
+EVAL_NGRAMS = Path(__file__).with_name("eval-6grams.bin.gz")
+
+
+def ngram_digest(gram: tuple[str, ...]) -> bytes:
+    return hashlib.blake2b(" ".join(gram).encode(), digest_size=8).digest()
+
+
+def fingerprint(texts: Iterable[str], n: int = 6) -> set[bytes]:
+    return {ngram_digest(g) for g in ngrams(texts, n)}
+
+
+@functools.cache
+def evaluation_fingerprint() -> frozenset[bytes]:
+    raw = gzip.decompress(EVAL_NGRAMS.read_bytes())
+    return frozenset(raw[i : i + 8] for i in range(0, len(raw), 8))
+
+
+def touches_evaluation(texts: Iterable[str]) -> bool:
+    """Whether any 6-word sequence of `texts` is one of MT-Bench's or Spec-Bench's."""
+    return not evaluation_fingerprint().isdisjoint(fingerprint(texts))

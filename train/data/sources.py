@@ -12,6 +12,13 @@ Built-in:
                       batch_size x grad_accum x processes rows: 960 for a tiny recipe on one
                       process). Distilled once per target and size (29 s on 2 CPU cores for the
                       tiny target's 960) and cached; its evaluation rows are stdlib's held-out files.
+    stdlib-chats      chat rows made from the corpus's documented functions (stdlib_corpus.function_chats,
+                      STDLIB_CHATS_PER_FILE a file): the user gives a signature and docstring, the assistant
+                      writes the function, in the target's own chat template. A chat sharing any 6-word
+                      sequence with MT-Bench or Spec-Bench is left out (seed_prompts.touches_evaluation). Human text, no generation:
+                      with `labels: target` (EAGLE always) the target labels it with its own distribution
+                      in the training forward, so the data costs nothing to make (2,183 training rows,
+                      ~160k tokens for SmolLM2). Evaluation rows from the held-out files.
 
 Both are built once under the specheads cache (`SPECHEADS_CACHE`, else ~/.cache/specheads) and read
 back from disk afterwards, so their `datasets` fingerprints are stable and tokenize_rows' cache hits
@@ -19,6 +26,7 @@ on every later run (an in-memory dataset is tokenised again each time):
 
     stdlib-rows/{train,heldout}-KEY/     KEY: the corpus's content key and the files
     stdlib-distilled/KEY/                KEY: the target, the distillation settings, the stdlib rows
+    stdlib-chats/{train,heldout}-KEY/    KEY: as stdlib-rows, and the chats per file
 """
 
 from __future__ import annotations
@@ -40,21 +48,57 @@ from specheads.train.builders.tiny_target import TinyTargetConfig, default_cache
 from specheads.train.config import TrainConfig
 from specheads.train.data import distillation as distill
 from specheads.train.data import stdlib_corpus
+from specheads.train.data.seed_prompts import touches_evaluation
 
 STDLIB_ROWS_VERSION = 1  # bump when the rows stdlib_rows gives change, to invalidate the cache
+STDLIB_CHATS_PER_FILE = 8
+
+
+def _stdlib_files(heldout: bool) -> tuple[stdlib_corpus.Corpus, list[str]]:
+    corpus = stdlib_corpus.stdlib_corpus()
+    train_files, heldout_files = stdlib_corpus.split_files(corpus.files, TinyTargetConfig.heldout_fraction)
+    return corpus, heldout_files if heldout else train_files
+
+
+def _built_once(kind: str, heldout: bool, salt: str, build) -> datasets.Dataset:
+    """The dataset `build()` gives, saved under the cache once and read back from disk afterwards."""
+    key = hashlib.sha256(salt.encode()).hexdigest()[:16]
+    path = default_cache_dir() / kind / f"{'heldout' if heldout else 'train'}-{key}"
+    if not (path / "dataset_info.json").is_file():
+        _save_atomic(build(), path)
+    return datasets.load_from_disk(str(path))
 
 
 def stdlib_rows(heldout: bool) -> datasets.Dataset:
     """The stdlib's training (or held-out) files as text rows, built once and read from the cache."""
-    corpus = stdlib_corpus.stdlib_corpus()
-    train_files, heldout_files = stdlib_corpus.split_files(corpus.files, TinyTargetConfig.heldout_fraction)
-    files = heldout_files if heldout else train_files
-    key = hashlib.sha256(f"v{STDLIB_ROWS_VERSION}|{corpus.key}|{'|'.join(files)}".encode()).hexdigest()[:16]
-    path = default_cache_dir() / "stdlib-rows" / f"{'heldout' if heldout else 'train'}-{key}"
-    if not (path / "dataset_info.json").is_file():
-        texts = [corpus.texts[f] for f in files]
-        _save_atomic(datasets.Dataset.from_dict({"text": texts}), path)
-    return datasets.load_from_disk(str(path))
+    corpus, files = _stdlib_files(heldout)
+    return _built_once(
+        "stdlib-rows",
+        heldout,
+        f"v{STDLIB_ROWS_VERSION}|{corpus.key}|{'|'.join(files)}",
+        lambda: datasets.Dataset.from_dict({"text": [corpus.texts[f] for f in files]}),
+    )
+
+
+def stdlib_chat_rows(heldout: bool) -> datasets.Dataset:
+    """`stdlib-chats`: the documented functions of the training (or held-out) files as chat rows."""
+    corpus, files = _stdlib_files(heldout)
+    per_file = STDLIB_CHATS_PER_FILE
+    return _built_once(
+        "stdlib-chats",
+        heldout,
+        f"v{STDLIB_ROWS_VERSION}|{corpus.key}|{per_file}|eval-6grams|{'|'.join(files)}",
+        lambda: datasets.Dataset.from_dict(
+            {
+                "messages": [
+                    chat
+                    for f in files
+                    for chat in stdlib_corpus.function_chats(corpus.texts[f], per_file)
+                    if not touches_evaluation(turn["content"] for turn in chat)
+                ]
+            }
+        ),
+    )
 
 
 def _save_atomic(dataset: datasets.Dataset, path: Path) -> None:
@@ -103,6 +147,8 @@ def _load(source: str, cfg: TrainConfig, heldout: bool = False) -> datasets.Data
         return stdlib_rows(heldout)
     if source == "stdlib-distilled":
         return stdlib_rows(heldout=True) if heldout else stdlib_distilled_rows(cfg.target, epoch_rows(cfg))
+    if source == "stdlib-chats":
+        return stdlib_chat_rows(heldout)
     return data_lib.load_rows(source, max_bad_rows=cfg.max_bad_rows, include_capped=cfg.include_capped)
 
 
@@ -111,8 +157,8 @@ def rows_for(cfg: TrainConfig) -> tuple[datasets.Dataset, datasets.Dataset | Non
     train = datasets.concatenate_datasets([_load(s, cfg) for s in cfg.data])
     if cfg.eval_data:
         return train, datasets.concatenate_datasets([_load(s, cfg, heldout=True) for s in cfg.eval_data])
-    if cfg.data in (["stdlib"], ["stdlib-distilled"]):
-        return train, stdlib_rows(heldout=True)
+    if cfg.data in (["stdlib"], ["stdlib-distilled"], ["stdlib-chats"]):
+        return train, _load(cfg.data[0], cfg, heldout=True)
     if cfg.eval_fraction == 0 or len(train) < 2:
         return train, None
     split = train.train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)
