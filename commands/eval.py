@@ -46,8 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prompts",
         required=True,
-        help="a .jsonl of MT-Bench / Spec-Bench questions, `heldout` (the target's heldout_files.json), "
-        "or a .json file list in that format",
+        help="mt-bench, spec-bench, a .jsonl of such questions, `heldout` (the target's "
+        "heldout_files.json), or a .json file list in that format",
     )
     p.add_argument(
         "--overwrite", action="store_true", help="replace the results --out holds (refused without it)"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from specheads.heads.question_sets import read_questions
+from specheads.heads.question_sets import prompt_set_path, read_questions
 
 # Written beside the embedded target by `specheads tiny-target` (train/builders/tiny_target.py); decode/
 # does not import train/, so the name is repeated here.
@@ -61,7 +61,7 @@ def read_prompts(
                 f"writes one); give a .jsonl of questions instead"
             )
     else:
-        path = Path(source)
+        path = Path(prompt_set_path(source))  # `mt-bench` / `spec-bench` by name, as compare takes them
         if not path.is_file():
             raise FileNotFoundError(f"prompts file {source!r} does not exist")
     if path.suffix == ".jsonl":
@@ -71,7 +71,7 @@ def read_prompts(
     else:
         raise ValueError(
             f"prompts file {source!r} has an unknown format: expected a .jsonl of MT-Bench / Spec-Bench "
-            f"questions, a .json file list like {HELDOUT_FILE}, or `heldout`"
+            f"questions, a .json file list like {HELDOUT_FILE}, `heldout`, `mt-bench` or `spec-bench`"
         )
     if not prompts:
         raise ValueError(f"prompts file {path} holds no prompts")
