@@ -16,6 +16,15 @@ one. The result is an ordinary HF directory:
 
 Like the target it is deterministic for a seed and cached under the user cache, keyed by its settings
 and the target it was made for; a finished build with the same key is reused.
+
+Any other target (SmolLM2) has no corpus of its own here: its draft is distilled from its answers, a
+`specheads distill` folder (`--data`), tokenised in its chat template as `specheads train` tokenises
+rows, with the cross-entropy on the assistant tokens, whose labels are the target's greedy choices.
+The key then names the data's bytes too. The draft ties its embeddings (at a 49152-token vocabulary
+they are most of it) and starts them as the target's, projected on their top principal axes.
+
+    specheads distill --target smollm2 --source seed-prompts.jsonl --temperature 0 --out DIR
+    specheads tiny-draft --target smollm2 --data DIR
 """
 
 from __future__ import annotations
@@ -291,10 +300,10 @@ def distilled_rows(data: Path, tokenizer, cfg: DistilledDraftConfig):
     return tokens.select(range(split)), tokens.select(range(split, len(tokens)))
 
 
-def target_embedding_axes(target_dir: Path, k: int) -> torch.Tensor | None:
+def target_embedding_axes(target_dir: Path, k: int, initializer_std: float) -> torch.Tensor | None:
     """(V, k') the target's input embedding E (V, H) on its top k' = min(k, H) principal axes, E V_k' =
-    U_k' S_k' (the best rank-k' view of which tokens the target treats alike); None when its weights are not
-    one safetensors file holding an embed_tokens."""
+    U_k' S_k' (the best rank-k' view of which tokens the target treats alike), scaled to an entry std of
+    `initializer_std`; None when its weights are not one safetensors file holding an embed_tokens."""
     from safetensors import safe_open
 
     path = Path(target_dir) / "model.safetensors"
@@ -306,7 +315,10 @@ def target_embedding_axes(target_dir: Path, k: int) -> torch.Tensor | None:
             return None
         embedding = f.get_tensor(name).float()  # (V, H)
     _, _, vh = torch.linalg.svd(embedding, full_matrices=False)  # E = U S Vh
-    return embedding @ vh[: min(k, embedding.shape[1])].T
+    axes = embedding @ vh[: min(k, embedding.shape[1])].T
+    # At the target's scale the tied output starts with logits of tens (loss 24 on SmolLM2 against
+    # ln V = 10.8): scaled to the usual initial std, the geometry stays and the first logits are small.
+    return axes * (initializer_std / axes.std())
 
 
 def label_loss(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -396,7 +408,8 @@ def build_distilled(
             pad_token_id=tokenizer.pad_token_id,
         )
     )
-    axes = target_embedding_axes(target_dir, cfg.hidden_size) if cfg.init_from_target else None
+    init_std = model.config.initializer_range
+    axes = target_embedding_axes(target_dir, cfg.hidden_size, init_std) if cfg.init_from_target else None
     if axes is not None:
         with torch.no_grad():
             model.get_input_embeddings().weight[: axes.shape[0], : axes.shape[1]] = axes
