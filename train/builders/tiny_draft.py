@@ -431,7 +431,7 @@ def build_distilled(
         "parameters": sum(p.numel() for p in model.parameters()),
         "embedding_init": "target principal axes" if axes is not None else "random",
         "heldout_loss": loss,
-        "heldout_top1": top1,  # the draft's agreement with the target's greedy token: acceptance's ceiling
+        "heldout_top1": top1,  # how often the draft picks the target's token: a proxy for acceptance
         "build_seconds": None,
         "python": platform.python_version(),
         "torch": torch.__version__,
