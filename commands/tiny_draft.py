@@ -1,5 +1,10 @@
-"""`specheads tiny-draft --target DIR`: a small draft model in the target's tokens, for assisted generation
-(train/builders/tiny_draft.py)."""
+"""`specheads tiny-draft --target T [--data DIR]`: a small draft model in the target's tokens, for assisted
+generation (train/builders/tiny_draft.py).
+
+    specheads tiny-draft --target tiny                       trained on the tiny target's corpus
+    specheads tiny-draft --target smollm2 --data DIR         distilled from the target's answers in DIR,
+                                                             a `specheads distill --target smollm2` output
+"""
 
 from __future__ import annotations
 
@@ -8,37 +13,84 @@ from dataclasses import fields
 from pathlib import Path
 
 from specheads.commands.threads import add_threads_argument
-from specheads.train.builders.tiny_draft import TinyDraftConfig, ensure_tiny_draft
+from specheads.train.builders.tiny_draft import DistilledDraftConfig, TinyDraftConfig, ensure_tiny_draft
+
+# The model and schedule knobs of both configs, as hidden flags (tests and tuning); None: the config's default.
+KNOBS = {f.name: f for cfg in (TinyDraftConfig, DistilledDraftConfig) for f in fields(cfg)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--target", required=True, type=Path, help="the target's HF directory (its tokenizer is used)"
+        "--target",
+        required=True,
+        help="the target: a named one (tiny, smollm2) or its HF directory (its tokenizer is used)",
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="a `specheads distill` output of the target's answers to distill the draft from (needed for "
+        "any target but the tiny one, whose draft otherwise learns its corpus)",
     )
     p.add_argument(
         "--out", type=Path, default=None, help="output directory (default: the user cache, reused when valid)"
     )
-    p.add_argument("--steps", type=int, default=TinyDraftConfig.steps, help="optimizer steps")
-    p.add_argument("--seed", type=int, default=TinyDraftConfig.seed)
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"optimizer steps (default {TinyDraftConfig.steps}, distilled {DistilledDraftConfig.steps})",
+    )
+    p.add_argument("--seed", type=int, default=None)
     p.add_argument("--force", action="store_true", help="rebuild even if a valid build exists")
     p.add_argument("--no-progress", dest="progress", action="store_false")
-    for f in fields(TinyDraftConfig):
-        if f.name not in ("seed", "steps"):  # model and schedule knobs, for tests and tuning
-            flag = "--" + f.name.replace("_", "-")
-            p.add_argument(flag, type=type(f.default), default=f.default, help=argparse.SUPPRESS)
+    for name, f in KNOBS.items():
+        if name not in ("seed", "steps"):
+            flag = "--" + name.replace("_", "-")
+            kind = (
+                (lambda v: v.lower() in ("1", "true", "yes")) if f.type in (bool, "bool") else type(f.default)
+            )
+            p.add_argument(flag, type=kind, default=None, help=argparse.SUPPRESS)
     add_threads_argument(p)
 
 
+def draft_config(args: argparse.Namespace) -> TinyDraftConfig | DistilledDraftConfig:
+    """The config of the draft asked for: the given knobs over its defaults; a knob of the other kind is
+    an error."""
+    kind = TinyDraftConfig if args.data is None else DistilledDraftConfig
+    ours = {f.name for f in fields(kind)}
+    given = {name: getattr(args, name) for name in KNOBS if getattr(args, name) is not None}
+    if stray := sorted(set(given) - ours):
+        flags = ", ".join("--" + n.replace("_", "-") for n in stray)
+        raise SystemExit(
+            f"error: {flags} {'is' if len(stray) == 1 else 'are'} not a setting of a "
+            f"{'corpus' if args.data is None else 'distilled'} draft"
+        )
+    return kind(**given)
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.steps < 1:
+    from specheads.heads.named_targets import resolve_target
+    from specheads.train.builders.tiny_target import read_meta as read_target_meta
+
+    if args.steps is not None and args.steps < 1:
         raise SystemExit(f"error: --steps must be >= 1, got {args.steps}")
-    cfg = TinyDraftConfig(**{f.name: getattr(args, f.name) for f in fields(TinyDraftConfig)})
+    cfg = draft_config(args)
+    target = Path(resolve_target(args.target, progress=args.progress)).expanduser()
+    if args.data is None and target.is_dir() and read_target_meta(target) is None:
+        raise SystemExit(
+            f"error: --target {args.target} is not the tiny target (no tiny-target build record in {target}); "
+            "its draft is distilled from its own answers: pass --data DIR, a `specheads distill "
+            f"--target {args.target} --out DIR` output"
+        )
     out, meta, reused = ensure_tiny_draft(
-        args.target, cfg, args.out, force=args.force, progress=args.progress
+        target, cfg, args.out, force=args.force, progress=args.progress, data=args.data
     )
     print(f"{'reused' if reused else 'built'} tiny draft: {out}")
+    agreement = f", top-1 {meta['heldout_top1']:.3f}" if "heldout_top1" in meta else ""
     print(
         f"  {meta['parameters'] / 1e6:.2f}M parameters, {meta['steps']} steps, held-out loss "
-        f"{meta['heldout_loss']:.3f} nats/token, built in {meta['build_seconds']} s, for {meta['target']['path']}"
+        f"{meta['heldout_loss']:.3f} nats/token{agreement}, built in {meta['build_seconds']} s, "
+        f"for {meta['target']['path']}"
     )
     return 0

@@ -16,6 +16,15 @@ one. The result is an ordinary HF directory:
 
 Like the target it is deterministic for a seed and cached under the user cache, keyed by its settings
 and the target it was made for; a finished build with the same key is reused.
+
+Any other target (SmolLM2) has no corpus of its own here: its draft is distilled from its answers, a
+`specheads distill` folder (`--data`), tokenised in its chat template as `specheads train` tokenises
+rows, with the cross-entropy on the assistant tokens, whose labels are the target's greedy choices.
+The key then names the data's bytes too. The draft ties its embeddings (at a 49152-token vocabulary
+they are most of it) and starts them as the target's, projected on their top principal axes.
+
+    specheads distill --target smollm2 --source seed-prompts.jsonl --temperature 0 --out DIR
+    specheads tiny-draft --target smollm2 --data DIR
 """
 
 from __future__ import annotations
@@ -25,9 +34,12 @@ import json
 import platform
 import time
 from dataclasses import asdict, dataclass, fields, replace
+from functools import partial
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from specheads.heads.atomic import replace_dir
 from specheads.heads.target import vocab_hash
@@ -38,11 +50,13 @@ from specheads.train.builders.tiny_target import (
     eval_blocks,
     heldout_loss,
     load_corpus,
+    lr_at,
     token_stream,
     train_steps,
 )
 from specheads.train.builders.tiny_target import read_meta as read_target_meta
-from specheads.train.data import stdlib_corpus
+from specheads.train.data import collate, load_rows, stdlib_corpus, tokenize_rows
+from specheads.train.data.checks import SETTINGS_FILE, check_distill_folder
 from specheads.version import __version__
 
 META_FILE = "specheads_tiny_draft.json"
@@ -136,7 +150,6 @@ def check_heldout_split(target_dir: Path, heldout_files: list[str]) -> None:
 def build(target_dir: Path, cfg: TinyDraftConfig, out: Path, progress: bool = True) -> dict:
     """Train the draft for the target at `target_dir` into `out` (a temporary folder renamed at the end)."""
     from transformers import (  # lazy: transformers adds seconds to every command's start
-        GenerationConfig,
         LlamaConfig,
         LlamaForCausalLM,
     )
@@ -187,6 +200,14 @@ def build(target_dir: Path, cfg: TinyDraftConfig, out: Path, progress: bool = Tr
         "torch": torch.__version__,
         "specheads": __version__,
     }
+    return save_draft(model, tokenizer, target_dir, out, meta, started)
+
+
+def save_draft(model, tokenizer, target_dir: Path, out: Path, meta: dict, started: float) -> dict:
+    """Write the draft, the target's tokenizer (chat template included) and the build record into `out`
+    at once (a temporary folder renamed at the end); returns the record with its build time."""
+    from transformers import GenerationConfig
+
     with replace_dir(out) as tmp:
         # The target's EOS ids (a list for the tiny target: <|eos|> and <|end|>), so both stop alike.
         eos = tokenizer.eos_token_id
@@ -200,6 +221,226 @@ def build(target_dir: Path, cfg: TinyDraftConfig, out: Path, progress: bool = Tr
         meta["build_seconds"] = round(time.time() - started, 1)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
     return meta
+
+
+# -- a draft distilled from the target's answers (any target) -------------------------------------
+
+
+@dataclass(frozen=True)
+class DistilledDraftConfig:
+    """A draft for any target, trained on its own answers (a `specheads distill` folder): next-token
+    cross-entropy on the assistant tokens, whose labels are the target's (greedy) choices.
+
+    4 layers of 128 with tied embeddings: at SmolLM2's 49152 tokens the embedding is most of its 7M
+    parameters and of its multiply-adds per token, about 5% of the 135M target's.
+    """
+
+    seed: int = 0
+    steps: int = 300
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 384
+    max_length: int = 512
+    batch_size: int = 8
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    heldout_rows: int = 32  # the folder's last rows, left out of training for the held-out loss
+    init_from_target: bool = True  # the embedding starts as the target's, on its top principal axes
+
+    @property
+    def total_steps(self) -> int:  # what lr_at reads
+        return self.steps
+
+
+def check_distill_data(data: Path, tokenizer) -> dict:
+    """The settings of the finished `specheads distill` output at `data`, checked to be in the target's
+    tokens; errors name --data and what was expected."""
+    data = Path(data).expanduser()
+    if not data.is_dir():
+        raise FileNotFoundError(
+            f"--data {data}: no such folder (expected a `specheads distill --out` folder)"
+        )
+    try:
+        settings = json.loads((data / SETTINGS_FILE).read_text())
+    except (OSError, ValueError):
+        raise ValueError(
+            f"--data {data}: not a `specheads distill` output (no readable {SETTINGS_FILE}); the draft learns "
+            f"from the target's own answers: run `specheads distill --target T --out {data}` first"
+        ) from None
+    check_distill_folder(data, f"--data {data}")  # finished, its parts holding what its summary counts
+    theirs, ours = settings.get("target", {}).get("vocab_hash"), vocab_hash(tokenizer)
+    if theirs != ours:
+        raise ValueError(
+            f"--data {data} was distilled from a target with another vocabulary (vocab_hash {str(theirs)[:12]}, "
+            f"this target's {ours[:12]}); distill this target's answers for its draft"
+        )
+    return settings
+
+
+def data_fingerprint(data: Path) -> str:
+    """sha256 of a distill folder's settings and parts: the rows the draft learns from."""
+    data = Path(data).expanduser()
+    digest = hashlib.sha256()
+    for file in [data / SETTINGS_FILE, *sorted(data.glob("part-*.jsonl"))]:
+        digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def distilled_rows(data: Path, tokenizer, cfg: DistilledDraftConfig):
+    """(training rows, held-out rows): the folder's conversations in the target's chat template, labels on
+    the assistant tokens (end of turn included), as `specheads train` tokenises them."""
+    rows = load_rows(Path(data).expanduser(), include_capped=True)  # a capped answer is still the target's
+    tokens = tokenize_rows(rows, tokenizer, max_length=cfg.max_length, loss_on="assistant")
+    heldout = min(cfg.heldout_rows, len(tokens) // 4)
+    if len(tokens) - heldout < 1:
+        raise ValueError(f"--data {data}: no rows left to train on after tokenising ({len(tokens)} rows)")
+    split = len(tokens) - heldout
+    return tokens.select(range(split)), tokens.select(range(split, len(tokens)))
+
+
+def target_embedding_axes(target_dir: Path, k: int, initializer_std: float) -> torch.Tensor | None:
+    """(V, k') the target's input embedding E (V, H) on its top k' = min(k, H) principal axes, E V_k' =
+    U_k' S_k' (the best rank-k' view of which tokens the target treats alike), scaled to an entry std of
+    `initializer_std`; None when its weights are not one safetensors file holding an embed_tokens."""
+    from safetensors import safe_open
+
+    path = Path(target_dir) / "model.safetensors"
+    if not path.is_file():
+        return None
+    with safe_open(path, "pt") as f:
+        name = next((n for n in f.keys() if n.endswith("embed_tokens.weight")), None)
+        if name is None:
+            return None
+        embedding = f.get_tensor(name).float()  # (V, H)
+    _, _, vh = torch.linalg.svd(embedding, full_matrices=False)  # E = U S Vh
+    axes = embedding @ vh[: min(k, embedding.shape[1])].T
+    # At the target's scale the tied output starts with logits of tens (loss 24 on SmolLM2 against
+    # ln V = 10.8): scaled to the usual initial std, the geometry stays and the first logits are small.
+    return axes * (initializer_std / axes.std())
+
+
+def label_loss(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed cross-entropy, correct top-1 count) of the draft on the label tokens of `batch`.
+
+    Logits only where token t + 1 is a label: at a 49152-token vocabulary the output layer is most of the
+    work, and the prompt and the padding need none.
+    """
+    hidden = model.model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+    ).last_hidden_state  # (B, T, C)
+    labels = batch["loss_mask"][:, 1:].bool()  # (B, T-1): token t + 1 is a label, predicted at t
+    logits = model.lm_head(hidden[:, :-1][labels])  # (N, V)
+    targets = batch["input_ids"][:, 1:][labels]  # (N,) the target's own tokens
+    correct = (logits.argmax(-1) == targets).sum()
+    return F.cross_entropy(logits, targets, reduction="sum"), correct
+
+
+def train_on_rows(model, rows, make_batch, cfg: DistilledDraftConfig, progress: bool) -> None:
+    """cfg.steps AdamW steps on batches of rows drawn without replacement, epoch after epoch (seeded);
+    the loss is the mean over a batch's label tokens. Leaves the model in eval."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    order: list[int] = []
+    bar = tqdm(range(cfg.steps), desc="tiny-draft (distilled)", disable=not progress, dynamic_ncols=True)
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        while len(order) < cfg.batch_size:
+            order += torch.randperm(len(rows), generator=gen).tolist()
+        picked, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        batch = make_batch([rows[i] for i in picked])
+        total, _ = label_loss(model, batch)
+        loss = total / batch["loss_mask"][:, 1:].sum().clamp(min=1)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr_at(step, cfg):.1e}")
+    bar.close()
+    model.eval()
+
+
+@torch.no_grad()
+def rows_loss(model, rows, make_batch, batch_size: int) -> tuple[float, float]:
+    """(cross-entropy in nats/token, top-1 agreement with the target) over the label tokens of `rows`."""
+    model.eval()
+    total, correct, count = 0.0, 0, 0
+    for start in range(0, len(rows), batch_size):
+        batch = make_batch([rows[i] for i in range(start, min(start + batch_size, len(rows)))])
+        loss, right = label_loss(model, batch)
+        total, correct = total + loss.item(), correct + int(right)
+        count += int(batch["loss_mask"][:, 1:].sum())
+    return total / max(count, 1), correct / max(count, 1)
+
+
+def build_distilled(
+    target_dir: Path, data: Path, cfg: DistilledDraftConfig, out: Path, progress: bool = True
+) -> dict:
+    """Train a draft for the target at `target_dir` on its answers in the distill folder `data`, into
+    `out` (a temporary folder renamed at the end)."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # lazy: seconds at every command's start
+
+    started = time.time()
+    target_dir, data = Path(target_dir).expanduser(), Path(data).expanduser()
+    tokenizer, target_config = load_target_side(target_dir)
+    settings = check_distill_data(data, tokenizer)
+    train_rows, heldout_rows = distilled_rows(data, tokenizer, cfg)
+    make_batch = partial(  # right padding, one row per sequence
+        collate, pad_token_id=tokenizer.pad_token_id, packing=False, max_length=cfg.max_length
+    )
+
+    torch.manual_seed(cfg.seed)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=target_config.vocab_size,  # the target's rows: ids must mean the same tokens
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads,
+            max_position_embeddings=getattr(target_config, "max_position_embeddings", cfg.max_length),
+            tie_word_embeddings=True,  # the vocabulary is most of the draft; one copy of it
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    init_std = model.config.initializer_range
+    axes = target_embedding_axes(target_dir, cfg.hidden_size, init_std) if cfg.init_from_target else None
+    if axes is not None:
+        with torch.no_grad():
+            model.get_input_embeddings().weight[: axes.shape[0], : axes.shape[1]] = axes
+    train_on_rows(model, train_rows, make_batch, cfg, progress)
+    loss, top1 = rows_loss(model, heldout_rows, make_batch, cfg.batch_size)
+    identity = {**target_identity(target_dir, tokenizer), "data": data_fingerprint(data)}
+    meta = {
+        "key": draft_key(cfg, identity),
+        "builder": asdict(cfg),
+        "target": {"path": str(target_dir), **target_identity(target_dir, tokenizer)},
+        "data": {
+            "path": str(data),
+            "fingerprint": identity["data"],
+            "train_rows": len(train_rows),
+            "heldout_rows": len(heldout_rows),
+            "distilled": {k: settings.get(k) for k in ("source", "temperature", "max_new_tokens", "seed")},
+        },
+        "steps": cfg.steps,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "embedding_init": "target principal axes" if axes is not None else "random",
+        "heldout_loss": loss,
+        "heldout_top1": top1,  # how often the draft picks the target's token: a proxy for acceptance
+        "build_seconds": None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "specheads": __version__,
+    }
+    return save_draft(model, tokenizer, target_dir, out, meta, started)
+
+
+# -- cache ----------------------------------------------------------------------------------------
 
 
 def read_meta(path: Path) -> dict | None:
@@ -218,18 +459,29 @@ def default_output_dir(key: str) -> Path:
 
 def ensure_tiny_draft(
     target_dir: Path,
-    cfg: TinyDraftConfig = TinyDraftConfig(),
+    cfg: TinyDraftConfig | DistilledDraftConfig | None = None,
     out: Path | None = None,
     force: bool = False,
     progress: bool = True,
+    data: Path | None = None,
 ) -> tuple[Path, dict, bool]:
     """Build the draft for `target_dir`, or reuse a finished build with the same settings and target.
 
-    Returns (directory, build record, reused). An explicit `out` holding anything else is never
-    overwritten without `force`.
+    Without `data` the draft is trained on the tiny target's corpus (TinyDraftConfig); with `data`, a
+    `specheads distill` folder of the target's answers, it is distilled from them (DistilledDraftConfig),
+    and the key names the data too. Returns (directory, build record, reused). An explicit `out` holding
+    anything else is never overwritten without `force`.
     """
+    if cfg is None:
+        cfg = TinyDraftConfig() if data is None else DistilledDraftConfig()
+    if isinstance(cfg, DistilledDraftConfig) != (data is not None):
+        raise ValueError(f"{type(cfg).__name__} is for a draft {'without' if data is None else 'with'} data")
     tokenizer, _ = load_target_side(target_dir)
-    key = draft_key(cfg, target_identity(Path(target_dir).expanduser(), tokenizer))
+    identity = target_identity(Path(target_dir).expanduser(), tokenizer)
+    if data is not None:
+        check_distill_data(data, tokenizer)  # before any key, folder or training
+        identity["data"] = data_fingerprint(data)
+    key = draft_key(cfg, identity)
     out = Path(out).expanduser() if out is not None else default_output_dir(key)
     meta = read_meta(out)
     if meta is not None and meta.get("key") == key and not force:
@@ -237,4 +489,6 @@ def ensure_tiny_draft(
     if out.exists() and any(out.iterdir()) and not force:
         what = "a draft built with other settings or for another target" if meta else "not a tiny draft"
         raise FileExistsError(f"{out} holds {what}; refusing to overwrite it (pass --force)")
+    if data is not None:
+        return out, build_distilled(target_dir, data, cfg, out, progress=progress), False
     return out, build(target_dir, cfg, out, progress=progress), False
