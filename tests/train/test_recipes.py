@@ -27,9 +27,10 @@ DEPTHS = {
     "Qwen/Qwen2.5-7B-Instruct": 28,
     "Qwen/Qwen3-8B": 36,
     "mistralai/Mistral-7B-Instruct-v0.3": 32,
+    "smollm2": 30,
 }
 # The families × methods issue 7 asks recipes for.
-REAL = ["llama-3.1-8b", "llama-3.3-70b", "qwen2.5-7b", "qwen3-8b", "mistral-7b"]
+REAL = ["llama-3.1-8b", "llama-3.3-70b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "smollm2-135m"]
 
 
 def header(path: Path) -> str:
@@ -73,6 +74,9 @@ def test_recipe_loads_and_its_header_launches_it(path):
         assert len(cfg.eagle3_layers) == 3 and all(0 <= i <= depth for i in cfg.eagle3_layers)
     if cfg.target == "tiny":
         return
+    if cfg.target == "smollm2":
+        check_smollm2(path, cfg, text)
+        return
     # a real target: launched on the GPUs the header asks for, in bf16, EAGLE-3 on the default layers
     (gpus,) = re.findall(r"# GPUs: (\d+)× \S+", text)
     processes = re.findall(
@@ -89,6 +93,28 @@ def test_recipe_loads_and_its_header_launches_it(path):
         assert 3e-5 <= cfg.lr <= 1e-4 and cfg.max_length == 2048
     if depth >= 80:  # a 70B target does not fit whole on one 80 GB GPU: it must be sharded
         assert "zero3-sharded-target.yaml --num_processes" in text
+
+
+def check_smollm2(path, cfg, text):
+    """The offline real target: a CPU launch with the wall time a run measured, and a one-GPU launch in
+    bf16; its data made by the commands the header gives; EAGLE-3 on (2, 15, 27) over 8,192 tokens."""
+    timed = re.findall(
+        r"# CPU \(2 cores, fp32\), about (\d+) min \(measured: (\d+) steps at (\d+) s a step on (\d) thread", text
+    )
+    assert timed, f"{relative(path)}: no CPU wall time measured by a run in its header"
+    ((minutes, steps, seconds, threads),) = timed
+    assert int(steps) > 0 and int(seconds) > 0
+    # the whole run's minutes follow from the measured step time (within the start-up's few minutes)
+    assert abs(int(minutes) - cfg.max_steps * int(seconds) / 60) <= 0.15 * int(minutes) + 3
+    assert f"specheads train {relative(path)} --threads {threads}" in text
+    assert f"specheads train {relative(path)} target_dtype=bfloat16 mixed_precision=bf16" in text
+    assert "(30 decoder layers" in text and cfg.target_dtype == "float32"
+    (made,) = set(re.findall(r"specheads distill .*--out (\S+)", text))
+    assert cfg.data == [made]
+    if cfg.method == "eagle3":
+        assert cfg.eagle3_layers == [2, 15, 27] and cfg.draft_vocab_size == 8192
+    if cfg.method in ("medusa", "medusa2"):
+        assert cfg.share_lm_head  # one copy of the tied 49152-row projection, not one a head
 
 
 def test_recipes_write_to_their_own_output_dirs():
