@@ -46,6 +46,7 @@ from specheads.evaluate.calibrate import CalibrationSettings, hold_out, max_tree
 from specheads.evaluate.conversations import (
     Conversation,
     TurnSettings,
+    first_turns,
     prompt_set_path,
     read_conversations,
     render_turn,
@@ -62,6 +63,7 @@ from specheads.evaluate.peers import (
     HeadsMethod,
     Method,
     PromptLookupPeer,
+    calibrate_heads,
     load_draft_model,
 )
 from specheads.evaluate.plots import PLOTS, check_matplotlib, write_plots
@@ -374,24 +376,6 @@ def tree_auto(args: argparse.Namespace) -> bool:
     return bool(args.heads) and "auto" in (args.tree or [])
 
 
-def calibration_prompts(conversations: list[Conversation], tokenizer, settings: TurnSettings) -> list[Prompt]:
-    """The held-out conversations' first turns, as the calibration decodes them."""
-    return [
-        Prompt(c.id, c.category, render_turn(tokenizer, c, [], settings.templated, settings.prompt_tokens))
-        for c in conversations
-    ]
-
-
-def calibrate_heads(
-    methods: dict[str, tuple[str, Method]], progress: Progress, prompts: list[Prompt], settings
-) -> None:
-    """Replace each CalibratedHeads of `methods` with our decoder over its calibrated tree (kept in
-    `progress` under "calibration:<name>", so that a resumed run decodes with the same tree)."""
-    for name, (kind, method) in methods.items():
-        if isinstance(method, CalibratedHeads):
-            methods[name] = (kind, method.heads_method(progress, f"calibration:{name}", prompts, settings))
-
-
 def command_line(args: argparse.Namespace, peers: list[str]) -> str:
     """The command with every option spelled out, so that it reproduces this run."""
     parts = [
@@ -563,7 +547,7 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
         depth=max(method.max_depth for _, method in methods.values()),
     )
     conversations, skipped = select_prompts(conversations, tokenizer, settings, options.skip_long)
-    held_out = calibration_prompts(held_out, tokenizer, settings)
+    held_out = first_turns(held_out, tokenizer, settings)  # what --tree auto calibrates on
     check_prompt_lengths(held_out, target.config, options.max_new_tokens, settings.depth)
     with hold_folder(options.out):  # a second eval or compare on the folder stops at once
         header = progress_settings(options, peers, methods, conversations, target, templated, held_out)

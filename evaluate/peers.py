@@ -324,3 +324,13 @@ class CalibratedHeads:
             progress, key, self.heads, self.config, self.target, prompts, settings
         )
         return HeadsMethod(self.target, drafter, tree, self.record, calibration)
+
+
+def calibrate_heads(
+    methods: dict[str, tuple[str, Method]], progress: Progress, prompts: list, settings: CalibrationSettings
+) -> None:
+    """Replace each CalibratedHeads of `methods` (name -> (kind, method)) with our decoder over its calibrated
+    tree, kept in `progress` under "calibration:<name>" so that a resumed run decodes with the same tree."""
+    for name, (kind, method) in methods.items():
+        if isinstance(method, CalibratedHeads):
+            methods[name] = (kind, method.heads_method(progress, f"calibration:{name}", prompts, settings))
