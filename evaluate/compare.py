@@ -20,6 +20,11 @@ Prompts (--prompts):
     heldout, *.json        held-out source files (evaluate.prompts.read_prompts): the first
                            --prompt-tokens tokens of each, as raw text
 
+`--tree auto` (for every heads directory, or some: one name each) calibrates a heads directory's tree as
+`specheads eval --tree auto` does (evaluate/calibrate.py), on the first turns of the last
+--calibration-prompts prompts, which no method is then compared on; the chosen tree is kept in
+progress.jsonl, so that a resumed run decodes with it, and recorded in the method's settings.
+
 Writes to --out: results.json (one entry per method: DESIGN.md's figures, report.py's draft figures,
 per category, per prompt; the run order, settings, versions and the command), report.md (tables overall
 and per category, acceptance per position, the plots), the PNG plots (evaluate/plots.py), and

@@ -49,7 +49,8 @@ def add_tree_argument(parser, *, per_heads: bool = False, auto: bool = False) ->
     if auto:
         help += (
             "; or auto: the size with the most expected tokens/s, measured here on --calibration-prompts "
-            "(evaluate/calibrate.py)"
+            "(evaluate/calibrate.py; not the default: it holds those prompts out and calibrates first, "
+            "minutes on a CPU for a real target)"
         )
     if per_heads:
         help += "; one name for every --heads directory, or one each"
