@@ -516,8 +516,8 @@ def calibrated_once(
     return drafter, tree, calibration
 
 
-def calibration_note(results: dict[str, Any]) -> str:
-    """report.md's line on a calibrated tree."""
+def calibration_note(results: dict[str, Any], where: str = "results.json: calibration") -> str:
+    """report.md's line on a calibrated tree: `results` holds its "tree" and "calibration", found at `where`."""
     calibration, tree = results["calibration"], results["tree"]
     best = next(row for row in calibration["candidates"] if row["name"] == tree["name"])
     return (
@@ -525,5 +525,5 @@ def calibration_note(results: dict[str, Any]) -> str:
         f"calibrated on {len(calibration['prompts']['ids'])} held-out prompts: expected τ "
         f"{best['accept_length']:.2f}, step {best['step_seconds'] * 1e3:.2f} ms + draft "
         f"{best['draft_seconds'] * 1e3:.2f} ms, {best['tokens_per_second']:.1f} tokens/s "
-        f"(results.json: calibration).\n"
+        f"({where}).\n"
     )

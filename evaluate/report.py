@@ -279,7 +279,8 @@ def render_comparison(results: dict[str, Any]) -> str:
         settings = ", ".join(f"{k}={_short(v)}" for k, v in m["settings"].items() if k != "calibration")
         lines.append(f"- `{m['name']}` ({m['method']}): {settings}")
         if "calibration" in m["settings"]:  # --tree auto: the calibrated tree, as eval's report.md gives it
-            lines.append("  " + calibration_note(m["settings"]).rstrip())
+            where = f"results.json: the {m['name']} method's settings.calibration"
+            lines.append("  " + calibration_note(m["settings"], where).rstrip())
     lines += ["", "## Terms", ""]
     lines += [f"- **{term}**: {text}" for term, text in results["definitions"].items()]
     lines += [

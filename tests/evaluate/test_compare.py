@@ -524,6 +524,8 @@ def test_compare_tree_auto_calibrates_each_heads_and_resumes_with_its_trees(setu
         assert entry["identical_to_baseline"] == "2/2"
     command = shlex.split(reference["command"])
     assert command[command.index("--tree") + 1] == "auto" and "--calibration-prompts" in command
+    report = (whole / "report.md").read_text()
+    assert f"tree `{reference['methods'][1]['settings']['tree']['name']}` chosen by `--tree auto`" in report
 
     out = tmp_path / "stopped"
     real, calls = compare.run_conversation, []
