@@ -59,7 +59,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tokens taken from the start of each file",
     )
     p.add_argument("--max-new-tokens", type=int, default=CompareOptions.max_new_tokens, help="per turn")
-    add_tree_argument(p, per_heads=True)
+    add_tree_argument(p, per_heads=True, auto=True)
+    p.add_argument(
+        "--calibration-prompts",
+        type=int,
+        default=None,
+        help="--tree auto: calibrate on the first turns of the last K prompts of --prompts, which are then "
+        "not compared (default 4); --num-prompts counts the rest",
+    )
     p.add_argument(
         "--prompt-lookup-tokens",
         type=int,

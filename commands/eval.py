@@ -12,7 +12,7 @@ from specheads.commands.threads import add_threads_argument
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.decoder import SpeculativeDecoder
 from specheads.evaluate.batched_eval import evaluate_batched
-from specheads.evaluate.calibrate import CalibrationSettings, calibrated_drafter, hold_out, max_tree_depth
+from specheads.evaluate.calibrate import CalibrationSettings, calibrated_once, hold_out, max_tree_depth
 from specheads.evaluate.eval_drafters import add_tree_argument, check_tree_for_method, drafter_for
 from specheads.evaluate.evaluate import (
     REPORT_FILE,
@@ -141,26 +141,31 @@ def run(args: argparse.Namespace) -> int:
     prompts, templated = encode_prompts(
         texts, target.tokenizer, not args.no_chat_template, args.prompt_tokens
     )
-    if args.tree == "auto":  # evaluate/calibrate.py
+    if args.tree == "auto":  # evaluate/calibrate.py, once the progress file is open (a resume reuses it)
         held_out, _ = encode_prompts(
             held_out, target.tokenizer, not args.no_chat_template, args.prompt_tokens
         )
-        settings = CalibrationSettings(max_new_tokens=args.max_new_tokens)
-        depth = max_tree_depth(heads, head_config, settings)
+        calibration_settings = CalibrationSettings(max_new_tokens=args.max_new_tokens)
+        depth = max_tree_depth(heads, head_config, calibration_settings)
         check_prompt_lengths(prompts + held_out, target.config, args.max_new_tokens, depth)
-        drafter, tree, calibration = calibrated_drafter(heads, head_config, target, held_out, settings)
+        tree = "auto"
     else:
-        (drafter, tree), calibration = drafter_for(heads, head_config, target, args.tree), None
-    check_prompt_lengths(prompts, target.config, args.max_new_tokens, tree["depth"])
+        drafter, tree = drafter_for(heads, head_config, target, args.tree)
+        check_prompt_lengths(prompts, target.config, args.max_new_tokens, tree["depth"])
     with hold_folder(args.out):  # a second eval or compare on --out stops at once
         sampling = sampling_params(args)
-        settings = progress_settings(args, head_config, target, tree, templated, prompts)
+        settings = progress_settings(args, head_config, target, tree, templated, prompts, held_out)
         progress = Progress(args.out, "eval", settings, resume=args.resume)
         if progress.done:
             print(f"resuming: {len(progress.done)} of {len(prompts)} prompts already done ({progress.path})")
         how = {"sampling": sampling, "seed": args.seed, "done": progress.done, "on_record": progress.append}
+        calibration = None
         try:
             with stop_on_sigterm():  # SIGTERM stops as Ctrl-C does: what is finished stays in progress.jsonl
+                if args.tree == "auto":
+                    drafter, tree, calibration = calibrated_once(
+                        progress, "calibration", heads, head_config, target, held_out, calibration_settings
+                    )
                 if args.batch_size > 1:
                     decoder = BatchedSpeculativeDecoder(target, drafter)
                     records = evaluate_batched(
@@ -184,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
                         **how,
                     )
         except KeyboardInterrupt:
-            command = command_line(args, "auto" if calibration else tree["name"])
+            command = command_line(args, "auto" if args.tree == "auto" else tree["name"])
             print(stopped_message(command, len(progress.done), len(prompts), args.out))
             raise
         results = build_results(args, records, head_config, target, tree, templated, calibration)
@@ -196,13 +201,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
 
-def progress_settings(args, head_config, target, tree, templated, prompts) -> dict:
+def progress_settings(args, head_config, target, tree, templated, prompts, held_out=()) -> dict:
     """progress.jsonl's header: every setting that decides the token outputs (never timings, warmup,
-    threads), so that a resumed run continues only the same run."""
+    threads), so that a resumed run continues only the same run. `tree` is the tree's record, or "auto":
+    the calibrated tree is kept beside the settings (`calibrated_once`), on `held_out` prompts."""
     ids = hashlib.sha256()
     for prompt in prompts:
         ids.update(json.dumps(prompt.input_ids[0].tolist()).encode() + b"\n")
-    return {
+    settings = {
         "target": args.target,
         "target_weights": target.record().weights_fingerprint,
         "heads": str(Path(args.heads).resolve()),
@@ -228,3 +234,6 @@ def progress_settings(args, head_config, target, tree, templated, prompts) -> di
         "device": args.device,
         "attn": args.attn,
     }
+    if tree == "auto":
+        settings["calibration_prompts"] = [p.id for p in held_out]
+    return settings

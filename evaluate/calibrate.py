@@ -63,7 +63,14 @@ from specheads.decode.sampling import SamplingParams
 from specheads.decode.trees import DraftTree, StaticTree, build_tree, expected_accept_length
 from specheads.decode.verify import Acceptance, verify_greedy
 from specheads.evaluate.baseline import generate_rows
-from specheads.evaluate.eval_drafters import EAGLE_DEPTH, EAGLE_TOP_K, dynamic_drafter, medusa_drafter
+from specheads.evaluate.eval_drafters import (
+    EAGLE_DEPTH,
+    EAGLE_TOP_K,
+    drafter_for,
+    dynamic_drafter,
+    medusa_drafter,
+)
+from specheads.evaluate.progress import Progress
 from specheads.evaluate.step_timing import Timer, measured_timer
 from specheads.heads.methods import method_named
 from specheads.heads.target import FrozenTarget
@@ -487,8 +494,30 @@ def calibrated_drafter(
     return best.drafter, best.tree, record
 
 
-def calibration_note(results: dict[str, Any]) -> str:
-    """report.md's line on a calibrated tree."""
+def calibrated_once(
+    progress: Progress,
+    key: str,
+    heads: torch.nn.Module,
+    config: dict[str, Any],
+    target: FrozenTarget,
+    prompts: Sequence[Any],
+    settings: CalibrationSettings,
+) -> tuple[Drafter, dict[str, Any], dict[str, Any]]:
+    """`calibrated_drafter`, once per run: the calibration is kept in the run's progress file under `key`,
+    and a resumed run rebuilds the tree chosen there instead of calibrating again (timings vary, so a
+    second calibration may choose another tree, and the records already done were decoded with the first).
+    Returns as `calibrated_drafter`."""
+    calibration = progress.kept.get(key)
+    if calibration is None:
+        drafter, tree, calibration = calibrated_drafter(heads, config, target, prompts, settings)
+        progress.keep(key, calibration)
+        return drafter, tree, progress.kept[key]  # as it reads back on resume (tuples become lists)
+    drafter, tree = drafter_for(heads, config, target, calibration["chosen"])
+    return drafter, tree, calibration
+
+
+def calibration_note(results: dict[str, Any], where: str = "results.json: calibration") -> str:
+    """report.md's line on a calibrated tree: `results` holds its "tree" and "calibration", found at `where`."""
     calibration, tree = results["calibration"], results["tree"]
     best = next(row for row in calibration["candidates"] if row["name"] == tree["name"])
     return (
@@ -496,5 +525,5 @@ def calibration_note(results: dict[str, Any]) -> str:
         f"calibrated on {len(calibration['prompts']['ids'])} held-out prompts: expected τ "
         f"{best['accept_length']:.2f}, step {best['step_seconds'] * 1e3:.2f} ms + draft "
         f"{best['draft_seconds'] * 1e3:.2f} ms, {best['tokens_per_second']:.1f} tokens/s "
-        f"(results.json: calibration).\n"
+        f"({where}).\n"
     )

@@ -20,6 +20,11 @@ Prompts (--prompts):
     heldout, *.json        held-out source files (evaluate.prompts.read_prompts): the first
                            --prompt-tokens tokens of each, as raw text
 
+`--tree auto` (for every heads directory, or some: one name each) calibrates a heads directory's tree as
+`specheads eval --tree auto` does (evaluate/calibrate.py), on the first turns of the last
+--calibration-prompts prompts, which no method is then compared on; the chosen tree is kept in
+progress.jsonl, so that a resumed run decodes with it, and recorded in the method's settings.
+
 Writes to --out: results.json (one entry per method: DESIGN.md's figures, report.py's draft figures,
 per category, per prompt; the run order, settings, versions and the command), report.md (tables overall
 and per category, acceptance per position, the plots), the PNG plots (evaluate/plots.py), and
@@ -42,9 +47,11 @@ from tqdm.auto import tqdm
 
 from specheads.decode.decoder import timed
 from specheads.evaluate.answers import ANSWERS_DIR, answer_file, write_answers
+from specheads.evaluate.calibrate import CalibrationSettings, hold_out, max_tree_depth
 from specheads.evaluate.conversations import (
     Conversation,
     TurnSettings,
+    first_turns,
     prompt_set_path,
     read_conversations,
     render_turn,
@@ -55,15 +62,18 @@ from specheads.evaluate.peers import (
     BASELINE,
     PEERS,
     AssistedPeer,
+    CalibratedHeads,
     Decoded,
     GeneratePeer,
     HeadsMethod,
     Method,
     PromptLookupPeer,
+    calibrate_heads,
     load_draft_model,
 )
 from specheads.evaluate.plots import PLOTS, check_matplotlib, write_plots
 from specheads.evaluate.progress import PROGRESS_FILE, Progress, stop_on_sigterm, stopped_message
+from specheads.evaluate.prompts import Prompt, check_prompt_lengths
 from specheads.evaluate.report import (
     DEFINITIONS,
     DRAFT_DEFINITIONS,
@@ -281,6 +291,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(
             f"--tree takes one name or one per --heads directory ({len(args.heads)}), got {args.tree}"
         )
+    if args.calibration_prompts is not None and (not tree_auto(args) or args.calibration_prompts < 1):
+        raise ValueError(
+            f"--calibration-prompts must be >= 1, with --tree auto; got {args.calibration_prompts}"
+        )
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: no CUDA device is available here")
     if args.out.exists() and not args.out.is_dir():
@@ -345,12 +359,26 @@ def build_methods(
             dtype=target.dtype,
             allow_target_mismatch=args.allow_target_mismatch,
         )
-        drafter, tree_record = drafter_for(heads, config, target, tree)
         record = {"path": str(Path(path).resolve()), "head_config": config["head_config"]}
         if (adapter := heads_adapter(path)) is not None:
             record["adapter"] = str(adapter.resolve())  # merged into the target every method decodes
-        methods[name] = (config["method"], HeadsMethod(target, drafter, tree_record, record))
+        if tree == "auto":  # calibrated once the progress file is open (`calibrate_heads`)
+            depth = max_tree_depth(heads, config, calibration_settings(args))
+            methods[name] = (config["method"], CalibratedHeads(target, heads, config, record, depth))
+        else:
+            drafter, tree_record = drafter_for(heads, config, target, tree)
+            methods[name] = (config["method"], HeadsMethod(target, drafter, tree_record, record))
     return methods
+
+
+def calibration_settings(args: argparse.Namespace) -> CalibrationSettings:
+    """How `--tree auto` calibrates: greedy continuations as long as a compared turn's."""
+    return CalibrationSettings(max_new_tokens=args.max_new_tokens)
+
+
+def tree_auto(args: argparse.Namespace) -> bool:
+    """Whether any --heads directory's tree is `auto` (calibration prompts are then held out)."""
+    return bool(args.heads) and "auto" in (args.tree or [])
 
 
 def command_line(args: argparse.Namespace, peers: list[str]) -> str:
@@ -373,6 +401,8 @@ def command_line(args: argparse.Namespace, peers: list[str]) -> str:
             parts += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     if args.tree:
         parts += ["--tree", *args.tree]
+    if args.calibration_prompts is not None:
+        parts += ["--calibration-prompts", str(args.calibration_prompts)]
     for flag in ("skip_long", "no_chat_template", "no_plots"):
         if getattr(args, flag):
             parts.append("--" + flag.replace("_", "-"))
@@ -389,8 +419,10 @@ def build_results(
     skipped: list[str],
     target: FrozenTarget,
     templated: bool,
+    held_out: list[Prompt] = (),
 ) -> dict[str, Any]:
-    """results.json: one entry per method first, then the run order and what produced them."""
+    """results.json: one entry per method first, then the run order and what produced them; `held_out`:
+    the calibration prompts of `--tree auto` (each calibrated method's settings hold its calibration)."""
     entries = [
         method_entry(name, kind, method, records_for(runs[name], runs[BASELINE], conversations))
         for name, (kind, method) in methods.items()
@@ -410,6 +442,7 @@ def build_results(
             "num_prompts": len(conversations),
             "turns": sum(len(c.turns) for c in conversations),
             "skipped": skipped,
+            **({"calibration": [p.id for p in held_out]} if held_out else {}),
         },
         "max_new_tokens": args.max_new_tokens,
         "temperature": 0.0,
@@ -451,7 +484,8 @@ class CompareOptions:
     no_chat_template: bool = False
     prompt_tokens: int = 64  # tokens taken from the start of each held-out file
     max_new_tokens: int = 128  # per turn
-    tree: list[str] | None = None  # one name for every heads directory, or one each
+    tree: list[str] | None = None  # one name for every heads directory, or one each; auto: calibrated
+    calibration_prompts: int | None = None  # --tree auto: the last K prompts calibrate, not compared
     prompt_lookup_tokens: int = 10
     prompt_lookup_ngram: int | None = None
     assistant_tokens: int = 20  # transformers' default
@@ -486,9 +520,18 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
     configs = [read_head_config(path) for path in options.heads]  # a foreign checkpoint fails before loading
     head_names(configs, options.heads)
     target_path = resolve_target(options.target)  # a named target (tiny, smollm2) is found or built here
+    auto = tree_auto(options)
     conversations = read_conversations(
-        options.prompts, target_path, options.category, options.num_prompts, options.max_turns
+        options.prompts,
+        target_path,
+        options.category,
+        None if auto else options.num_prompts,
+        options.max_turns,
     )
+    held_out, conversations = (
+        hold_out(conversations, options.calibration_prompts) if auto else ([], conversations)
+    )
+    conversations = conversations[: options.num_prompts]
 
     if options.threads is not None:
         torch.set_num_threads(options.threads)
@@ -509,8 +552,10 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
         depth=max(method.max_depth for _, method in methods.values()),
     )
     conversations, skipped = select_prompts(conversations, tokenizer, settings, options.skip_long)
+    held_out = first_turns(held_out, tokenizer, settings)  # what --tree auto calibrates on
+    check_prompt_lengths(held_out, target.config, options.max_new_tokens, settings.depth)
     with hold_folder(options.out):  # a second eval or compare on the folder stops at once
-        header = progress_settings(options, peers, methods, conversations, target, templated)
+        header = progress_settings(options, peers, methods, conversations, target, templated, held_out)
         progress = Progress(options.out, "compare", header, resume=options.resume)
         if progress.done:
             print(
@@ -518,6 +563,7 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
             )
         try:
             with stop_on_sigterm():  # SIGTERM stops as Ctrl-C does: what is finished stays in progress.jsonl
+                calibrate_heads(methods, progress, held_out, calibration_settings(options))
                 runs, orders = compare(
                     {name: method for name, (_, method) in methods.items()},
                     conversations,
@@ -534,16 +580,19 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
             print(stopped_message(command, len(progress.done), len(conversations), options.out))
             raise
         results = build_results(
-            options, peers, methods, runs, orders, conversations, skipped, target, templated
+            options, peers, methods, runs, orders, conversations, skipped, target, templated, held_out
         )
         write_outputs(options.out, results, runs, conversations)
         progress.remove()
     return results
 
 
-def progress_settings(options, peers, methods, conversations, target, templated) -> dict[str, Any]:
-    """progress.jsonl's header: every setting that decides the outputs (never timings, warmup, threads)."""
-    return {
+def progress_settings(
+    options, peers, methods, conversations, target, templated, held_out=()
+) -> dict[str, Any]:
+    """progress.jsonl's header: every setting that decides the outputs (never timings, warmup, threads).
+    A calibrated method's tree is "auto" here; the tree it chose is kept beside (`calibrate_heads`)."""
+    settings = {
         "target": options.target,
         "target_weights": target.record().weights_fingerprint,
         "methods": {name: method.settings() for name, (_, method) in methods.items()},
@@ -563,3 +612,6 @@ def progress_settings(options, peers, methods, conversations, target, templated)
         "device": options.device,
         "attn": options.attn,
     }
+    if held_out:
+        settings["calibration_prompts"] = [p.id for p in held_out]
+    return settings

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specheads.evaluate.prompts import read_prompts
+from specheads.evaluate.prompts import Prompt, read_prompts
 from specheads.heads.question_sets import prompt_set_path
 
 
@@ -92,6 +92,14 @@ def render_turn(
         ids = tokenizer("\n\n".join([*parts, conversation.turns[k]]))["input_ids"]
         ids = ids if conversation.chat else ids[:prompt_tokens]
     return torch.tensor([ids], dtype=torch.long)
+
+
+def first_turns(conversations: list[Conversation], tokenizer, settings: TurnSettings) -> list[Prompt]:
+    """Each conversation's first turn as a prompt (`--tree auto` calibrates on the held-out ones)."""
+    return [
+        Prompt(c.id, c.category, render_turn(tokenizer, c, [], settings.templated, settings.prompt_tokens))
+        for c in conversations
+    ]
 
 
 def positions_needed(tokenizer, conversation: Conversation, settings: TurnSettings) -> int:

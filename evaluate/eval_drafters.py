@@ -49,7 +49,8 @@ def add_tree_argument(parser, *, per_heads: bool = False, auto: bool = False) ->
     if auto:
         help += (
             "; or auto: the size with the most expected tokens/s, measured here on --calibration-prompts "
-            "(evaluate/calibrate.py)"
+            "(evaluate/calibrate.py; not the default: it holds those prompts out and calibrates first, "
+            "minutes on a CPU for a real target)"
         )
     if per_heads:
         help += "; one name for every --heads directory, or one each"
@@ -101,15 +102,16 @@ def static_tree_only(tree: str) -> None:
 
 
 def drafter_for(
-    heads: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | None
+    heads: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | dict[str, Any] | None
 ) -> tuple[Drafter, dict[str, Any]]:
-    """The drafter for a checkpoint's heads and a named tree: its method's `drafter` (the method table).
+    """The drafter for a checkpoint's heads and a tree: its method's `drafter` (the method table).
 
     Args:
         heads: the loaded heads (`load_heads`).
         config: the checkpoint's config.json; its "method" picks the drafter.
         target: the frozen target the heads read.
-        tree: the `--tree` name, or None for the method's default.
+        tree: the `--tree` name, None for the method's default, or a tree as the returned record describes
+            it (`--tree auto`'s choice, rebuilt on resume).
 
     Returns:
         The drafter, and what results.json records of its trees: at least "name", "nodes" and
@@ -124,7 +126,7 @@ def drafter_for(
         raise ValueError(
             f"`specheads eval` has no drafter for heads of method {config.get('method')!r}; it knows: {known}"
         )
-    if tree is not None:
+    if isinstance(tree, str):
         method.check_tree(tree)
     return method.drafter(heads, config, target, tree)
 
@@ -132,14 +134,30 @@ def drafter_for(
 def medusa_drafter_for(
     heads: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | None
 ):
-    """Medusa's `Method.drafter`: its heads over a static tree (`--tree` or one sized to the heads)."""
+    """Medusa's `Method.drafter`: its heads over a static tree (`--tree`, a recorded tree, or one sized to
+    the heads)."""
+    if isinstance(tree, dict):  # a tree as results.json records it (a calibrated one, kept for a resume)
+        static = StaticTree.from_choices(tree["choices"], num_heads=heads.num_heads)
+        return medusa_drafter(heads, target, static, tree["name"])
     name = tree or default_tree_name(heads.num_heads)
     return medusa_drafter(heads, target, default_tree(name, num_heads=heads.num_heads), name)
 
 
 def eagle_drafter_for(head: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | None):
     """EAGLE's and EAGLE-3's `Method.drafter`: a static EAGLE-1 tree when `--tree` names one, else EAGLE-2
-    dynamic trees (`dynamic-N`: N nodes verified a step)."""
+    dynamic trees (`dynamic-N`: N nodes verified a step), or the tree a record describes."""
+    if isinstance(tree, dict) and "top_k" in tree:  # a recorded EAGLE-2 tree (a calibrated one)
+        return dynamic_drafter(
+            head,
+            target,
+            top_k=tree["top_k"],
+            depth=tree["depth"],
+            total_tokens=tree["nodes"],
+            name=tree["name"],
+        )
+    if isinstance(tree, dict):  # a recorded static tree
+        static = StaticTree.from_choices(tree["choices"])
+        return EagleDrafter(head, target, static), static_record(tree["name"], static)
     if tree is not None and dynamic_size(tree) is None:
         static = default_tree(tree)  # an EAGLE-1 static tree: ranks of the head's own top-k per depth
         return EagleDrafter(head, target, static), static_record(tree, static)

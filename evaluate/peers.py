@@ -30,7 +30,9 @@ from specheads.decode.decoder import SpeculativeDecoder
 from specheads.decode.drafters import DraftContext, Drafter
 from specheads.decode.trees import DraftTree
 from specheads.evaluate.baseline import generate_rows
+from specheads.evaluate.calibrate import CalibrationSettings, calibrated_once
 from specheads.evaluate.evaluate import baseline_generate
+from specheads.evaluate.progress import Progress
 from specheads.heads import FrozenTarget, vocab_hash
 
 BASELINE = "generate"
@@ -271,10 +273,17 @@ class RecordingDrafter:
 class HeadsMethod:
     """Our tree decoder with one set of heads (the drafter from evaluate.eval_drafters.drafter_for)."""
 
-    def __init__(self, target: FrozenTarget, drafter: Drafter, tree: dict[str, Any], heads: dict[str, Any]):
+    def __init__(
+        self,
+        target: FrozenTarget,
+        drafter: Drafter,
+        tree: dict[str, Any],
+        heads: dict[str, Any],
+        calibration: dict[str, Any] | None = None,
+    ):
         self.recorder = RecordingDrafter(drafter)
         self.decoder = SpeculativeDecoder(target, self.recorder)
-        self.tree, self.heads = tree, heads
+        self.tree, self.heads, self.calibration = tree, heads, calibration
         self.max_depth = tree["depth"]
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> Decoded:
@@ -289,4 +298,39 @@ class HeadsMethod:
         )
 
     def settings(self) -> dict[str, Any]:
-        return {"tree": self.tree, "heads": self.heads}
+        calibration = {"calibration": self.calibration} if self.calibration is not None else {}
+        return {"tree": self.tree, "heads": self.heads, **calibration}
+
+
+@dataclass
+class CalibratedHeads:
+    """Heads whose tree `--tree auto` chooses (evaluate/calibrate.py) once the run's progress file is open,
+    so that a resumed run takes the tree kept there; `heads_method` then gives the HeadsMethod."""
+
+    target: FrozenTarget
+    heads: torch.nn.Module
+    config: dict[str, Any]
+    record: dict[str, Any]  # HeadsMethod's `heads`
+    max_depth: int  # the deepest tree the calibration may choose
+
+    def settings(self) -> dict[str, Any]:
+        return {"tree": "auto", "heads": self.record}
+
+    def heads_method(
+        self, progress: Progress, key: str, prompts: list, settings: CalibrationSettings
+    ) -> HeadsMethod:
+        """Calibrate on `prompts` (or take the tree `progress` kept under `key`): our decoder with it."""
+        drafter, tree, calibration = calibrated_once(
+            progress, key, self.heads, self.config, self.target, prompts, settings
+        )
+        return HeadsMethod(self.target, drafter, tree, self.record, calibration)
+
+
+def calibrate_heads(
+    methods: dict[str, tuple[str, Method]], progress: Progress, prompts: list, settings: CalibrationSettings
+) -> None:
+    """Replace each CalibratedHeads of `methods` (name -> (kind, method)) with our decoder over its calibrated
+    tree, kept in `progress` under "calibration:<name>" so that a resumed run decodes with the same tree."""
+    for name, (kind, method) in methods.items():
+        if isinstance(method, CalibratedHeads):
+            methods[name] = (kind, method.heads_method(progress, f"calibration:{name}", prompts, settings))

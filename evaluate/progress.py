@@ -1,8 +1,11 @@
 """What an `eval` or `compare` has finished, kept while it runs so that a stopped run loses only the
 prompt it was on: `<out>/progress.jsonl`.
 
-    line 1       {"progress": "eval" | "compare", "settings": {...}}: what decides the outputs (target,
-                 heads, tree, prompts, max_new_tokens, sampling and seed, ...); never timings or warmup
+    line 1       {"progress": "eval" | "compare", "settings": {...}, "kept": {...}}: the settings decide
+                 the outputs (target, heads, tree, prompts, max_new_tokens, sampling and seed, ...; never
+                 timings or warmup); "kept" holds what the run measured before its first record and must
+                 not measure again on resume (`--tree auto`'s calibrated tree: a second calibration may
+                 time the candidates differently and pick another tree)
     line 2, ...  one finished prompt (eval) or conversation (compare) each, in order
 
 Each line is appended whole: one `write` of the line on a descriptor opened O_APPEND, then fsync. A run
@@ -45,9 +48,11 @@ class Progress:
         self.kind = kind
         self.settings = json.loads(json.dumps(settings, default=str))  # as it reads back
         self.done: list[Any] = []
+        self.kept: dict[str, Any] = {}
         if self.path.exists():
             header, self.done = read_progress(self.path)
             check_same(header, kind, self.settings, self.path)
+            self.kept = header.get("kept", {})
             self._rewrite(header)  # drops a torn last line before anything is appended after it
         elif resume:
             raise ValueError(
@@ -60,6 +65,11 @@ class Progress:
     def _rewrite(self, header: dict[str, Any]) -> None:
         lines = [header, *self.done]
         write_text(self.path, "".join(json.dumps(line, default=str) + "\n" for line in lines))
+
+    def keep(self, key: str, value: Any) -> None:
+        """Keep `value` in the header's "kept" under `key` (not a setting: never compared), for a resume."""
+        self.kept[key] = json.loads(json.dumps(value, default=str))
+        self._rewrite({"progress": self.kind, "settings": self.settings, "kept": self.kept})
 
     def append(self, record: Any) -> None:
         """Add one finished record to the file (whole, fsynced) and to `done`."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from specheads.evaluate.calibrate import calibration_note
 from specheads.version import __version__
 
 DEFINITIONS = {
@@ -275,8 +276,11 @@ def render_comparison(results: dict[str, Any]) -> str:
         lines += [f"![{kind}]({name})" for kind, name in results["plots"].items()]
     lines += ["", "## Methods", ""]
     for m in methods:
-        settings = ", ".join(f"{k}={_short(v)}" for k, v in m["settings"].items())
+        settings = ", ".join(f"{k}={_short(v)}" for k, v in m["settings"].items() if k != "calibration")
         lines.append(f"- `{m['name']}` ({m['method']}): {settings}")
+        if "calibration" in m["settings"]:  # --tree auto: the calibrated tree, as eval's report.md gives it
+            where = f"results.json: the {m['name']} method's settings.calibration"
+            lines.append("  " + calibration_note(m["settings"], where).rstrip())
     lines += ["", "## Terms", ""]
     lines += [f"- **{term}**: {text}" for term, text in results["definitions"].items()]
     lines += [

@@ -20,6 +20,8 @@ from specheads.decode import (
     new_cache,
 )
 from specheads.decode.eagle_drafter import EagleDrafter
+from specheads.evaluate import calibrate as calibrate_module
+from specheads.evaluate import evaluate as evaluate_module
 from specheads.evaluate.calibrate import (
     MEDUSA_RANKS,
     CalibrationSettings,
@@ -369,3 +371,66 @@ def test_tree_auto_errors_before_any_work(setup, tmp_path, extra, message):
     with pytest.raises(ValueError, match=message):
         cli(eval_args(setup, tmp_path / "out", "medusa", *extra))
     assert not (tmp_path / "out").exists()
+
+
+# -- stopped and resumed: the calibrated tree is kept, not measured again -----------------------------------
+
+
+def timings_favouring(monkeypatch, largest: bool) -> FakeTimer:
+    """Calibrations from now on time a step over N nodes so that the largest tree wins (`largest`), or the
+    smallest: two timings of one machine that choose different trees."""
+    fake = FakeTimer((lambda n: 1e-3 / n) if largest else (lambda n: 1e-3 * n))
+    monkeypatch.setattr(calibrate_module, "measured_timer", lambda *args: fake)
+    return fake
+
+
+@pytest.mark.parametrize("heads", ["medusa", "eagle"])
+def test_a_stopped_tree_auto_eval_resumes_with_its_calibrated_tree(
+    setup, tmp_path, monkeypatch, capsys, heads
+):
+    args = ["--tree", "auto", "--calibration-prompts", "1"]
+    whole = tmp_path / "whole"
+    timings_favouring(monkeypatch, largest=True)
+    assert cli(eval_args(setup, whole, heads, *args)) == 0
+    reference = json.loads((whole / "results.json").read_text())
+    assert reference["tree"]["nodes"] > 2  # a second calibration, timed as below, chooses another tree
+
+    out = tmp_path / "stopped"
+    real, calls = evaluate_module.decode_prompt, []
+
+    def stopping(*a, **k):  # the second evaluated prompt is stopped
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(evaluate_module, "decode_prompt", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        cli(eval_args(setup, out, heads, *args))
+    assert "stopped after 1 of 2 prompts" in capsys.readouterr().out
+    header = json.loads((out / "progress.jsonl").read_text().splitlines()[0])
+    assert header["settings"]["tree"] == "auto" and header["settings"]["calibration_prompts"] == ["3"]
+    assert header["kept"]["calibration"]["chosen"] == reference["tree"]
+
+    monkeypatch.undo()
+    second = timings_favouring(monkeypatch, largest=False)
+    assert cli(eval_args(setup, out, heads, *args, "--resume")) == 0
+    assert second.nodes == []  # nothing was timed again
+    resumed = json.loads((out / "results.json").read_text())
+    assert resumed["tree"] == reference["tree"]
+    calibrations = [
+        {k: v for k, v in r["calibration"].items() if k != "seconds"} for r in (resumed, reference)
+    ]
+    assert calibrations[0] == calibrations[1]  # measured once, by the first part
+    timings = {"seconds", "baseline_seconds"}
+    assert [{k: v for k, v in r.items() if k not in timings} for r in resumed["per_prompt"]] == [
+        {k: v for k, v in r.items() if k not in timings} for r in reference["per_prompt"]
+    ]
+    for key in (
+        "new_tokens",
+        "steps",
+        "mean_accept_length",
+        "accept_rate_per_depth",
+        "identical_to_baseline",
+    ):
+        assert resumed[key] == reference[key]

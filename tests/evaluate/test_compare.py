@@ -10,6 +10,7 @@ import json
 import shlex
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -488,3 +489,74 @@ def test_a_stopped_compare_keeps_whole_conversations_and_resumes(setup, tmp_path
     assert answers == [
         json.loads(line)["choices"][0]["turns"] for line in (whole / "answers/medusa.jsonl").open()
     ]
+
+
+def test_compare_tree_auto_calibrates_each_heads_and_resumes_with_its_trees(setup, tmp_path, monkeypatch):
+    """`--tree auto`: each heads directory's tree calibrated on the held-out last prompts, which are not
+    compared; a stopped run keeps the trees and a resumed one decodes with them, whatever it would time."""
+    from specheads.evaluate import calibrate
+
+    def timings_favouring(largest: bool) -> list:
+        timed = []
+
+        def measure(nodes, drafters):
+            timed.append(list(nodes))
+            return [1e-3 / n if largest else 1e-3 * n for n in nodes], [1e-4] * len(drafters)
+
+        monkeypatch.setattr(calibrate, "measured_timer", lambda *a: SimpleNamespace(measure=measure))
+        return timed
+
+    heads = ["--heads", str(setup["root"] / "medusa"), str(setup["root"] / "eagle")]
+    args = [*heads, "--peers", "generate", "--tree", "auto", "--calibration-prompts", "1"]
+    args += ["--warmup", "0", "--no-plots", "--max-turns", "1"]
+    whole = tmp_path / "whole"
+    timings_favouring(largest=True)
+    assert compare_cli(compare_args(setup, whole, setup["questions"], *args)) == 0
+    reference = json.loads((whole / "results.json").read_text())
+    assert reference["prompts"]["calibration"] == ["121"] and [o["id"] for o in reference["order"]] == [
+        "81",
+        "101",
+    ]
+    for entry in reference["methods"][1:]:
+        settings = entry["settings"]
+        assert settings["calibration"]["prompts"]["ids"] == ["121"]
+        assert settings["tree"] == settings["calibration"]["chosen"] and settings["tree"]["nodes"] > 2
+        assert entry["identical_to_baseline"] == "2/2"
+    command = shlex.split(reference["command"])
+    assert command[command.index("--tree") + 1] == "auto" and "--calibration-prompts" in command
+    report = (whole / "report.md").read_text()
+    assert f"tree `{reference['methods'][1]['settings']['tree']['name']}` chosen by `--tree auto`" in report
+
+    out = tmp_path / "stopped"
+    real, calls = compare.run_conversation, []
+
+    def stopping(*a, **k):  # the second conversation's second method is stopped
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(compare, "run_conversation", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        compare_cli(compare_args(setup, out, setup["questions"], *args))
+    header = json.loads((out / "progress.jsonl").read_text().splitlines()[0])
+    assert sorted(header["kept"]) == ["calibration:eagle", "calibration:medusa"]
+    assert header["settings"]["methods"]["medusa"]["tree"] == "auto"
+
+    monkeypatch.undo()
+    timed = timings_favouring(largest=False)  # a second calibration would choose the smallest trees
+    assert compare_cli(compare_args(setup, out, setup["questions"], *args, "--resume")) == 0
+    assert timed == []
+    resumed = json.loads((out / "results.json").read_text())
+    assert outputs(resumed) == outputs(reference)
+    for mine, theirs in zip(resumed["methods"][1:], reference["methods"][1:]):
+        assert mine["settings"]["tree"] == theirs["settings"]["tree"]
+        mine, theirs = (dict(e["settings"]["calibration"], seconds=None) for e in (mine, theirs))
+        assert mine == theirs  # measured once, by the first part
+
+
+def test_compare_calibration_prompts_need_tree_auto(setup, tmp_path):
+    heads = ["--heads", str(setup["root"] / "medusa"), "--tree", "chain-4", "--calibration-prompts", "1"]
+    with pytest.raises(ValueError, match="--calibration-prompts must be >= 1, with --tree auto"):
+        compare_cli(compare_args(setup, tmp_path / "out", setup["questions"], *heads, "--no-plots"))
+    assert not (tmp_path / "out").exists()
