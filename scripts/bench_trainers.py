@@ -96,6 +96,30 @@ OUR_CHANGES = {
     ],
 }
 
+# Ours with one of medusa-llm's settings instead of our recipe's (issue 21 point 2: what each difference
+# buys), as recipe overrides at a budget. Under Adam a per-head loss weight barely moves independent heads
+# (it scales the head's gradients, which Adam divides out), so "decay 1" is expected to change little.
+MEDUSA_ABLATIONS = {
+    "warmup 10%": lambda b: {"warmup_steps": warmup_like_hf(b["steps"], 0.1)},  # theirs; ours: 20 steps
+    "decay 1": lambda b: {"decay": 1.0},  # their loss sums the heads unweighted; ours 0.8**k
+    "data labels": lambda b: {"labels": "data"},  # their labels are the text's; ours the target's
+}
+
+
+def warmup_like_hf(steps: int, ratio: float) -> int:
+    """The HF Trainer's warm-up steps for a ratio: ceil(ratio * steps)."""
+    return max(1, math.ceil(ratio * steps))
+
+
+def ablation_overrides(names: str, budget: dict) -> dict:
+    """The overrides of a '+'-joined list of MEDUSA_ABLATIONS names at `budget`."""
+    out = {}
+    for name in names.split("+"):
+        if name not in MEDUSA_ABLATIONS:
+            raise SystemExit(f"--medusa-ablations: {name!r} is not one of {list(MEDUSA_ABLATIONS)}")
+        out |= MEDUSA_ABLATIONS[name](budget)
+    return out
+
 
 # -- budgets (pure) -----------------------------------------------------------------------------------
 
@@ -130,52 +154,117 @@ def fmt(x, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def groups(rows: list[dict]) -> list[list[dict]]:
+    """The runs of each (method, trainer, epochs), in first-seen order: one table line each."""
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault((r["method"], r["trainer"], r["budget"]["epochs"]), []).append(r)
+    return list(out.values())
+
+
+def tau_range(runs: list[dict]) -> dict:
+    """mean, min, max and n of the runs' tau (runs without one left out)."""
+    taus = [r["tau"] for r in runs if r.get("tau") is not None]
+    if not taus:
+        return {"mean": None, "min": None, "max": None, "n": 0}
+    return {"mean": sum(taus) / len(taus), "min": min(taus), "max": max(taus), "n": len(taus)}
+
+
+def fmt_range(t: dict) -> str:
+    if t["n"] == 0:
+        return "-"
+    if t["n"] == 1:
+        return f"{t['mean']:.2f}"
+    return f"{t['mean']:.2f} [{t['min']:.2f}-{t['max']:.2f}]"
+
+
+def mean_of(runs: list[dict], key: str):
+    xs = [r[key] for r in runs if r.get(key) is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def identical_sum(runs: list[dict]) -> str:
+    """'36/36': the greedy-identity counts of all runs added up."""
+    pairs = [r.get("identical", "") for r in runs]
+    try:
+        got, of = zip(*(map(int, p.split("/")) for p in pairs))
+    except ValueError:
+        return "-"
+    return f"{sum(got)}/{sum(of)}"
+
+
 def render_table(rows: list[dict]) -> str:
-    """Markdown: one line per (method, trainer, budget); each trainer's changes from its defaults as a
-    numbered note under the table; a verdict line per method at the largest budget."""
+    """Markdown: one line per (method, trainer, budget) with tau's mean [min-max] over its runs and their
+    number; each trainer's changes from its defaults as a numbered note under the table; a verdict line
+    per method at the largest budget, and what each ablation of ours bought there."""
     head = (
-        "| method | trainer | epochs | steps x rows/step | target tokens seen | tau | greedy = generate() "
-        "| train wall s | peak RSS MiB | train tokens/s | changes |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| method | trainer | epochs | steps x rows/step | target tokens seen | tau mean [min-max] | runs "
+        "| greedy = generate() | train wall s | peak RSS MiB | train tokens/s | changes |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     notes: list[tuple] = []
     lines = []
-    for r in rows:
+    for runs in groups(rows):
+        r = runs[0]
         b, changes = r["budget"], tuple(r.get("changes", []))
+        if r.get("carried_from"):
+            changes += (f"from an earlier run: {r['carried_from'].get('command')}",)
         if changes and changes not in notes:
             notes.append(changes)
         note = f"[{notes.index(changes) + 1}]" if changes else "-"
         lines.append(
             f"| {r['method']} | {r['trainer']} | {b['epochs']} | {b['steps']} x {b['batch'] * b['grad_accum']} "
-            f"| {r['tokens_seen']} | {fmt(r.get('tau'))} | {r.get('identical', '-')} "
-            f"| {fmt(r.get('wall_s'), '.1f')} | {fmt(r.get('peak_rss_mib'), '.0f')} "
-            f"| {fmt(r.get('tokens_per_s'), '.0f')} | {note} |"
+            f"| {r['tokens_seen']} | {fmt_range(tau_range(runs))} | {tau_range(runs)['n']} "
+            f"| {identical_sum(runs)} | {fmt(mean_of(runs, 'wall_s'), '.1f')} "
+            f"| {fmt(mean_of(runs, 'peak_rss_mib'), '.0f')} | {fmt(mean_of(runs, 'tokens_per_s'), '.0f')} "
+            f"| {note} |"
         )
     text = head + "\n".join(lines) + "\n"
     text += "".join(f"\n[{i}] {'; '.join(n)}.\n" for i, n in enumerate(notes, 1))
     return text + "".join(verdicts(rows)) + "\n"
 
 
+def verdict_word(ours: dict, peer: dict) -> str:
+    """'wins' / 'LOSES' when the tau ranges do not overlap (or single runs differ), else 'ties (ranges
+    overlap)'."""
+    if ours["n"] > 1 or peer["n"] > 1:
+        if ours["min"] > peer["max"]:
+            return "wins"
+        if ours["max"] < peer["min"]:
+            return "LOSES"
+        return "ties (the ranges overlap)"
+    return "wins" if ours["mean"] > peer["mean"] else ("ties" if ours["mean"] == peer["mean"] else "LOSES")
+
+
 def verdicts(rows: list[dict]) -> list[str]:
-    """At each method's largest budget: ours against each peer, in plain words."""
+    """At each method's largest budget: ours against each peer, and each ablation of ours against ours,
+    in plain words."""
     out = []
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method and r["trainer"] == "specheads"]
         if not mine:
             continue
         top = max(r["budget"]["epochs"] for r in mine)
-        ours = next(r for r in mine if r["budget"]["epochs"] == top)
-        for peer in rows:
-            if peer["method"] != method or peer["trainer"] == "specheads" or peer["budget"]["epochs"] != top:
+        ours = tau_range([r for r in mine if r["budget"]["epochs"] == top])
+        if ours["n"] == 0:
+            continue
+        for runs in groups(rows):
+            r = runs[0]
+            if r["method"] != method or r["trainer"] == "specheads" or r["budget"]["epochs"] != top:
                 continue
-            if ours.get("tau") is None or peer.get("tau") is None:
+            other = tau_range(runs)
+            if other["n"] == 0:
                 continue
-            word = (
-                "wins" if ours["tau"] > peer["tau"] else ("ties" if ours["tau"] == peer["tau"] else "LOSES")
-            )
+            if r["trainer"].startswith("specheads ("):
+                out.append(
+                    f"\n{method}, {top} epochs: {r['trainer']}: tau {fmt_range(other)} vs ours "
+                    f"{fmt_range(ours)}: {other['mean'] - ours['mean']:+.3f} ({other['n']} and {ours['n']} runs)."
+                )
+                continue
             out.append(
-                f"\n{method}, {top} epochs: ours {word} against {peer['trainer']}: tau {ours['tau']:.2f} vs "
-                f"{peer['tau']:.2f} ({(ours['tau'] / peer['tau'] - 1) * 100:+.1f}%)."
+                f"\n{method}, {top} epochs: ours {verdict_word(ours, other)} against {r['trainer']}: tau "
+                f"{fmt_range(ours)} vs {fmt_range(other)} ({(ours['mean'] / other['mean'] - 1) * 100:+.1f}% "
+                f"in the mean; {ours['n']} and {other['n']} runs)."
             )
     return out
 
@@ -374,16 +463,20 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax, method in zip(axes[0], methods):
         for trainer in dict.fromkeys(r["trainer"] for r in rows if r["method"] == method):
             pts = sorted(
-                (r["tokens_seen"], r["tau"])
-                for r in rows
-                if r["method"] == method and r["trainer"] == trainer
+                (runs[0]["tokens_seen"], tau_range(runs))
+                for runs in groups([r for r in rows if r["method"] == method and r["trainer"] == trainer])
+                if tau_range(runs)["n"]
             )
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=trainer)
+            x, t = [p[0] for p in pts], [p[1] for p in pts]
+            n = max(p["n"] for p in t)
+            ax.errorbar(x, [p["mean"] for p in t], marker="o", capsize=3,
+                        yerr=[[p["mean"] - p["min"] for p in t], [p["max"] - p["mean"] for p in t]],
+                        label=trainer + (f" (mean, min-max of {n} runs)" if n > 1 else ""))  # fmt: skip
         ax.set_title(f"{method} on the tiny target")
         ax.set_xlabel("target tokens seen in training")
         ax.set_ylabel("tau (our decoder, held-out prompts)")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -432,106 +525,87 @@ def run_eagle(args, ctx: dict) -> list[dict]:
     for e in epochs:
         budget = eagle_budget(n, e)
         print(f"ours eagle {e} epochs ({budget['steps']} steps x {budget['batch']})", flush=True)
-        rows.append(ours_row("eagle", budget, e, {}, args.eagle_tree, args, ctx))
+        for seed in ints(args.seeds):
+            rows.append(ours_row("eagle", budget, {}, args.eagle_tree, args, ctx, seed))
     return rows
 
 
-def ours_row(method: str, budget: dict, epochs: int, extra: dict, tree: str, args, ctx: dict) -> dict:
-    """Train ours at `budget` (recipe overrides `extra`), decode with `tree`, and give its table row."""
+def ours_row(
+    method: str, budget: dict, extra: dict, tree: str, args, ctx: dict, seed: int = 0, variant: str = ""
+) -> dict:
+    """Train ours at `budget` (recipe overrides `extra`, the schedule scaled to the budget, `seed`), decode
+    with `tree`, and give its table row; `variant` names an ablation (its overrides in `extra`)."""
     out = args.out
-    extra = {**extra, "eval_batches": args.our_eval_batches}
-    got = train_ours(method, ctx["rows_path"], budget, out / f"ours-{method}-e{epochs}", extra)
-    ev = evaluate(Path(got["heads"]), tree, out / f"eval-ours-{method}-e{epochs}", args.eval_prompts,
-                  args.eval_new_tokens)  # fmt: skip
-    name = {"eagle": "EAGLE", "medusa": "Medusa"}[method]
-    row = row_result(name, "specheads", budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
-                     OUR_CHANGES[method], overrides=got["overrides"])  # fmt: skip
-    print(f"  tau {row['tau']:.3f} {row['identical']}", flush=True)
+    extra = {**extra, "eval_batches": args.our_eval_batches, "seed": seed}
+    name = f"ours-{method}-e{budget['epochs']}-s{seed}" + (f"-{variant}" if variant else "")
+    load = load_average()
+    got = train_ours(method, ctx["rows_path"], budget, out / name, extra)
+    ev = evaluate(Path(got["heads"]), tree, out / f"eval-{name}", args.eval_prompts, args.eval_new_tokens)
+    label = {"eagle": "EAGLE", "medusa": "Medusa"}[method]
+    trainer = "specheads" + (f" ({variant})" if variant else "")
+    row = row_result(label, trainer, budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
+                     OUR_CHANGES[method], overrides=got["overrides"], seed=seed, load_average=load)  # fmt: skip
+    print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
     return row
 
 
 def run_medusa(args, ctx: dict) -> list[dict]:
+    """medusa-llm at each budget and peer seed, ours at each budget and seed, and ours with each of
+    --medusa-ablations (medusa-llm's settings, one at a time) at the largest budget."""
     import torch
     from trainer_run import finish_trainer, start_trainer
 
     out, n, rows = args.out, len(ctx["conversations"]), []
-    for e in [int(x) for x in args.medusa_epochs.split(",")]:
+    epochs = [int(x) for x in args.medusa_epochs.split(",")]
+    for e in epochs:
         budget = medusa_budget(n, e)
-        work = out / f"medusa-llm-e{e}"
-        work.mkdir()
-        (work / "train.json").write_text(json.dumps(ctx["sharegpt"]))
-        torch.save({"hidden": torch.zeros(1, 4, ctx["hidden"])}, work / "inputs.pt")
-        flags = {**MEDUSA_README, "--num_train_epochs": str(e), "--max_steps": None, "--report_to": "none"}
-        job = {"kind": "medusa", "work": str(work), "target": str(ctx["peer_target"]), "lr": 1e-3,
-               "max_length": args.max_length, "args": flags, "inputs": str(work / "inputs.pt"),
-               "out": str(work / "out.pt")}  # fmt: skip
-        print(f"medusa-llm {e} epochs", flush=True)
-        proc = start_trainer(ctx["env"], job, work)
-        got = finish_trainer(proc.wait(), job, work)
-        native = import_heads("medusa", Path(got["checkpoint"]), ctx["target"], work / "native")
-        ev = evaluate(native, args.medusa_tree, work / "eval", args.eval_prompts, args.eval_new_tokens)
-        rows.append(row_result("Medusa", "medusa-llm 0.1", budget, ctx["vicuna_tokens"], ev, got["wall_s"],
-                               got["maxrss_kb"] / 1024, PEER_CHANGES["medusa-llm"]))  # fmt: skip
-        print(f"  tau {rows[-1]['tau']:.3f} {rows[-1]['identical']}", flush=True)
-        print(
-            f"ours medusa {e} epochs ({budget['steps']} steps x {budget['batch']} x {budget['grad_accum']})",
-            flush=True,
-        )
-        rows.append(ours_row("medusa", budget, e, {"num_heads": 3}, args.medusa_tree, args, ctx))
+        for seed in ints(args.peer_seeds):
+            work = out / f"medusa-llm-e{e}-s{seed}"
+            work.mkdir()
+            (work / "train.json").write_text(json.dumps(ctx["sharegpt"]))
+            torch.save({"hidden": torch.zeros(1, 4, ctx["hidden"])}, work / "inputs.pt")
+            flags = {**MEDUSA_README, "--num_train_epochs": str(e), "--max_steps": None, "--report_to": "none",
+                     "--seed": str(seed)}  # fmt: skip
+            job = {"kind": "medusa", "work": str(work), "target": str(ctx["peer_target"]), "lr": 1e-3,
+                   "max_length": args.max_length, "args": flags, "inputs": str(work / "inputs.pt"),
+                   "out": str(work / "out.pt")}  # fmt: skip
+            print(f"medusa-llm {e} epochs seed {seed}", flush=True)
+            load = load_average()
+            got = finish_trainer(start_trainer(ctx["env"], job, work).wait(), job, work)
+            native = import_heads("medusa", Path(got["checkpoint"]), ctx["target"], work / "native")
+            ev = evaluate(native, args.medusa_tree, work / "eval", args.eval_prompts, args.eval_new_tokens)
+            rows.append(row_result("Medusa", "medusa-llm 0.1", budget, ctx["vicuna_tokens"], ev, got["wall_s"],
+                                   got["maxrss_kb"] / 1024, PEER_CHANGES["medusa-llm"], seed=seed,
+                                   load_average=load))  # fmt: skip
+            print(f"  tau {rows[-1]['tau']:.3f} {rows[-1]['identical']}", flush=True)
+        print(f"ours medusa {e} epochs ({budget['steps']} steps x {budget['batch']} x {budget['grad_accum']})",
+              flush=True)  # fmt: skip
+        for seed in ints(args.seeds):
+            rows.append(ours_row("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed))
+    top = medusa_budget(n, max(epochs))
+    for variant in filter(None, args.medusa_ablations.split(",")):
+        extra = {"num_heads": 3, **ablation_overrides(variant, top)}
+        print(f"ours medusa {max(epochs)} epochs, {variant}: {extra}", flush=True)
+        for seed in ints(args.seeds):
+            rows.append(ours_row("medusa", top, extra, args.medusa_tree, args, ctx, seed, variant))
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-trainers", help="work directory")
-    p.add_argument("--report", type=Path, default=ROOT / "docs" / "bench_trainers", help="JSON, table, PNG")
-    p.add_argument("--rows", type=int, default=16, help="conversations (N)")
-    p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument("--answer-tokens", type=int, default=64)
-    p.add_argument("--max-length", type=int, default=256)
-    p.add_argument("--eagle-epochs", default="11,21", help="learning-curve budgets (states main.py saves)")
-    p.add_argument("--medusa-epochs", default="3,6")
-    p.add_argument(
-        "--eagle-lrs", default=f"{EAGLE_LR:g},1e-3", help="eagle-llm --lr values (its default first)"
-    )
-    p.add_argument("--eagle-tree", default="dynamic")
-    p.add_argument("--medusa-tree", default="medusa-31")
-    p.add_argument("--eval-prompts", type=int, default=6)
-    p.add_argument("--eval-new-tokens", type=int, default=48)
-    p.add_argument("--our-eval-batches", type=int, default=2, help="our trainer's end-of-run held-out loss")
-    p.add_argument("--methods", default="eagle,medusa")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true")
-    args = p.parse_args(argv)
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
 
-    sys.path.insert(0, str(CONSUMERS))
+
+def data_context(target: Path, conversations: list, out: Path, peer_dir: Path, env: Path) -> dict:
+    """The rows in both formats under `out` and what the runs read about them."""
     from transformers import AutoTokenizer
 
-    from specheads.train.builders.tiny_target import ensure_tiny_target
-
-    import consumer_env
-
-    if args.out.exists():
-        if not args.overwrite:
-            raise SystemExit(f"{args.out} exists: --overwrite to replace it")
-        shutil.rmtree(args.out)
-    args.out.mkdir(parents=True)
-    started, load_start = time.time(), load_average()
-    env = consumer_env.env_dir()
-    if not (env / "PINS").is_file():
-        consumer_env.build(env)
-    target, _, _ = ensure_tiny_target(progress=False)
-    print(f"data: {args.rows} conversations from the training files", flush=True)
-    conversations = make_conversations(target, args.rows, args.prompt_tokens, args.answer_tokens, args.seed)
-    data = args.out / "data"
-    data.mkdir()
-    rows_path = data / "rows.jsonl"
+    out.mkdir()
+    rows_path = out / "rows.jsonl"
     rows_path.write_text("".join(json.dumps(r) + "\n" for r in message_rows(conversations)))
-    (data / "sharegpt.json").write_text(json.dumps(sharegpt_rows(conversations), indent=1))
-    peer_dir = peer_target(target, args.out / "peer-target", args.max_length)
+    (out / "sharegpt.json").write_text(json.dumps(sharegpt_rows(conversations), indent=1))
     ours_tok, peer_tok = AutoTokenizer.from_pretrained(target), AutoTokenizer.from_pretrained(peer_dir)
     chats = [ours_tok.apply_chat_template(r["messages"], tokenize=False) for r in message_rows(conversations)]
-    ctx = {
+    return {
         "env": env,
         "target": target,
         "peer_target": peer_dir,
@@ -542,25 +616,108 @@ def main(argv: list[str] | None = None) -> int:
         "chat_tokens": sum(len(ours_tok(c, add_special_tokens=False).input_ids) for c in chats) / len(chats),
         "vicuna_tokens": mean_tokens(peer_tok, [vicuna_text(p_, a) for p_, a in conversations]),
     }
-    results = []
+
+
+def carried_rows(report: Path, methods: list[str]) -> tuple[list[dict], dict]:
+    """The rows of the methods not run this time from the report already there, each marked with the
+    command and load average of the run that made it (so one table can hold both)."""
+    path = report / "bench_trainers.json"
+    if not path.is_file():
+        return [], {}
+    old = json.loads(path.read_text())
+    names = {"eagle": "EAGLE", "medusa": "Medusa", "eagle3": "EAGLE-3"}
+    keep = {names[m] for m in names if m not in methods}
+    rows = [r for r in old["rows"] if r["method"] in keep]
+    origin = {"command": old.get("command"), "load_average": old.get("load_average"),
+              "total_wall_s": old.get("total_wall_s"), "settings": old.get("settings")}  # fmt: skip
+    for r in rows:
+        r.setdefault("carried_from", origin)
+    return rows, ({m: origin for m in keep if any(r["method"] == m for r in rows)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-trainers", help="work directory")
+    p.add_argument("--report", type=Path, default=ROOT / "docs" / "bench_trainers", help="JSON, table, PNG")
+    p.add_argument("--rows", type=int, default=16, help="conversations (N) for EAGLE")
+    p.add_argument(
+        "--medusa-rows", type=int, default=128, help="conversations for Medusa (the first N of the same)"
+    )
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--answer-tokens", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--eagle-epochs", default="11,21", help="learning-curve budgets (states main.py saves)")
+    p.add_argument("--medusa-epochs", default="2,6")
+    p.add_argument(
+        "--eagle-lrs", default=f"{EAGLE_LR:g},1e-3", help="eagle-llm --lr values (its default first)"
+    )
+    p.add_argument("--eagle-tree", default="dynamic")
+    p.add_argument("--medusa-tree", default="medusa-31")
+    p.add_argument("--eval-prompts", type=int, default=12)
+    p.add_argument("--eval-new-tokens", type=int, default=48)
+    p.add_argument("--our-eval-batches", type=int, default=2, help="our trainer's end-of-run held-out loss")
+    p.add_argument("--methods", default="eagle,medusa", help="the others' rows are kept from --report's JSON")
+    p.add_argument("--seeds", default="0,1,2", help="our trainer's seeds: one run each")
+    p.add_argument("--peer-seeds", default="0,1,2", help="medusa-llm's --seed values: one run each")
+    p.add_argument(
+        "--medusa-ablations",
+        default="",
+        help=f"ours at the largest Medusa budget with medusa-llm's settings: comma-separated, each one or "
+        f"several of {list(MEDUSA_ABLATIONS)} joined by '+'",
+    )
+    p.add_argument("--seed", type=int, default=0, help="the data's")
+    p.add_argument("--overwrite", action="store_true")
+    args = p.parse_args(argv)
+
+    sys.path.insert(0, str(CONSUMERS))
+    from specheads.train.builders.tiny_target import ensure_tiny_target
+
+    import consumer_env
+
     methods = args.methods.split(",")
-    if "eagle" in methods:
-        results += run_eagle(args, ctx)
-    if "medusa" in methods:
-        results += run_medusa(args, ctx)
+    for v in filter(None, args.medusa_ablations.split(",")):
+        ablation_overrides(v, medusa_budget(1, 1))  # a bad name stops here, before any work
+    if args.out.exists():
+        if not args.overwrite:
+            raise SystemExit(f"{args.out} exists: --overwrite to replace it")
+        shutil.rmtree(args.out)
+    args.out.mkdir(parents=True)
+    started, load_start = time.time(), load_average()
+    env = consumer_env.env_dir()
+    if not (env / "PINS").is_file():
+        consumer_env.build(env)
+    target, _, _ = ensure_tiny_target(progress=False)
+    n = max(args.rows if "eagle" in methods else 0, args.medusa_rows if "medusa" in methods else 0)
+    print(f"data: {n} conversations from the training files", flush=True)
+    conversations = make_conversations(target, n, args.prompt_tokens, args.answer_tokens, args.seed)
+    peer_dir = peer_target(target, args.out / "peer-target", args.max_length)
+    results, data = [], {}
+    for method, rows, run in (("eagle", args.rows, run_eagle), ("medusa", args.medusa_rows, run_medusa)):
+        if method in methods:
+            ctx = data_context(target, conversations[:rows], args.out / f"data-{method}", peer_dir, env)
+            data[method] = {"conversations": rows, "prompt_tokens": args.prompt_tokens,
+                            "answer_tokens": args.answer_tokens, "mean_row_tokens_ours": ctx["chat_tokens"],
+                            "mean_row_tokens_peers": ctx["vicuna_tokens"]}  # fmt: skip
+            results += run(args, ctx)
+    carried, carried_from = carried_rows(args.report, methods)
+    results = carried + results
+    loads = [r["load_average"] for r in results if r.get("load_average") and not r.get("carried_from")]
     report = {
         "command": " ".join(sys.argv),
         "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
-        "load_average": {"start": load_start, "end": load_average()},
-        "runs": 1,
+        "load_average": {"start": load_start, "end": load_average(),
+                         "1min_at_each_run": {"min": min((x[0] for x in loads), default=None),
+                                              "max": max((x[0] for x in loads), default=None)}},
+        "runs": "one per row; the table's tau is the mean over the rows of a trainer and budget, [min-max], n",
         "total_wall_s": round(time.time() - started, 1),
         "settings": {k: str(v) for k, v in vars(args).items()},
-        "data": {"conversations": len(conversations), "prompt_tokens": args.prompt_tokens,
-                 "answer_tokens": args.answer_tokens, "mean_row_tokens_ours": ctx["chat_tokens"],
-                 "mean_row_tokens_peers": ctx["vicuna_tokens"]},
+        "data": data,
+        "carried_from": carried_from,
         "peer_changes": PEER_CHANGES,
         "our_changes": OUR_CHANGES,
+        "ablations": {k: v(medusa_budget(args.medusa_rows, max(ints(args.medusa_epochs))))
+                      for k, v in MEDUSA_ABLATIONS.items()},
         "todo": ["EAGLE-3: ours vs NVIDIA Model Optimizer (tests/consumers/modelopt_*), not run here yet"],
         "rows": results,
     }  # fmt: skip
