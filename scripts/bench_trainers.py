@@ -486,7 +486,7 @@ def run_eagle(args, ctx: dict) -> list[dict]:
     import torch
     from trainer_run import eagle_draft_config, finish_trainer, start_trainer
 
-    out, n, rows = args.out, len(ctx["conversations"]), []
+    out, n, rows = args.out, len(ctx["conversations"]), ctx["rows"]
     epochs = [int(e) for e in args.eagle_epochs.split(",")]
     for lr in [float(x) for x in args.eagle_lrs.split(",")]:
         work = out / f"eagle-llm-lr{lr:g}"
@@ -551,12 +551,13 @@ def ours_row(
 
 def run_medusa(args, ctx: dict) -> list[dict]:
     """medusa-llm at each budget and peer seed, ours at each budget and seed, and ours with each of
-    --medusa-ablations (medusa-llm's settings, one at a time) at the largest budget."""
+    --medusa-ablations (medusa-llm's settings, one at a time) at the largest budget; the largest budget
+    first, so a run cut short has the comparison that matters most."""
     import torch
     from trainer_run import finish_trainer, start_trainer
 
-    out, n, rows = args.out, len(ctx["conversations"]), []
-    epochs = [int(x) for x in args.medusa_epochs.split(",")]
+    out, n, rows = args.out, len(ctx["conversations"]), ctx["rows"]
+    epochs = sorted(ints(args.medusa_epochs), reverse=True)
     for e in epochs:
         budget = medusa_budget(n, e)
         for seed in ints(args.peer_seeds):
@@ -582,17 +583,30 @@ def run_medusa(args, ctx: dict) -> list[dict]:
               flush=True)  # fmt: skip
         for seed in ints(args.seeds):
             rows.append(ours_row("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed))
-    top = medusa_budget(n, max(epochs))
-    for variant in filter(None, args.medusa_ablations.split(",")):
-        extra = {"num_heads": 3, **ablation_overrides(variant, top)}
-        print(f"ours medusa {max(epochs)} epochs, {variant}: {extra}", flush=True)
-        for seed in ints(args.seeds):
-            rows.append(ours_row("medusa", top, extra, args.medusa_tree, args, ctx, seed, variant))
+        if e == epochs[0]:
+            for variant in filter(None, args.medusa_ablations.split(",")):
+                extra = {"num_heads": 3, **ablation_overrides(variant, budget)}
+                print(f"ours medusa {e} epochs, {variant}: {extra}", flush=True)
+                for seed in ints(args.seeds):
+                    rows.append(ours_row("medusa", budget, extra, args.medusa_tree, args, ctx, seed, variant))
     return rows
 
 
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
+
+
+class ReportedRows(list):
+    """The rows measured so far; each append rewrites the report (`write(rows)`), so a run cut short
+    leaves what it measured."""
+
+    def __init__(self, write):
+        super().__init__()
+        self.write = write
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        self.write(self)
 
 
 def data_context(target: Path, conversations: list, out: Path, peer_dir: Path, env: Path) -> dict:
@@ -631,8 +645,8 @@ def carried_rows(report: Path, methods: list[str]) -> tuple[list[dict], dict]:
     origin = {"command": old.get("command"), "load_average": old.get("load_average"),
               "total_wall_s": old.get("total_wall_s"), "settings": old.get("settings")}  # fmt: skip
     for r in rows:
-        r.setdefault("carried_from", origin)
-    return rows, ({m: origin for m in keep if any(r["method"] == m for r in rows)})
+        r.setdefault("carried_from", origin)  # a row carried twice keeps the run that measured it
+    return rows, {r["method"]: r["carried_from"] for r in rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -667,7 +681,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=0, help="the data's")
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument(
+        "--render", action="store_true", help="only redraw --report's table and plot from its JSON"
+    )
     args = p.parse_args(argv)
+    if args.render:
+        rows = json.loads((args.report / "bench_trainers.json").read_text())["rows"]
+        (args.report / "bench_trainers.md").write_text(render_table(rows))
+        plot(rows, args.report / "learning_curve.png")
+        return 0
 
     sys.path.insert(0, str(CONSUMERS))
     from specheads.train.builders.tiny_target import ensure_tiny_target
@@ -691,40 +713,47 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data: {n} conversations from the training files", flush=True)
     conversations = make_conversations(target, n, args.prompt_tokens, args.answer_tokens, args.seed)
     peer_dir = peer_target(target, args.out / "peer-target", args.max_length)
-    results, data = [], {}
+    carried, carried_from = carried_rows(args.report, methods)
+    data: dict = {}
+
+    def write(rows: list[dict], final: bool = False) -> None:
+        loads = [r["load_average"][0] for r in rows if r.get("load_average") and not r.get("carried_from")]
+        report = {
+            "command": " ".join(sys.argv),
+            "finished": final,
+            "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+                        "python": platform.python_version(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
+            "load_average": {"start": load_start, "now": load_average(),
+                             "1min_at_each_run": {"min": min(loads, default=None), "max": max(loads, default=None),
+                                                  "mean": sum(loads) / len(loads) if loads else None}},
+            "runs": "one per row; the table's tau is the mean over the rows of a trainer and budget, [min-max], n",
+            "total_wall_s": round(time.time() - started, 1),
+            "settings": {k: str(v) for k, v in vars(args).items()},
+            "data": data,
+            "carried_from": carried_from,
+            "peer_changes": PEER_CHANGES,
+            "our_changes": OUR_CHANGES,
+            "ablations": {k: v(medusa_budget(args.medusa_rows, max(ints(args.medusa_epochs))))
+                          for k, v in MEDUSA_ABLATIONS.items()},
+            "todo": ["EAGLE-3: ours vs NVIDIA Model Optimizer (tests/consumers/modelopt_*), not run here yet"],
+            "rows": list(rows),
+        }  # fmt: skip
+        args.report.mkdir(parents=True, exist_ok=True)
+        (args.report / "bench_trainers.json").write_text(json.dumps(report, indent=1, default=str))
+        (args.report / "bench_trainers.md").write_text(render_table(rows))
+        if final:
+            plot(rows, args.report / "learning_curve.png")
+
+    results = ReportedRows(write)
+    results.extend(carried)
     for method, rows, run in (("eagle", args.rows, run_eagle), ("medusa", args.medusa_rows, run_medusa)):
         if method in methods:
             ctx = data_context(target, conversations[:rows], args.out / f"data-{method}", peer_dir, env)
             data[method] = {"conversations": rows, "prompt_tokens": args.prompt_tokens,
                             "answer_tokens": args.answer_tokens, "mean_row_tokens_ours": ctx["chat_tokens"],
                             "mean_row_tokens_peers": ctx["vicuna_tokens"]}  # fmt: skip
-            results += run(args, ctx)
-    carried, carried_from = carried_rows(args.report, methods)
-    results = carried + results
-    loads = [r["load_average"] for r in results if r.get("load_average") and not r.get("carried_from")]
-    report = {
-        "command": " ".join(sys.argv),
-        "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "python": platform.python_version(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
-        "load_average": {"start": load_start, "end": load_average(),
-                         "1min_at_each_run": {"min": min((x[0] for x in loads), default=None),
-                                              "max": max((x[0] for x in loads), default=None)}},
-        "runs": "one per row; the table's tau is the mean over the rows of a trainer and budget, [min-max], n",
-        "total_wall_s": round(time.time() - started, 1),
-        "settings": {k: str(v) for k, v in vars(args).items()},
-        "data": data,
-        "carried_from": carried_from,
-        "peer_changes": PEER_CHANGES,
-        "our_changes": OUR_CHANGES,
-        "ablations": {k: v(medusa_budget(args.medusa_rows, max(ints(args.medusa_epochs))))
-                      for k, v in MEDUSA_ABLATIONS.items()},
-        "todo": ["EAGLE-3: ours vs NVIDIA Model Optimizer (tests/consumers/modelopt_*), not run here yet"],
-        "rows": results,
-    }  # fmt: skip
-    args.report.mkdir(parents=True, exist_ok=True)
-    (args.report / "bench_trainers.json").write_text(json.dumps(report, indent=1, default=str))
-    (args.report / "bench_trainers.md").write_text(render_table(results))
-    plot(results, args.report / "learning_curve.png")
+            run(args, {**ctx, "rows": results})
+    write(results, final=True)
     print(render_table(results))
     print(f"wrote {args.report}/bench_trainers.json, bench_trainers.md, learning_curve.png")
     return 0

@@ -138,3 +138,20 @@ def test_plot_writes_a_png(tmp_path):
     ]
     bench.plot(rows, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_measured_row_rewrites_the_report_so_a_cut_run_keeps_it():
+    written = []
+    rows = bench.ReportedRows(lambda rs: written.append(len(rs)))
+    rows.extend([row("EAGLE", "specheads", 21, 2.5)])  # carried rows: no write of their own
+    rows.append(row("Medusa", "specheads", 6, 1.4))
+    rows.append(row("Medusa", "specheads", 6, 1.5))
+    assert written == [2, 3]
+
+
+def test_render_redraws_table_and_plot_from_the_json(tmp_path):
+    rows = [row("Medusa", "specheads", 6, 1.4, seed=0), row("Medusa", "specheads", 6, 1.6, seed=1)]
+    (tmp_path / "bench_trainers.json").write_text(bench.json.dumps({"rows": rows}))
+    assert bench.main(["--report", str(tmp_path), "--render"]) == 0
+    assert "| 1.50 [1.40-1.60] | 2 |" in (tmp_path / "bench_trainers.md").read_text()
+    assert (tmp_path / "learning_curve.png").is_file()
