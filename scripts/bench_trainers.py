@@ -550,46 +550,53 @@ def ours_row(
 
 
 def run_medusa(args, ctx: dict) -> list[dict]:
-    """medusa-llm at each budget and peer seed, ours at each budget and seed, and ours with each of
-    --medusa-ablations (medusa-llm's settings, one at a time) at the largest budget; the largest budget
-    first, so a run cut short has the comparison that matters most."""
+    """At each budget, largest first, seed by seed: medusa-llm (--peer-seeds), ours (--seeds) and, at the
+    largest budget, ours with each of --medusa-ablations (medusa-llm's settings); so a run cut short still
+    holds paired runs of the comparison that matters most."""
+    rows, n = ctx["rows"], len(ctx["conversations"])
+    epochs = sorted(ints(args.medusa_epochs), reverse=True)
+    variants = [v for v in args.medusa_ablations.split(",") if v]
+    for e in epochs:
+        budget = medusa_budget(n, e)
+        print(
+            f"medusa {e} epochs: {budget['steps']} steps x {budget['batch']} x {budget['grad_accum']}",
+            flush=True,
+        )
+        for seed in sorted(set(ints(args.peer_seeds)) | set(ints(args.seeds))):
+            if seed in ints(args.peer_seeds):
+                rows.append(medusa_llm_row(budget, seed, args, ctx))
+            if seed not in ints(args.seeds):
+                continue
+            rows.append(ours_row("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed))
+            for variant in variants if e == epochs[0] else ():
+                extra = {"num_heads": 3, **ablation_overrides(variant, budget)}
+                rows.append(ours_row("medusa", budget, extra, args.medusa_tree, args, ctx, seed, variant))
+    return rows
+
+
+def medusa_llm_row(budget: dict, seed: int, args, ctx: dict) -> dict:
+    """medusa-llm's train.py (its README's settings, --seed `seed`) at `budget`, imported and decoded."""
     import torch
     from trainer_run import finish_trainer, start_trainer
 
-    out, n, rows = args.out, len(ctx["conversations"]), ctx["rows"]
-    epochs = sorted(ints(args.medusa_epochs), reverse=True)
-    for e in epochs:
-        budget = medusa_budget(n, e)
-        for seed in ints(args.peer_seeds):
-            work = out / f"medusa-llm-e{e}-s{seed}"
-            work.mkdir()
-            (work / "train.json").write_text(json.dumps(ctx["sharegpt"]))
-            torch.save({"hidden": torch.zeros(1, 4, ctx["hidden"])}, work / "inputs.pt")
-            flags = {**MEDUSA_README, "--num_train_epochs": str(e), "--max_steps": None, "--report_to": "none",
-                     "--seed": str(seed)}  # fmt: skip
-            job = {"kind": "medusa", "work": str(work), "target": str(ctx["peer_target"]), "lr": 1e-3,
-                   "max_length": args.max_length, "args": flags, "inputs": str(work / "inputs.pt"),
-                   "out": str(work / "out.pt")}  # fmt: skip
-            print(f"medusa-llm {e} epochs seed {seed}", flush=True)
-            load = load_average()
-            got = finish_trainer(start_trainer(ctx["env"], job, work).wait(), job, work)
-            native = import_heads("medusa", Path(got["checkpoint"]), ctx["target"], work / "native")
-            ev = evaluate(native, args.medusa_tree, work / "eval", args.eval_prompts, args.eval_new_tokens)
-            rows.append(row_result("Medusa", "medusa-llm 0.1", budget, ctx["vicuna_tokens"], ev, got["wall_s"],
-                                   got["maxrss_kb"] / 1024, PEER_CHANGES["medusa-llm"], seed=seed,
-                                   load_average=load))  # fmt: skip
-            print(f"  tau {rows[-1]['tau']:.3f} {rows[-1]['identical']}", flush=True)
-        print(f"ours medusa {e} epochs ({budget['steps']} steps x {budget['batch']} x {budget['grad_accum']})",
-              flush=True)  # fmt: skip
-        for seed in ints(args.seeds):
-            rows.append(ours_row("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed))
-        if e == epochs[0]:
-            for variant in filter(None, args.medusa_ablations.split(",")):
-                extra = {"num_heads": 3, **ablation_overrides(variant, budget)}
-                print(f"ours medusa {e} epochs, {variant}: {extra}", flush=True)
-                for seed in ints(args.seeds):
-                    rows.append(ours_row("medusa", budget, extra, args.medusa_tree, args, ctx, seed, variant))
-    return rows
+    e = budget["epochs"]
+    work = args.out / f"medusa-llm-e{e}-s{seed}"
+    work.mkdir()
+    (work / "train.json").write_text(json.dumps(ctx["sharegpt"]))
+    torch.save({"hidden": torch.zeros(1, 4, ctx["hidden"])}, work / "inputs.pt")
+    flags = {**MEDUSA_README, "--num_train_epochs": str(e), "--max_steps": None, "--report_to": "none",
+             "--seed": str(seed)}  # fmt: skip
+    job = {"kind": "medusa", "work": str(work), "target": str(ctx["peer_target"]), "lr": 1e-3,
+           "max_length": args.max_length, "args": flags, "inputs": str(work / "inputs.pt"),
+           "out": str(work / "out.pt")}  # fmt: skip
+    load = load_average()
+    got = finish_trainer(start_trainer(ctx["env"], job, work).wait(), job, work)
+    native = import_heads("medusa", Path(got["checkpoint"]), ctx["target"], work / "native")
+    ev = evaluate(native, args.medusa_tree, work / "eval", args.eval_prompts, args.eval_new_tokens)
+    row = row_result("Medusa", "medusa-llm 0.1", budget, ctx["vicuna_tokens"], ev, got["wall_s"],
+                     got["maxrss_kb"] / 1024, PEER_CHANGES["medusa-llm"], seed=seed, load_average=load)  # fmt: skip
+    print(f"  medusa-llm seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
+    return row
 
 
 def ints(text: str) -> list[int]:
