@@ -1,27 +1,39 @@
 """Side by side with the peers' own trainers on the tiny target (issue 21): tau for the same budget.
 
-    nice -n 10 env OMP_NUM_THREADS=1 python scripts/bench_trainers.py --out runs/bench-trainers
+    nice -n 15 env OMP_NUM_THREADS=1 python scripts/bench_trainers.py --overwrite \
+        --medusa-ablations "warmup 10%,data labels,decay 1"
 
 For EAGLE (ours: `specheads train recipes/tiny/eagle.yaml` vs eagle-llm 1.2.1's ge_data + main.py) and
 Medusa (ours: recipes/tiny/medusa.yaml vs medusa-llm 0.1's train.py), on the embedded tiny target:
 
-data     N one-turn conversations: a prompt of P tokens from a window of the tiny target's TRAINING files
+data     one-turn conversations (--rows 16 for EAGLE, --medusa-rows 128 for Medusa, the first N of the same
+         list): a prompt of P tokens from a window of the tiny target's TRAINING files
          (stdlib_rows(heldout=False); never the held-out files the evaluation reads) and, as the answer,
          the target's own greedy continuation of it (A new tokens). The peers read them in ShareGPT's
          format (their Vicuna template around them); ours reads the same rows as {"messages": [...]}
          (the target's own chat template, loss on the assistant turns, as theirs).
 budget   the peer's: eagle-llm's main.py runs 21 epochs (hard-coded) over the 95% of its files it keeps for
          training, at --bs 4 (its default): ours gets batch 4 and the same optimizer steps (21 x
-         ceil(n_train / 4)). Its saved states at smaller epoch counts (--eagle-epochs) are the smaller budgets of the learning
-         curve; ours trains afresh at each budget. Medusa: train.py with its README's settings (batch 8,
-         gradient accumulation 4, lr 1e-3, warmup ratio 0.1, cosine, 3 heads of 1 layer) for E epochs;
-         ours with batch 8, 3 heads, and the same optimizer steps and rows a step (medusa_budget).
+         ceil(n_train / 4)). Its saved states at smaller epoch counts (--eagle-epochs) are the smaller
+         budgets of the learning curve; ours trains afresh at each budget. Medusa: train.py with its
+         README's settings (batch 8, gradient accumulation 4, lr 1e-3, warmup ratio 0.1, cosine, 3 heads of
+         1 layer) for E epochs (--medusa-epochs); ours with batch 8, 3 heads, and the same optimizer steps
+         and rows a step (medusa_budget). Ours keeps its recipe's schedule (warm-up 20 steps, cosine to a
+         tenth), labels (the target's distribution) and head decay (0.8) unless an ablation says otherwise.
+runs     one run per seed: ours at each of --seeds (its `seed`), medusa-llm at each of --peer-seeds (its
+         --seed); eagle-llm once (its main.py seeds nothing of its own). The table gives tau's mean
+         [min-max] over a line's runs and their number; a verdict says "wins"/"LOSES" only when the ranges
+         do not overlap.
+ablation --medusa-ablations: ours at the largest Medusa budget with one (or several, '+'-joined) of
+         medusa-llm's settings in place of our recipe's (MEDUSA_ABLATIONS: its warm-up ratio, its
+         unweighted heads, its text labels), at every seed: what each difference buys in tau.
 decode   each checkpoint through `specheads import-heads` (the peers') and `specheads eval` on the tiny
-         target's held-out prompts (--prompts heldout), the same tree for both; tau and the greedy
-         identity to generate() (results.json's N/N) come from eval.
+         target's held-out prompts (--prompts heldout, --eval-prompts of them), the same tree for both; tau
+         and the greedy identity to generate() (results.json's N/N) come from eval.
 measured training wall time (the whole trainer process: imports, data features, training, save; for
          eagle-llm also its two stages apart), the process's peak RSS (os.wait4's rusage for ours,
-         getrusage in trainer_run.py for the peers) and target tokens seen / wall second.
+         getrusage in trainer_run.py for the peers), target tokens seen / wall second, and the load average
+         when each run started (the machine is shared: wall times are only comparable within a run).
 
 What the peers cannot do here (recorded in the JSON and the table): CUDA, bf16/tf32 (fp32 on the CPU),
 wandb, several GPUs (one process: Medusa's README runs 4 GPUs x 8 x accumulation 4), a 2048-token
@@ -30,8 +42,10 @@ tests/consumers/trainer_run.py. Their tokenizer view of the target (`peer_target
 ids, with Llama's conventions their Vicuna masking counts on (BOS added, `</s>` the EOS token, an unk
 token for medusa's pad). The EAGLE-3 vs Model Optimizer row is a TODO slot (tests/consumers/modelopt_*).
 
-Writes REPORT/bench_trainers.json, REPORT/bench_trainers.md (the table) and REPORT/learning_curve.png
-(--report, default docs/bench_trainers/); the checkpoints and logs stay in --out (runs/bench-trainers).
+--methods picks what runs; the other methods' rows are carried from --report's JSON, each with the command
+that measured it. Writes REPORT/bench_trainers.json and REPORT/bench_trainers.md (the table) after every
+run, REPORT/learning_curve.png at the end (--report, default docs/bench_trainers/; --render redraws both
+from the JSON); the checkpoints and logs stay in --out (runs/bench-trainers).
 """
 
 from __future__ import annotations
