@@ -670,6 +670,24 @@ def carried_rows(report: Path, methods: list[str]) -> tuple[list[dict], dict]:
     return rows, {r["method"]: r["carried_from"] for r in rows}
 
 
+def render(report: Path, merge: list[Path]) -> None:
+    """Redraw `report`'s table and plot from its JSON, after adding the rows other runs measured."""
+    path = report / "bench_trainers.json"
+    data = json.loads(path.read_text())
+    for other in merge:
+        more = json.loads(other.read_text())
+        rows = [r for r in more["rows"] if not r.get("carried_from")]
+        data["rows"] += rows
+        data.setdefault("merged_from", []).append(
+            {"command": more.get("command"), "load_average": more.get("load_average"), "rows": len(rows),
+             "total_wall_s": more.get("total_wall_s"), "finished": more.get("finished")}
+        )  # fmt: skip
+    if merge:
+        path.write_text(json.dumps(data, indent=1, default=str))
+    (report / "bench_trainers.md").write_text(render_table(data["rows"]))
+    plot(data["rows"], report / "learning_curve.png")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-trainers", help="work directory")
@@ -705,11 +723,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--render", action="store_true", help="only redraw --report's table and plot from its JSON"
     )
+    p.add_argument(
+        "--merge",
+        type=Path,
+        action="append",
+        default=[],
+        help="with --render: add the measured rows of this bench_trainers.json (another run's, e.g. more "
+        "seeds run beside it) to --report's, recording its command",
+    )
     args = p.parse_args(argv)
     if args.render:
-        rows = json.loads((args.report / "bench_trainers.json").read_text())["rows"]
-        (args.report / "bench_trainers.md").write_text(render_table(rows))
-        plot(rows, args.report / "learning_curve.png")
+        render(args.report, args.merge)
         return 0
 
     sys.path.insert(0, str(CONSUMERS))

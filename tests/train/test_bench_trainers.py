@@ -155,3 +155,20 @@ def test_render_redraws_table_and_plot_from_the_json(tmp_path):
     assert bench.main(["--report", str(tmp_path), "--render"]) == 0
     assert "| 1.50 [1.40-1.60] | 2 |" in (tmp_path / "bench_trainers.md").read_text()
     assert (tmp_path / "learning_curve.png").is_file()
+
+
+def test_render_merges_the_rows_another_run_measured_and_records_its_command(tmp_path):
+    (tmp_path / "a").mkdir()
+    carried = {**row("EAGLE", "specheads", 21, 2.5), "carried_from": {"command": "old"}}
+    (tmp_path / "a" / "bench_trainers.json").write_text(
+        bench.json.dumps({"rows": [carried, row("Medusa", "specheads", 6, 1.4, seed=0)]})
+    )
+    other = {"command": "bench --seeds 1,2", "rows": [carried, row("Medusa", "specheads", 6, 1.6, seed=1)]}
+    (tmp_path / "b.json").write_text(bench.json.dumps(other))
+    bench.main(["--report", str(tmp_path / "a"), "--render", "--merge", str(tmp_path / "b.json")])
+    merged = bench.json.loads((tmp_path / "a" / "bench_trainers.json").read_text())
+    assert len(merged["rows"]) == 3  # the other run's carried row is not counted twice
+    assert (
+        merged["merged_from"][0]["command"] == "bench --seeds 1,2" and merged["merged_from"][0]["rows"] == 1
+    )
+    assert "| 1.50 [1.40-1.60] | 2 |" in (tmp_path / "a" / "bench_trainers.md").read_text()
