@@ -90,7 +90,8 @@ PEER_CHANGES = {
         "in-process, hard-coded paths, wandb disabled)",
     ],
     "medusa-llm": [
-        "CPU fp32: no --bf16/--tf32",
+        "on the CPU without --bf16/--tf32; its train.py still loads the target in bf16 (hard-coded) and casts "
+        "its heads to the target's dtype, so it trains bf16 heads (ours: fp32), slowly on this CPU",
         "1 process, not 4 GPUs (batch 8 x accumulation 4 per step, as one of its GPUs)",
         "model_max_length 256 (the tiny target's context), not 2048",
         "--num_train_epochs E for the budget (README: 1), --report_to none",
