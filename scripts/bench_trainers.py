@@ -170,11 +170,18 @@ def fmt(x, spec: str = ".2f") -> str:
 
 
 def groups(rows: list[dict]) -> list[list[dict]]:
-    """The runs of each (method, trainer, epochs), in first-seen order: one table line each."""
+    """The runs of each (method, trainer, budget), in first-seen order: one table line each. A budget is
+    its rows and epochs (runs at other --rows with the same epochs are another budget)."""
     out: dict[tuple, list[dict]] = {}
     for r in rows:
-        out.setdefault((r["method"], r["trainer"], r["budget"]["epochs"]), []).append(r)
+        out.setdefault((r["method"], r["trainer"], budget_key(r)), []).append(r)
     return list(out.values())
+
+
+def budget_key(row: dict) -> tuple[int, int, int]:
+    """(rows, epochs, rows seen) of a row's budget."""
+    b = row["budget"]
+    return b["peer_rows"], b["epochs"], b["rows_seen"]
 
 
 def tau_range(runs: list[dict]) -> dict:
@@ -259,25 +266,26 @@ def verdicts(rows: list[dict]) -> list[str]:
         mine = [r for r in rows if r["method"] == method and r["trainer"] == "specheads"]
         if not mine:
             continue
-        top = max(r["budget"]["epochs"] for r in mine)
-        ours = tau_range([r for r in mine if r["budget"]["epochs"] == top])
+        top = max((budget_key(r) for r in mine), key=lambda k: (k[2], k[1]))  # most rows seen
+        ours = tau_range([r for r in mine if budget_key(r) == top])
+        where = f"{top[1]} epochs of {top[0]} rows"
         if ours["n"] == 0:
             continue
         for runs in groups(rows):
             r = runs[0]
-            if r["method"] != method or r["trainer"] == "specheads" or r["budget"]["epochs"] != top:
+            if r["method"] != method or r["trainer"] == "specheads" or budget_key(r) != top:
                 continue
             other = tau_range(runs)
             if other["n"] == 0:
                 continue
             if r["trainer"].startswith("specheads ("):
                 out.append(
-                    f"\n{method}, {top} epochs: {r['trainer']}: tau {fmt_range(other)} vs ours "
+                    f"\n{method}, {where}: {r['trainer']}: tau {fmt_range(other)} vs ours "
                     f"{fmt_range(ours)}: {other['mean'] - ours['mean']:+.3f} ({other['n']} and {ours['n']} runs)."
                 )
                 continue
             out.append(
-                f"\n{method}, {top} epochs: ours {verdict_word(ours, other)} against {r['trainer']}: tau "
+                f"\n{method}, {where}: ours {verdict_word(ours, other)} against {r['trainer']}: tau "
                 f"{fmt_range(ours)} vs {fmt_range(other)} ({(ours['mean'] / other['mean'] - 1) * 100:+.1f}% "
                 f"in the mean; {ours['n']} and {other['n']} runs)."
             )

@@ -66,13 +66,19 @@ def test_table_has_a_line_per_trainer_and_budget_with_the_range_and_runs_and_say
     assert "| Medusa | specheads | 6 | 12 x 32 | 6000 | 1.40 | 1 | 8/8 | - | - | - | - |" in table
     # the verdict at each method's largest budget only
     assert (
-        "Medusa, 21 epochs: ours LOSES against medusa-llm 0.1: tau 1.70 vs 1.90 (-10.5% in the mean; 1 and 1 runs)."
+        "Medusa, 21 epochs of 40 rows: ours LOSES against medusa-llm 0.1: tau 1.70 vs 1.90 (-10.5% in the mean; 1 and 1 runs)."
         in table
     )
     assert (
-        "EAGLE, 21 epochs: ours wins against eagle-llm 1.2.1: tau 2.50 vs 2.00 (+25.0% in the mean;" in table
+        "EAGLE, 21 epochs of 40 rows: ours wins against eagle-llm 1.2.1: tau 2.50 vs 2.00 (+25.0% in the mean;"
+        in table
     )
-    assert "6 epochs: ours" not in table
+    assert "6 epochs of 40 rows: ours" not in table
+    # the same epochs over other rows are another budget: another line, and the verdict at the larger
+    more = [{**r, "budget": bench.medusa_budget(128, 6)} for r in rows[:2]]
+    table = bench.render_table(rows[:2] + more)
+    assert len([line for line in table.splitlines() if line.startswith("| Medusa")]) == 4
+    assert "Medusa, 6 epochs of 128 rows: ours LOSES" in table and "of 40 rows" not in table
 
 
 def test_repeated_runs_give_one_line_with_mean_min_max_and_n_and_overlapping_ranges_tie():
