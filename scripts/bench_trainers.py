@@ -1,27 +1,39 @@
 """Side by side with the peers' own trainers on the tiny target (issue 21): tau for the same budget.
 
-    nice -n 10 env OMP_NUM_THREADS=1 python scripts/bench_trainers.py --out runs/bench-trainers
+    nice -n 15 env OMP_NUM_THREADS=1 python scripts/bench_trainers.py --overwrite \
+        --medusa-ablations "warmup 10%,data labels,decay 1"
 
 For EAGLE (ours: `specheads train recipes/tiny/eagle.yaml` vs eagle-llm 1.2.1's ge_data + main.py) and
 Medusa (ours: recipes/tiny/medusa.yaml vs medusa-llm 0.1's train.py), on the embedded tiny target:
 
-data     N one-turn conversations: a prompt of P tokens from a window of the tiny target's TRAINING files
+data     one-turn conversations (--rows 16 for EAGLE, --medusa-rows 128 for Medusa, the first N of the same
+         list): a prompt of P tokens from a window of the tiny target's TRAINING files
          (stdlib_rows(heldout=False); never the held-out files the evaluation reads) and, as the answer,
          the target's own greedy continuation of it (A new tokens). The peers read them in ShareGPT's
          format (their Vicuna template around them); ours reads the same rows as {"messages": [...]}
          (the target's own chat template, loss on the assistant turns, as theirs).
 budget   the peer's: eagle-llm's main.py runs 21 epochs (hard-coded) over the 95% of its files it keeps for
          training, at --bs 4 (its default): ours gets batch 4 and the same optimizer steps (21 x
-         ceil(n_train / 4)). Its saved states at smaller epoch counts (--eagle-epochs) are the smaller budgets of the learning
-         curve; ours trains afresh at each budget. Medusa: train.py with its README's settings (batch 8,
-         gradient accumulation 4, lr 1e-3, warmup ratio 0.1, cosine, 3 heads of 1 layer) for E epochs;
-         ours with batch 8, 3 heads, and the same optimizer steps and rows a step (medusa_budget).
+         ceil(n_train / 4)). Its saved states at smaller epoch counts (--eagle-epochs) are the smaller
+         budgets of the learning curve; ours trains afresh at each budget. Medusa: train.py with its
+         README's settings (batch 8, gradient accumulation 4, lr 1e-3, warmup ratio 0.1, cosine, 3 heads of
+         1 layer) for E epochs (--medusa-epochs); ours with batch 8, 3 heads, and the same optimizer steps
+         and rows a step (medusa_budget). Ours keeps its recipe's schedule (warm-up 20 steps, cosine to a
+         tenth), labels (the target's distribution) and head decay (0.8) unless an ablation says otherwise.
+runs     one run per seed: ours at each of --seeds (its `seed`), medusa-llm at each of --peer-seeds (its
+         --seed); eagle-llm once (its main.py seeds nothing of its own). The table gives tau's mean
+         [min-max] over a line's runs and their number; a verdict says "wins"/"LOSES" only when the ranges
+         do not overlap.
+ablation --medusa-ablations: ours at the largest Medusa budget with one (or several, '+'-joined) of
+         medusa-llm's settings in place of our recipe's (MEDUSA_ABLATIONS: its warm-up ratio, its
+         unweighted heads, its text labels), at every seed: what each difference buys in tau.
 decode   each checkpoint through `specheads import-heads` (the peers') and `specheads eval` on the tiny
-         target's held-out prompts (--prompts heldout), the same tree for both; tau and the greedy
-         identity to generate() (results.json's N/N) come from eval.
+         target's held-out prompts (--prompts heldout, --eval-prompts of them), the same tree for both; tau
+         and the greedy identity to generate() (results.json's N/N) come from eval.
 measured training wall time (the whole trainer process: imports, data features, training, save; for
          eagle-llm also its two stages apart), the process's peak RSS (os.wait4's rusage for ours,
-         getrusage in trainer_run.py for the peers) and target tokens seen / wall second.
+         getrusage in trainer_run.py for the peers), target tokens seen / wall second, and the load average
+         when each run started (the machine is shared: wall times are only comparable within a run).
 
 What the peers cannot do here (recorded in the JSON and the table): CUDA, bf16/tf32 (fp32 on the CPU),
 wandb, several GPUs (one process: Medusa's README runs 4 GPUs x 8 x accumulation 4), a 2048-token
@@ -30,8 +42,10 @@ tests/consumers/trainer_run.py. Their tokenizer view of the target (`peer_target
 ids, with Llama's conventions their Vicuna masking counts on (BOS added, `</s>` the EOS token, an unk
 token for medusa's pad). The EAGLE-3 vs Model Optimizer row is a TODO slot (tests/consumers/modelopt_*).
 
-Writes REPORT/bench_trainers.json, REPORT/bench_trainers.md (the table) and REPORT/learning_curve.png
-(--report, default docs/bench_trainers/); the checkpoints and logs stay in --out (runs/bench-trainers).
+--methods picks what runs; the other methods' rows are carried from --report's JSON, each with the command
+that measured it. Writes REPORT/bench_trainers.json and REPORT/bench_trainers.md (the table) after every
+run, REPORT/learning_curve.png at the end (--report, default docs/bench_trainers/; --render redraws both
+from the JSON); the checkpoints and logs stay in --out (runs/bench-trainers).
 """
 
 from __future__ import annotations
@@ -76,7 +90,8 @@ PEER_CHANGES = {
         "in-process, hard-coded paths, wandb disabled)",
     ],
     "medusa-llm": [
-        "CPU fp32: no --bf16/--tf32",
+        "on the CPU without --bf16/--tf32; its train.py still loads the target in bf16 (hard-coded) and casts "
+        "its heads to the target's dtype, so it trains bf16 heads (ours: fp32), slowly on this CPU",
         "1 process, not 4 GPUs (batch 8 x accumulation 4 per step, as one of its GPUs)",
         "model_max_length 256 (the tiny target's context), not 2048",
         "--num_train_epochs E for the budget (README: 1), --report_to none",
@@ -95,6 +110,30 @@ OUR_CHANGES = {
         "loss_on=assistant (chat rows)",
     ],
 }
+
+# Ours with one of medusa-llm's settings instead of our recipe's (issue 21 point 2: what each difference
+# buys), as recipe overrides at a budget. Under Adam a per-head loss weight barely moves independent heads
+# (it scales the head's gradients, which Adam divides out), so "decay 1" is expected to change little.
+MEDUSA_ABLATIONS = {
+    "warmup 10%": lambda b: {"warmup_steps": warmup_like_hf(b["steps"], 0.1)},  # theirs; ours: 20 steps
+    "decay 1": lambda b: {"decay": 1.0},  # their loss sums the heads unweighted; ours 0.8**k
+    "data labels": lambda b: {"labels": "data"},  # their labels are the text's; ours the target's
+}
+
+
+def warmup_like_hf(steps: int, ratio: float) -> int:
+    """The HF Trainer's warm-up steps for a ratio: ceil(ratio * steps)."""
+    return max(1, math.ceil(ratio * steps))
+
+
+def ablation_overrides(names: str, budget: dict) -> dict:
+    """The overrides of a '+'-joined list of MEDUSA_ABLATIONS names at `budget`."""
+    out = {}
+    for name in names.split("+"):
+        if name not in MEDUSA_ABLATIONS:
+            raise SystemExit(f"--medusa-ablations: {name!r} is not one of {list(MEDUSA_ABLATIONS)}")
+        out |= MEDUSA_ABLATIONS[name](budget)
+    return out
 
 
 # -- budgets (pure) -----------------------------------------------------------------------------------
@@ -130,52 +169,125 @@ def fmt(x, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def groups(rows: list[dict]) -> list[list[dict]]:
+    """The runs of each (method, trainer, budget), in first-seen order: one table line each. A budget is
+    its rows and epochs (runs at other --rows with the same epochs are another budget)."""
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault((r["method"], r["trainer"], budget_key(r)), []).append(r)
+    return list(out.values())
+
+
+def budget_key(row: dict) -> tuple[int, int, int]:
+    """(rows, epochs, rows seen) of a row's budget."""
+    b = row["budget"]
+    return b["peer_rows"], b["epochs"], b["rows_seen"]
+
+
+def tau_range(runs: list[dict]) -> dict:
+    """mean, min, max and n of the runs' tau (runs without one left out)."""
+    taus = [r["tau"] for r in runs if r.get("tau") is not None]
+    if not taus:
+        return {"mean": None, "min": None, "max": None, "n": 0}
+    return {"mean": sum(taus) / len(taus), "min": min(taus), "max": max(taus), "n": len(taus)}
+
+
+def fmt_range(t: dict) -> str:
+    if t["n"] == 0:
+        return "-"
+    if t["n"] == 1:
+        return f"{t['mean']:.2f}"
+    return f"{t['mean']:.2f} [{t['min']:.2f}-{t['max']:.2f}]"
+
+
+def mean_of(runs: list[dict], key: str):
+    xs = [r[key] for r in runs if r.get(key) is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def identical_sum(runs: list[dict]) -> str:
+    """'36/36': the greedy-identity counts of all runs added up."""
+    pairs = [r.get("identical", "") for r in runs]
+    try:
+        got, of = zip(*(map(int, p.split("/")) for p in pairs))
+    except ValueError:
+        return "-"
+    return f"{sum(got)}/{sum(of)}"
+
+
 def render_table(rows: list[dict]) -> str:
-    """Markdown: one line per (method, trainer, budget); each trainer's changes from its defaults as a
-    numbered note under the table; a verdict line per method at the largest budget."""
+    """Markdown: one line per (method, trainer, budget) with tau's mean [min-max] over its runs and their
+    number; each trainer's changes from its defaults as a numbered note under the table; a verdict line
+    per method at the largest budget, and what each ablation of ours bought there."""
     head = (
-        "| method | trainer | epochs | steps x rows/step | target tokens seen | tau | greedy = generate() "
-        "| train wall s | peak RSS MiB | train tokens/s | changes |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| method | trainer | epochs | steps x rows/step | target tokens seen | tau mean [min-max] | runs "
+        "| greedy = generate() | train wall s | peak RSS MiB | train tokens/s | changes |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     notes: list[tuple] = []
     lines = []
-    for r in rows:
+    for runs in groups(rows):
+        r = runs[0]
         b, changes = r["budget"], tuple(r.get("changes", []))
+        if r.get("carried_from"):
+            changes += (f"from an earlier run: {r['carried_from'].get('command')}",)
         if changes and changes not in notes:
             notes.append(changes)
         note = f"[{notes.index(changes) + 1}]" if changes else "-"
         lines.append(
             f"| {r['method']} | {r['trainer']} | {b['epochs']} | {b['steps']} x {b['batch'] * b['grad_accum']} "
-            f"| {r['tokens_seen']} | {fmt(r.get('tau'))} | {r.get('identical', '-')} "
-            f"| {fmt(r.get('wall_s'), '.1f')} | {fmt(r.get('peak_rss_mib'), '.0f')} "
-            f"| {fmt(r.get('tokens_per_s'), '.0f')} | {note} |"
+            f"| {r['tokens_seen']} | {fmt_range(tau_range(runs))} | {tau_range(runs)['n']} "
+            f"| {identical_sum(runs)} | {fmt(mean_of(runs, 'wall_s'), '.1f')} "
+            f"| {fmt(mean_of(runs, 'peak_rss_mib'), '.0f')} | {fmt(mean_of(runs, 'tokens_per_s'), '.0f')} "
+            f"| {note} |"
         )
     text = head + "\n".join(lines) + "\n"
     text += "".join(f"\n[{i}] {'; '.join(n)}.\n" for i, n in enumerate(notes, 1))
     return text + "".join(verdicts(rows)) + "\n"
 
 
+def verdict_word(ours: dict, peer: dict) -> str:
+    """'wins' / 'LOSES' when the tau ranges do not overlap (or single runs differ), else 'ties (ranges
+    overlap)'."""
+    if ours["n"] > 1 or peer["n"] > 1:
+        if ours["min"] > peer["max"]:
+            return "wins"
+        if ours["max"] < peer["min"]:
+            return "LOSES"
+        return "ties (the ranges overlap)"
+    return "wins" if ours["mean"] > peer["mean"] else ("ties" if ours["mean"] == peer["mean"] else "LOSES")
+
+
 def verdicts(rows: list[dict]) -> list[str]:
-    """At each method's largest budget: ours against each peer, in plain words."""
+    """At each method's largest budget: ours against each peer, and each ablation of ours against ours,
+    in plain words."""
     out = []
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method and r["trainer"] == "specheads"]
         if not mine:
             continue
-        top = max(r["budget"]["epochs"] for r in mine)
-        ours = next(r for r in mine if r["budget"]["epochs"] == top)
-        for peer in rows:
-            if peer["method"] != method or peer["trainer"] == "specheads" or peer["budget"]["epochs"] != top:
+        top = max((budget_key(r) for r in mine), key=lambda k: (k[2], k[1]))  # most rows seen
+        ours = tau_range([r for r in mine if budget_key(r) == top])
+        where = f"{top[1]} epochs of {top[0]} rows"
+        if ours["n"] == 0:
+            continue
+        for runs in groups(rows):
+            r = runs[0]
+            if r["method"] != method or r["trainer"] == "specheads" or budget_key(r) != top:
                 continue
-            if ours.get("tau") is None or peer.get("tau") is None:
+            other = tau_range(runs)
+            if other["n"] == 0:
                 continue
-            word = (
-                "wins" if ours["tau"] > peer["tau"] else ("ties" if ours["tau"] == peer["tau"] else "LOSES")
-            )
+            if r["trainer"].startswith("specheads ("):
+                out.append(
+                    f"\n{method}, {where}: {r['trainer']}: tau {fmt_range(other)} vs ours "
+                    f"{fmt_range(ours)}: {other['mean'] - ours['mean']:+.3f} ({other['n']} and {ours['n']} runs)."
+                )
+                continue
             out.append(
-                f"\n{method}, {top} epochs: ours {word} against {peer['trainer']}: tau {ours['tau']:.2f} vs "
-                f"{peer['tau']:.2f} ({(ours['tau'] / peer['tau'] - 1) * 100:+.1f}%)."
+                f"\n{method}, {where}: ours {verdict_word(ours, other)} against {r['trainer']}: tau "
+                f"{fmt_range(ours)} vs {fmt_range(other)} ({(ours['mean'] / other['mean'] - 1) * 100:+.1f}% "
+                f"in the mean; {ours['n']} and {other['n']} runs)."
             )
     return out
 
@@ -374,16 +486,20 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax, method in zip(axes[0], methods):
         for trainer in dict.fromkeys(r["trainer"] for r in rows if r["method"] == method):
             pts = sorted(
-                (r["tokens_seen"], r["tau"])
-                for r in rows
-                if r["method"] == method and r["trainer"] == trainer
+                (runs[0]["tokens_seen"], tau_range(runs))
+                for runs in groups([r for r in rows if r["method"] == method and r["trainer"] == trainer])
+                if tau_range(runs)["n"]
             )
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=trainer)
+            x, t = [p[0] for p in pts], [p[1] for p in pts]
+            n = max(p["n"] for p in t)
+            ax.errorbar(x, [p["mean"] for p in t], marker="o", capsize=3,
+                        yerr=[[p["mean"] - p["min"] for p in t], [p["max"] - p["mean"] for p in t]],
+                        label=trainer + (f" (mean, min-max of {n} runs)" if n > 1 else ""))  # fmt: skip
         ax.set_title(f"{method} on the tiny target")
         ax.set_xlabel("target tokens seen in training")
         ax.set_ylabel("tau (our decoder, held-out prompts)")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -393,7 +509,7 @@ def run_eagle(args, ctx: dict) -> list[dict]:
     import torch
     from trainer_run import eagle_draft_config, finish_trainer, start_trainer
 
-    out, n, rows = args.out, len(ctx["conversations"]), []
+    out, n, rows = args.out, len(ctx["conversations"]), ctx["rows"]
     epochs = [int(e) for e in args.eagle_epochs.split(",")]
     for lr in [float(x) for x in args.eagle_lrs.split(",")]:
         work = out / f"eagle-llm-lr{lr:g}"
@@ -432,106 +548,108 @@ def run_eagle(args, ctx: dict) -> list[dict]:
     for e in epochs:
         budget = eagle_budget(n, e)
         print(f"ours eagle {e} epochs ({budget['steps']} steps x {budget['batch']})", flush=True)
-        rows.append(ours_row("eagle", budget, e, {}, args.eagle_tree, args, ctx))
+        for seed in ints(args.seeds):
+            rows.append(ours_row("eagle", budget, {}, args.eagle_tree, args, ctx, seed))
     return rows
 
 
-def ours_row(method: str, budget: dict, epochs: int, extra: dict, tree: str, args, ctx: dict) -> dict:
-    """Train ours at `budget` (recipe overrides `extra`), decode with `tree`, and give its table row."""
+def ours_row(
+    method: str, budget: dict, extra: dict, tree: str, args, ctx: dict, seed: int = 0, variant: str = ""
+) -> dict:
+    """Train ours at `budget` (recipe overrides `extra`, the schedule scaled to the budget, `seed`), decode
+    with `tree`, and give its table row; `variant` names an ablation (its overrides in `extra`)."""
     out = args.out
-    extra = {**extra, "eval_batches": args.our_eval_batches}
-    got = train_ours(method, ctx["rows_path"], budget, out / f"ours-{method}-e{epochs}", extra)
-    ev = evaluate(Path(got["heads"]), tree, out / f"eval-ours-{method}-e{epochs}", args.eval_prompts,
-                  args.eval_new_tokens)  # fmt: skip
-    name = {"eagle": "EAGLE", "medusa": "Medusa"}[method]
-    row = row_result(name, "specheads", budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
-                     OUR_CHANGES[method], overrides=got["overrides"])  # fmt: skip
-    print(f"  tau {row['tau']:.3f} {row['identical']}", flush=True)
+    extra = {**extra, "eval_batches": args.our_eval_batches, "seed": seed}
+    name = f"ours-{method}-e{budget['epochs']}-s{seed}" + (f"-{variant}" if variant else "")
+    load = load_average()
+    got = train_ours(method, ctx["rows_path"], budget, out / name, extra)
+    ev = evaluate(Path(got["heads"]), tree, out / f"eval-{name}", args.eval_prompts, args.eval_new_tokens)
+    label = {"eagle": "EAGLE", "medusa": "Medusa"}[method]
+    trainer = "specheads" + (f" ({variant})" if variant else "")
+    row = row_result(label, trainer, budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
+                     OUR_CHANGES[method], overrides=got["overrides"], seed=seed, load_average=load)  # fmt: skip
+    print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
     return row
 
 
 def run_medusa(args, ctx: dict) -> list[dict]:
-    import torch
-    from trainer_run import finish_trainer, start_trainer
-
-    out, n, rows = args.out, len(ctx["conversations"]), []
-    for e in [int(x) for x in args.medusa_epochs.split(",")]:
+    """At each budget, largest first, seed by seed: medusa-llm (--peer-seeds), ours (--seeds) and, at the
+    largest budget, ours with each of --medusa-ablations (medusa-llm's settings); so a run cut short still
+    holds paired runs of the comparison that matters most."""
+    rows, n = ctx["rows"], len(ctx["conversations"])
+    epochs = sorted(ints(args.medusa_epochs), reverse=True)
+    variants = [v for v in args.medusa_ablations.split(",") if v]
+    for e in epochs:
         budget = medusa_budget(n, e)
-        work = out / f"medusa-llm-e{e}"
-        work.mkdir()
-        (work / "train.json").write_text(json.dumps(ctx["sharegpt"]))
-        torch.save({"hidden": torch.zeros(1, 4, ctx["hidden"])}, work / "inputs.pt")
-        flags = {**MEDUSA_README, "--num_train_epochs": str(e), "--max_steps": None, "--report_to": "none"}
-        job = {"kind": "medusa", "work": str(work), "target": str(ctx["peer_target"]), "lr": 1e-3,
-               "max_length": args.max_length, "args": flags, "inputs": str(work / "inputs.pt"),
-               "out": str(work / "out.pt")}  # fmt: skip
-        print(f"medusa-llm {e} epochs", flush=True)
-        proc = start_trainer(ctx["env"], job, work)
-        got = finish_trainer(proc.wait(), job, work)
-        native = import_heads("medusa", Path(got["checkpoint"]), ctx["target"], work / "native")
-        ev = evaluate(native, args.medusa_tree, work / "eval", args.eval_prompts, args.eval_new_tokens)
-        rows.append(row_result("Medusa", "medusa-llm 0.1", budget, ctx["vicuna_tokens"], ev, got["wall_s"],
-                               got["maxrss_kb"] / 1024, PEER_CHANGES["medusa-llm"]))  # fmt: skip
-        print(f"  tau {rows[-1]['tau']:.3f} {rows[-1]['identical']}", flush=True)
         print(
-            f"ours medusa {e} epochs ({budget['steps']} steps x {budget['batch']} x {budget['grad_accum']})",
+            f"medusa {e} epochs: {budget['steps']} steps x {budget['batch']} x {budget['grad_accum']}",
             flush=True,
         )
-        rows.append(ours_row("medusa", budget, e, {"num_heads": 3}, args.medusa_tree, args, ctx))
+        for seed in sorted(set(ints(args.peer_seeds)) | set(ints(args.seeds))):
+            if seed in ints(args.peer_seeds):
+                rows.append(medusa_llm_row(budget, seed, args, ctx))
+            if seed not in ints(args.seeds):
+                continue
+            rows.append(ours_row("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed))
+            for variant in variants if e == epochs[0] else ():
+                extra = {"num_heads": 3, **ablation_overrides(variant, budget)}
+                rows.append(ours_row("medusa", budget, extra, args.medusa_tree, args, ctx, seed, variant))
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-trainers", help="work directory")
-    p.add_argument("--report", type=Path, default=ROOT / "docs" / "bench_trainers", help="JSON, table, PNG")
-    p.add_argument("--rows", type=int, default=16, help="conversations (N)")
-    p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument("--answer-tokens", type=int, default=64)
-    p.add_argument("--max-length", type=int, default=256)
-    p.add_argument("--eagle-epochs", default="11,21", help="learning-curve budgets (states main.py saves)")
-    p.add_argument("--medusa-epochs", default="3,6")
-    p.add_argument(
-        "--eagle-lrs", default=f"{EAGLE_LR:g},1e-3", help="eagle-llm --lr values (its default first)"
-    )
-    p.add_argument("--eagle-tree", default="dynamic")
-    p.add_argument("--medusa-tree", default="medusa-31")
-    p.add_argument("--eval-prompts", type=int, default=6)
-    p.add_argument("--eval-new-tokens", type=int, default=48)
-    p.add_argument("--our-eval-batches", type=int, default=2, help="our trainer's end-of-run held-out loss")
-    p.add_argument("--methods", default="eagle,medusa")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true")
-    args = p.parse_args(argv)
+def medusa_llm_row(budget: dict, seed: int, args, ctx: dict) -> dict:
+    """medusa-llm's train.py (its README's settings, --seed `seed`) at `budget`, imported and decoded."""
+    import torch
+    from trainer_run import finish_trainer, start_trainer
 
-    sys.path.insert(0, str(CONSUMERS))
+    e = budget["epochs"]
+    work = args.out / f"medusa-llm-e{e}-s{seed}"
+    work.mkdir()
+    (work / "train.json").write_text(json.dumps(ctx["sharegpt"]))
+    torch.save({"hidden": torch.zeros(1, 4, ctx["hidden"])}, work / "inputs.pt")
+    flags = {**MEDUSA_README, "--num_train_epochs": str(e), "--max_steps": None, "--report_to": "none",
+             "--seed": str(seed)}  # fmt: skip
+    job = {"kind": "medusa", "work": str(work), "target": str(ctx["peer_target"]), "lr": 1e-3,
+           "max_length": args.max_length, "args": flags, "inputs": str(work / "inputs.pt"),
+           "out": str(work / "out.pt")}  # fmt: skip
+    load = load_average()
+    got = finish_trainer(start_trainer(ctx["env"], job, work).wait(), job, work)
+    native = import_heads("medusa", Path(got["checkpoint"]), ctx["target"], work / "native")
+    ev = evaluate(native, args.medusa_tree, work / "eval", args.eval_prompts, args.eval_new_tokens)
+    row = row_result("Medusa", "medusa-llm 0.1", budget, ctx["vicuna_tokens"], ev, got["wall_s"],
+                     got["maxrss_kb"] / 1024, PEER_CHANGES["medusa-llm"], seed=seed, load_average=load)  # fmt: skip
+    print(f"  medusa-llm seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
+    return row
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+class ReportedRows(list):
+    """The rows measured so far; each append rewrites the report (`write(rows)`), so a run cut short
+    leaves what it measured."""
+
+    def __init__(self, write):
+        super().__init__()
+        self.write = write
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        self.write(self)
+
+
+def data_context(target: Path, conversations: list, out: Path, peer_dir: Path, env: Path) -> dict:
+    """The rows in both formats under `out` and what the runs read about them."""
     from transformers import AutoTokenizer
 
-    from specheads.train.builders.tiny_target import ensure_tiny_target
-
-    import consumer_env
-
-    if args.out.exists():
-        if not args.overwrite:
-            raise SystemExit(f"{args.out} exists: --overwrite to replace it")
-        shutil.rmtree(args.out)
-    args.out.mkdir(parents=True)
-    started, load_start = time.time(), load_average()
-    env = consumer_env.env_dir()
-    if not (env / "PINS").is_file():
-        consumer_env.build(env)
-    target, _, _ = ensure_tiny_target(progress=False)
-    print(f"data: {args.rows} conversations from the training files", flush=True)
-    conversations = make_conversations(target, args.rows, args.prompt_tokens, args.answer_tokens, args.seed)
-    data = args.out / "data"
-    data.mkdir()
-    rows_path = data / "rows.jsonl"
+    out.mkdir()
+    rows_path = out / "rows.jsonl"
     rows_path.write_text("".join(json.dumps(r) + "\n" for r in message_rows(conversations)))
-    (data / "sharegpt.json").write_text(json.dumps(sharegpt_rows(conversations), indent=1))
-    peer_dir = peer_target(target, args.out / "peer-target", args.max_length)
+    (out / "sharegpt.json").write_text(json.dumps(sharegpt_rows(conversations), indent=1))
     ours_tok, peer_tok = AutoTokenizer.from_pretrained(target), AutoTokenizer.from_pretrained(peer_dir)
     chats = [ours_tok.apply_chat_template(r["messages"], tokenize=False) for r in message_rows(conversations)]
-    ctx = {
+    return {
         "env": env,
         "target": target,
         "peer_target": peer_dir,
@@ -542,32 +660,154 @@ def main(argv: list[str] | None = None) -> int:
         "chat_tokens": sum(len(ours_tok(c, add_special_tokens=False).input_ids) for c in chats) / len(chats),
         "vicuna_tokens": mean_tokens(peer_tok, [vicuna_text(p_, a) for p_, a in conversations]),
     }
-    results = []
+
+
+def carried_rows(report: Path, methods: list[str]) -> tuple[list[dict], dict]:
+    """The rows of the methods not run this time from the report already there, each marked with the
+    command and load average of the run that made it (so one table can hold both)."""
+    path = report / "bench_trainers.json"
+    if not path.is_file():
+        return [], {}
+    old = json.loads(path.read_text())
+    names = {"eagle": "EAGLE", "medusa": "Medusa", "eagle3": "EAGLE-3"}
+    keep = {names[m] for m in names if m not in methods}
+    rows = [r for r in old["rows"] if r["method"] in keep]
+    origin = {"command": old.get("command"), "load_average": old.get("load_average"),
+              "total_wall_s": old.get("total_wall_s"), "settings": old.get("settings")}  # fmt: skip
+    for r in rows:
+        r.setdefault("carried_from", origin)  # a row carried twice keeps the run that measured it
+    return rows, {r["method"]: r["carried_from"] for r in rows}
+
+
+def render(report: Path, merge: list[Path]) -> None:
+    """Redraw `report`'s table and plot from its JSON, after adding the rows other runs measured."""
+    path = report / "bench_trainers.json"
+    data = json.loads(path.read_text())
+    for other in merge:
+        more = json.loads(other.read_text())
+        rows = [r for r in more["rows"] if not r.get("carried_from")]
+        data["rows"] += rows
+        data.setdefault("merged_from", []).append(
+            {"command": more.get("command"), "load_average": more.get("load_average"), "rows": len(rows),
+             "total_wall_s": more.get("total_wall_s"), "finished": more.get("finished")}
+        )  # fmt: skip
+    if merge:
+        path.write_text(json.dumps(data, indent=1, default=str))
+    (report / "bench_trainers.md").write_text(render_table(data["rows"]))
+    plot(data["rows"], report / "learning_curve.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-trainers", help="work directory")
+    p.add_argument("--report", type=Path, default=ROOT / "docs" / "bench_trainers", help="JSON, table, PNG")
+    p.add_argument("--rows", type=int, default=16, help="conversations (N) for EAGLE")
+    p.add_argument(
+        "--medusa-rows", type=int, default=128, help="conversations for Medusa (the first N of the same)"
+    )
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--answer-tokens", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--eagle-epochs", default="11,21", help="learning-curve budgets (states main.py saves)")
+    p.add_argument("--medusa-epochs", default="2,6")
+    p.add_argument(
+        "--eagle-lrs", default=f"{EAGLE_LR:g},1e-3", help="eagle-llm --lr values (its default first)"
+    )
+    p.add_argument("--eagle-tree", default="dynamic")
+    p.add_argument("--medusa-tree", default="medusa-31")
+    p.add_argument("--eval-prompts", type=int, default=12)
+    p.add_argument("--eval-new-tokens", type=int, default=48)
+    p.add_argument("--our-eval-batches", type=int, default=2, help="our trainer's end-of-run held-out loss")
+    p.add_argument("--methods", default="eagle,medusa", help="the others' rows are kept from --report's JSON")
+    p.add_argument("--seeds", default="0,1,2", help="our trainer's seeds: one run each")
+    p.add_argument("--peer-seeds", default="0,1,2", help="medusa-llm's --seed values: one run each")
+    p.add_argument(
+        "--medusa-ablations",
+        default="",
+        help=f"ours at the largest Medusa budget with medusa-llm's settings: comma-separated, each one or "
+        f"several of {list(MEDUSA_ABLATIONS)} joined by '+'",
+    )
+    p.add_argument("--seed", type=int, default=0, help="the data's")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument(
+        "--render", action="store_true", help="only redraw --report's table and plot from its JSON"
+    )
+    p.add_argument(
+        "--merge",
+        type=Path,
+        action="append",
+        default=[],
+        help="with --render: add the measured rows of this bench_trainers.json (another run's, e.g. more "
+        "seeds run beside it) to --report's, recording its command",
+    )
+    args = p.parse_args(argv)
+    if args.render:
+        render(args.report, args.merge)
+        return 0
+
+    sys.path.insert(0, str(CONSUMERS))
+    from specheads.train.builders.tiny_target import ensure_tiny_target
+
+    import consumer_env
+
     methods = args.methods.split(",")
-    if "eagle" in methods:
-        results += run_eagle(args, ctx)
-    if "medusa" in methods:
-        results += run_medusa(args, ctx)
-    report = {
-        "command": " ".join(sys.argv),
-        "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "python": platform.python_version(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
-        "load_average": {"start": load_start, "end": load_average()},
-        "runs": 1,
-        "total_wall_s": round(time.time() - started, 1),
-        "settings": {k: str(v) for k, v in vars(args).items()},
-        "data": {"conversations": len(conversations), "prompt_tokens": args.prompt_tokens,
-                 "answer_tokens": args.answer_tokens, "mean_row_tokens_ours": ctx["chat_tokens"],
-                 "mean_row_tokens_peers": ctx["vicuna_tokens"]},
-        "peer_changes": PEER_CHANGES,
-        "our_changes": OUR_CHANGES,
-        "todo": ["EAGLE-3: ours vs NVIDIA Model Optimizer (tests/consumers/modelopt_*), not run here yet"],
-        "rows": results,
-    }  # fmt: skip
-    args.report.mkdir(parents=True, exist_ok=True)
-    (args.report / "bench_trainers.json").write_text(json.dumps(report, indent=1, default=str))
-    (args.report / "bench_trainers.md").write_text(render_table(results))
-    plot(results, args.report / "learning_curve.png")
+    for v in filter(None, args.medusa_ablations.split(",")):
+        ablation_overrides(v, medusa_budget(1, 1))  # a bad name stops here, before any work
+    if args.out.exists():
+        if not args.overwrite:
+            raise SystemExit(f"{args.out} exists: --overwrite to replace it")
+        shutil.rmtree(args.out)
+    args.out.mkdir(parents=True)
+    started, load_start = time.time(), load_average()
+    env = consumer_env.env_dir()
+    if not (env / "PINS").is_file():
+        consumer_env.build(env)
+    target, _, _ = ensure_tiny_target(progress=False)
+    n = max(args.rows if "eagle" in methods else 0, args.medusa_rows if "medusa" in methods else 0)
+    print(f"data: {n} conversations from the training files", flush=True)
+    conversations = make_conversations(target, n, args.prompt_tokens, args.answer_tokens, args.seed)
+    peer_dir = peer_target(target, args.out / "peer-target", args.max_length)
+    carried, carried_from = carried_rows(args.report, methods)
+    data: dict = {}
+
+    def write(rows: list[dict], final: bool = False) -> None:
+        loads = [r["load_average"][0] for r in rows if r.get("load_average") and not r.get("carried_from")]
+        report = {
+            "command": " ".join(sys.argv),
+            "finished": final,
+            "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+                        "python": platform.python_version(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
+            "load_average": {"start": load_start, "now": load_average(),
+                             "1min_at_each_run": {"min": min(loads, default=None), "max": max(loads, default=None),
+                                                  "mean": sum(loads) / len(loads) if loads else None}},
+            "runs": "one per row; the table's tau is the mean over the rows of a trainer and budget, [min-max], n",
+            "total_wall_s": round(time.time() - started, 1),
+            "settings": {k: str(v) for k, v in vars(args).items()},
+            "data": data,
+            "carried_from": carried_from,
+            "peer_changes": PEER_CHANGES,
+            "our_changes": OUR_CHANGES,
+            "ablations": {k: v(medusa_budget(args.medusa_rows, max(ints(args.medusa_epochs))))
+                          for k, v in MEDUSA_ABLATIONS.items()},
+            "todo": ["EAGLE-3: ours vs NVIDIA Model Optimizer (tests/consumers/modelopt_*), not run here yet"],
+            "rows": list(rows),
+        }  # fmt: skip
+        args.report.mkdir(parents=True, exist_ok=True)
+        (args.report / "bench_trainers.json").write_text(json.dumps(report, indent=1, default=str))
+        (args.report / "bench_trainers.md").write_text(render_table(rows))
+        if final:
+            plot(rows, args.report / "learning_curve.png")
+
+    results = ReportedRows(write)
+    results.extend(carried)
+    for method, rows, run in (("eagle", args.rows, run_eagle), ("medusa", args.medusa_rows, run_medusa)):
+        if method in methods:
+            ctx = data_context(target, conversations[:rows], args.out / f"data-{method}", peer_dir, env)
+            data[method] = {"conversations": rows, "prompt_tokens": args.prompt_tokens,
+                            "answer_tokens": args.answer_tokens, "mean_row_tokens_ours": ctx["chat_tokens"],
+                            "mean_row_tokens_peers": ctx["vicuna_tokens"]}  # fmt: skip
+            run(args, {**ctx, "rows": results})
+    write(results, final=True)
     print(render_table(results))
     print(f"wrote {args.report}/bench_trainers.json, bench_trainers.md, learning_curve.png")
     return 0

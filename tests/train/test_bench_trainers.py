@@ -46,18 +46,10 @@ def row(method, trainer, epochs, tau, **kw):
             "identical": "8/8", **kw}  # fmt: skip
 
 
-def test_table_has_a_line_per_run_and_says_plainly_when_ours_loses():
+def test_table_has_a_line_per_trainer_and_budget_with_the_range_and_runs_and_says_plainly_when_ours_loses():
+    peer = dict(wall_s=30.0, peak_rss_mib=900.0, tokens_per_s=200.0, changes=["fp32"])
     rows = [
-        row(
-            "Medusa",
-            "medusa-llm 0.1",
-            6,
-            1.5,
-            wall_s=30.0,
-            peak_rss_mib=900.0,
-            tokens_per_s=200.0,
-            changes=["fp32"],
-        ),  # fmt: skip
+        row("Medusa", "medusa-llm 0.1", 6, 1.5, **peer),
         row("Medusa", "specheads", 6, 1.4),
         row("Medusa", "medusa-llm 0.1", 21, 1.9),
         row("Medusa", "specheads", 21, 1.7),
@@ -66,14 +58,76 @@ def test_table_has_a_line_per_run_and_says_plainly_when_ours_loses():
     ]
     table = bench.render_table(rows)
     lines = [line for line in table.splitlines() if line.startswith("| ")]
-    assert len(lines) == 1 + len(rows)  # the header and one line a run
-    assert "| Medusa | medusa-llm 0.1 | 6 | 12 x 32 | 6000 | 1.50 | 8/8 | 30.0 | 900 | 200 | [1] |" in table
+    assert len(lines) == 1 + len(rows)  # the header and one line a (trainer, budget): one run each here
+    assert (
+        "| Medusa | medusa-llm 0.1 | 6 | 12 x 32 | 6000 | 1.50 | 1 | 8/8 | 30.0 | 900 | 200 | [1] |" in table
+    )
     assert "\n[1] fp32.\n" in table  # each trainer's changes from its defaults, once, under the table
-    assert "| Medusa | specheads | 6 | 12 x 32 | 6000 | 1.40 | 8/8 | - | - | - | - |" in table
+    assert "| Medusa | specheads | 6 | 12 x 32 | 6000 | 1.40 | 1 | 8/8 | - | - | - | - |" in table
     # the verdict at each method's largest budget only
-    assert "Medusa, 21 epochs: ours LOSES against medusa-llm 0.1: tau 1.70 vs 1.90 (-10.5%)." in table
-    assert "EAGLE, 21 epochs: ours wins against eagle-llm 1.2.1: tau 2.50 vs 2.00 (+25.0%)." in table
-    assert "6 epochs: ours" not in table
+    assert (
+        "Medusa, 21 epochs of 40 rows: ours LOSES against medusa-llm 0.1: tau 1.70 vs 1.90 (-10.5% in the mean; 1 and 1 runs)."
+        in table
+    )
+    assert (
+        "EAGLE, 21 epochs of 40 rows: ours wins against eagle-llm 1.2.1: tau 2.50 vs 2.00 (+25.0% in the mean;"
+        in table
+    )
+    assert "6 epochs of 40 rows: ours" not in table
+    # the same epochs over other rows are another budget: another line, and the verdict at the larger
+    more = [{**r, "budget": bench.medusa_budget(128, 6)} for r in rows[:2]]
+    table = bench.render_table(rows[:2] + more)
+    assert len([line for line in table.splitlines() if line.startswith("| Medusa")]) == 4
+    assert "Medusa, 6 epochs of 128 rows: ours LOSES" in table and "of 40 rows" not in table
+
+
+def test_repeated_runs_give_one_line_with_mean_min_max_and_n_and_overlapping_ranges_tie():
+    rows = [
+        row("Medusa", "medusa-llm 0.1", 6, t, identical="12/12", wall_s=w) for t, w in ((1.5, 10), (1.7, 20))
+    ]
+    rows += [row("Medusa", "specheads", 6, t, identical="12/12") for t in (1.6, 1.8, 2.0)]
+    rows += [row("Medusa", "specheads (decay 1)", 6, t) for t in (1.5, 1.9)]
+    table = bench.render_table(rows)
+    assert "| Medusa | medusa-llm 0.1 | 6 | 12 x 32 | 6000 | 1.60 [1.50-1.70] | 2 | 24/24 | 15.0 |" in table
+    assert "| Medusa | specheads | 6 | 12 x 32 | 6000 | 1.80 [1.60-2.00] | 3 | 36/36 |" in table
+    assert (
+        "ours ties (the ranges overlap) against medusa-llm 0.1: tau 1.80 [1.60-2.00] vs 1.60 [1.50-1.70]"
+        in table
+    )
+    # an ablation of ours is measured against ours, not called a peer
+    assert (
+        "specheads (decay 1): tau 1.70 [1.50-1.90] vs ours 1.80 [1.60-2.00]: -0.100 (2 and 3 runs)." in table
+    )
+    assert "ours ties (the ranges overlap) against specheads (decay 1)" not in table
+    apart = [row("Medusa", "medusa-llm 0.1", 6, t) for t in (1.5, 1.6)] + [
+        row("Medusa", "specheads", 6, t) for t in (1.65, 1.7)
+    ]
+    assert "ours wins against medusa-llm 0.1" in bench.render_table(apart)
+    assert bench.tau_range([row("Medusa", "x", 6, None)])["n"] == 0
+
+
+def test_ablations_are_medusa_llms_settings_as_our_recipe_overrides():
+    budget = bench.medusa_budget(128, 6)  # 24 steps
+    assert bench.ablation_overrides("warmup 10%", budget) == {"warmup_steps": 3}  # HF: ceil(0.1 * 24)
+    assert bench.ablation_overrides("decay 1+data labels", budget) == {"decay": 1.0, "labels": "data"}
+    assert bench.warmup_like_hf(5, 0.1) == 1
+    try:
+        bench.ablation_overrides("decay 2", budget)
+    except SystemExit as e:
+        assert "decay 2" in str(e)
+    else:
+        raise AssertionError("an unknown ablation must stop the bench")
+
+
+def test_rows_of_methods_not_run_are_carried_from_the_report_with_their_command(tmp_path):
+    old = {"command": "bench --methods eagle", "load_average": {"start": [1, 2, 3]},
+           "rows": [row("EAGLE", "specheads", 21, 2.5), row("Medusa", "specheads", 6, 1.4)]}  # fmt: skip
+    (tmp_path / "bench_trainers.json").write_text(bench.json.dumps(old))
+    rows, origin = bench.carried_rows(tmp_path, ["medusa"])
+    assert [r["method"] for r in rows] == ["EAGLE"] and origin["EAGLE"]["command"] == "bench --methods eagle"
+    assert "from an earlier run: bench --methods eagle" in bench.render_table(rows)
+    assert bench.carried_rows(tmp_path, ["eagle", "medusa"])[0] == []
+    assert bench.carried_rows(tmp_path / "none", ["medusa"]) == ([], {})
 
 
 def test_vicuna_text_is_fastchats_one_turn_prompt():
@@ -86,6 +140,41 @@ def test_plot_writes_a_png(tmp_path):
         row("Medusa", "specheads", 6, 1.4),
         row("Medusa", "specheads", 21, 1.7),
         row("EAGLE", "x", 6, 2.0),
+        row("EAGLE", "x", 6, 2.2),
     ]
     bench.plot(rows, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_measured_row_rewrites_the_report_so_a_cut_run_keeps_it():
+    written = []
+    rows = bench.ReportedRows(lambda rs: written.append(len(rs)))
+    rows.extend([row("EAGLE", "specheads", 21, 2.5)])  # carried rows: no write of their own
+    rows.append(row("Medusa", "specheads", 6, 1.4))
+    rows.append(row("Medusa", "specheads", 6, 1.5))
+    assert written == [2, 3]
+
+
+def test_render_redraws_table_and_plot_from_the_json(tmp_path):
+    rows = [row("Medusa", "specheads", 6, 1.4, seed=0), row("Medusa", "specheads", 6, 1.6, seed=1)]
+    (tmp_path / "bench_trainers.json").write_text(bench.json.dumps({"rows": rows}))
+    assert bench.main(["--report", str(tmp_path), "--render"]) == 0
+    assert "| 1.50 [1.40-1.60] | 2 |" in (tmp_path / "bench_trainers.md").read_text()
+    assert (tmp_path / "learning_curve.png").is_file()
+
+
+def test_render_merges_the_rows_another_run_measured_and_records_its_command(tmp_path):
+    (tmp_path / "a").mkdir()
+    carried = {**row("EAGLE", "specheads", 21, 2.5), "carried_from": {"command": "old"}}
+    (tmp_path / "a" / "bench_trainers.json").write_text(
+        bench.json.dumps({"rows": [carried, row("Medusa", "specheads", 6, 1.4, seed=0)]})
+    )
+    other = {"command": "bench --seeds 1,2", "rows": [carried, row("Medusa", "specheads", 6, 1.6, seed=1)]}
+    (tmp_path / "b.json").write_text(bench.json.dumps(other))
+    bench.main(["--report", str(tmp_path / "a"), "--render", "--merge", str(tmp_path / "b.json")])
+    merged = bench.json.loads((tmp_path / "a" / "bench_trainers.json").read_text())
+    assert len(merged["rows"]) == 3  # the other run's carried row is not counted twice
+    assert (
+        merged["merged_from"][0]["command"] == "bench --seeds 1,2" and merged["merged_from"][0]["rows"] == 1
+    )
+    assert "| 1.50 [1.40-1.60] | 2 |" in (tmp_path / "a" / "bench_trainers.md").read_text()
