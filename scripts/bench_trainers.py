@@ -725,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         "--medusa-ablations",
         default="",
         help=f"ours at the largest Medusa budget with medusa-llm's settings: comma-separated, each one or "
-        f"several of {list(MEDUSA_ABLATIONS)} joined by '+'",
+        f"several of {list(MEDUSA_ABLATIONS)} joined by '+'".replace("%", "%%"),  # argparse formats help
     )
     p.add_argument("--seed", type=int, default=0, help="the data's")
     p.add_argument("--overwrite", action="store_true")

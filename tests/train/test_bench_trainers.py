@@ -178,3 +178,12 @@ def test_render_merges_the_rows_another_run_measured_and_records_its_command(tmp
         merged["merged_from"][0]["command"] == "bench --seeds 1,2" and merged["merged_from"][0]["rows"] == 1
     )
     assert "| 1.50 [1.40-1.60] | 2 |" in (tmp_path / "a" / "bench_trainers.md").read_text()
+
+
+def test_help_prints(capsys):
+    # argparse formats help texts with %: an ablation named "warmup 10%" once made --help crash
+    try:
+        bench.main(["--help"])
+    except SystemExit as e:
+        assert e.code == 0
+    assert "warmup 10%" in capsys.readouterr().out
