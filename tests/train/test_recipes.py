@@ -99,7 +99,8 @@ def check_smollm2(path, cfg, text):
     """The offline real target: a CPU launch with the wall time a run measured, and a one-GPU launch in
     bf16; its data made by the commands the header gives; EAGLE-3 on (2, 15, 27) over 8,192 tokens."""
     timed = re.findall(
-        r"# CPU \(2 cores, fp32\), about (\d+) min \(measured: (\d+) steps at (\d+) s a step on (\d) thread", text
+        r"# CPU \(2 cores, fp32\), about (\d+) min \(measured: (\d+) steps at (\d+) s a step on (\d) thread",
+        text,
     )
     assert timed, f"{relative(path)}: no CPU wall time measured by a run in its header"
     ((minutes, steps, seconds, threads),) = timed
