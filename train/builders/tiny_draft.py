@@ -84,6 +84,29 @@ class TinyDraftConfig:
     eval_blocks: int = 48
 
 
+def draft_model(cfg, target_config, tokenizer, positions: int, tied: bool):
+    """A fresh LlamaForCausalLM of `cfg`'s sizes (seeded) in the target's vocabulary and special ids: its
+    ids must mean the target's tokens. `positions` when the target's config names none."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # lazy: seconds at every command's start
+
+    torch.manual_seed(cfg.seed)
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=target_config.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads,
+            max_position_embeddings=getattr(target_config, "max_position_embeddings", positions),
+            tie_word_embeddings=tied,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+
+
 def corpus_config(target_dir: Path) -> TinyTargetConfig:
     """The corpus settings the target was built with (the defaults for a target not built here)."""
     meta = read_target_meta(target_dir)
@@ -149,10 +172,6 @@ def check_heldout_split(target_dir: Path, heldout_files: list[str]) -> None:
 
 def build(target_dir: Path, cfg: TinyDraftConfig, out: Path, progress: bool = True) -> dict:
     """Train the draft for the target at `target_dir` into `out` (a temporary folder renamed at the end)."""
-    from transformers import (  # lazy: transformers adds seconds to every command's start
-        LlamaConfig,
-        LlamaForCausalLM,
-    )
 
     started = time.time()
     target_dir = Path(target_dir).expanduser()
@@ -166,22 +185,7 @@ def build(target_dir: Path, cfg: TinyDraftConfig, out: Path, progress: bool = Tr
     if stream.numel() <= cfg.seq_len + 1:
         raise ValueError(f"training text has {stream.numel()} tokens, fewer than one block of {cfg.seq_len}")
 
-    torch.manual_seed(cfg.seed)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=target_config.vocab_size,  # the target's rows: ids must mean the same tokens
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads,
-            max_position_embeddings=getattr(target_config, "max_position_embeddings", 4 * cfg.seq_len),
-            tie_word_embeddings=False,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
+    model = draft_model(cfg, target_config, tokenizer, 4 * cfg.seq_len, tied=False)
     train_steps(model, stream, train_cfg, progress, desc="tiny-draft")
     meta = {
         "key": draft_key(cfg, target_identity(target_dir, tokenizer)),
@@ -381,8 +385,6 @@ def build_distilled(
 ) -> dict:
     """Train a draft for the target at `target_dir` on its answers in the distill folder `data`, into
     `out` (a temporary folder renamed at the end)."""
-    from transformers import LlamaConfig, LlamaForCausalLM  # lazy: seconds at every command's start
-
     started = time.time()
     target_dir, data = Path(target_dir).expanduser(), Path(data).expanduser()
     tokenizer, target_config = load_target_side(target_dir)
@@ -392,22 +394,9 @@ def build_distilled(
         collate, pad_token_id=tokenizer.pad_token_id, packing=False, max_length=cfg.max_length
     )
 
-    torch.manual_seed(cfg.seed)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=target_config.vocab_size,  # the target's rows: ids must mean the same tokens
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads,
-            max_position_embeddings=getattr(target_config, "max_position_embeddings", cfg.max_length),
-            tie_word_embeddings=True,  # the vocabulary is most of the draft; one copy of it
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
+    model = draft_model(
+        cfg, target_config, tokenizer, cfg.max_length, tied=True
+    )  # tied: the vocabulary is most of the draft
     init_std = model.config.initializer_range
     axes = target_embedding_axes(target_dir, cfg.hidden_size, init_std) if cfg.init_from_target else None
     if axes is not None:
