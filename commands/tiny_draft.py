@@ -13,7 +13,9 @@ from dataclasses import fields
 from pathlib import Path
 
 from specheads.commands.threads import add_threads_argument
+from specheads.heads.named_targets import resolve_target
 from specheads.train.builders.tiny_draft import DistilledDraftConfig, TinyDraftConfig, ensure_tiny_draft
+from specheads.train.builders.tiny_target import read_meta as read_target_meta
 
 # The model and schedule knobs of both configs, as hidden flags (tests and tuning); None: the config's default.
 KNOBS = {f.name: f for cfg in (TinyDraftConfig, DistilledDraftConfig) for f in fields(cfg)}
@@ -70,9 +72,6 @@ def draft_config(args: argparse.Namespace) -> TinyDraftConfig | DistilledDraftCo
 
 
 def run(args: argparse.Namespace) -> int:
-    from specheads.heads.named_targets import resolve_target
-    from specheads.train.builders.tiny_target import read_meta as read_target_meta
-
     if args.steps is not None and args.steps < 1:
         raise SystemExit(f"error: --steps must be >= 1, got {args.steps}")
     cfg = draft_config(args)

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from specheads.heads.atomic import replace_dir
@@ -210,7 +211,7 @@ def build(target_dir: Path, cfg: TinyDraftConfig, out: Path, progress: bool = Tr
 def save_draft(model, tokenizer, target_dir: Path, out: Path, meta: dict, started: float) -> dict:
     """Write the draft, the target's tokenizer (chat template included) and the build record into `out`
     at once (a temporary folder renamed at the end); returns the record with its build time."""
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig  # lazy: seconds at every command's start
 
     with replace_dir(out) as tmp:
         # The target's EOS ids (a list for the tiny target: <|eos|> and <|end|>), so both stop alike.
@@ -308,8 +309,6 @@ def target_embedding_axes(target_dir: Path, k: int, initializer_std: float) -> t
     """(V, k') the target's input embedding E (V, H) on its top k' = min(k, H) principal axes, E V_k' =
     U_k' S_k' (the best rank-k' view of which tokens the target treats alike), scaled to an entry std of
     `initializer_std`; None when its weights are not one safetensors file holding an embed_tokens."""
-    from safetensors import safe_open
-
     path = Path(target_dir) / "model.safetensors"
     if not path.is_file():
         return None
