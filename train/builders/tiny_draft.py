@@ -380,14 +380,20 @@ def rows_loss(model, rows, make_batch, batch_size: int) -> tuple[float, float]:
 
 
 def build_distilled(
-    target_dir: Path, data: Path, cfg: DistilledDraftConfig, out: Path, progress: bool = True
+    target_dir: Path,
+    data: Path,
+    cfg: DistilledDraftConfig,
+    out: Path,
+    identity: dict,
+    settings: dict,
+    progress: bool = True,
 ) -> dict:
     """Train a draft for the target at `target_dir` on its answers in the distill folder `data`, into
-    `out` (a temporary folder renamed at the end)."""
+    `out` (a temporary folder renamed at the end). `identity` (the target's and the data's, as the key
+    names them) and `settings` (the folder's, checked) come from ensure_tiny_draft, which read them."""
     started = time.time()
     target_dir, data = Path(target_dir).expanduser(), Path(data).expanduser()
     tokenizer, target_config = load_target_side(target_dir)
-    settings = check_distill_data(data, tokenizer)
     train_rows, heldout_rows = distilled_rows(data, tokenizer, cfg)
     make_batch = partial(  # right padding, one row per sequence
         collate, pad_token_id=tokenizer.pad_token_id, packing=False, max_length=cfg.max_length
@@ -403,11 +409,10 @@ def build_distilled(
             model.get_input_embeddings().weight[: axes.shape[0], : axes.shape[1]] = axes
     train_on_rows(model, train_rows, make_batch, cfg, progress)
     loss, top1 = rows_loss(model, heldout_rows, make_batch, cfg.batch_size)
-    identity = {**target_identity(target_dir, tokenizer), "data": data_fingerprint(data)}
     meta = {
         "key": draft_key(cfg, identity),
         "builder": asdict(cfg),
-        "target": {"path": str(target_dir), **target_identity(target_dir, tokenizer)},
+        "target": {"path": str(target_dir), **{k: v for k, v in identity.items() if k != "data"}},
         "data": {
             "path": str(data),
             "fingerprint": identity["data"],
@@ -467,7 +472,7 @@ def ensure_tiny_draft(
     tokenizer, _ = load_target_side(target_dir)
     identity = target_identity(Path(target_dir).expanduser(), tokenizer)
     if data is not None:
-        check_distill_data(data, tokenizer)  # before any key, folder or training
+        settings = check_distill_data(data, tokenizer)  # before any key, folder or training
         identity["data"] = data_fingerprint(data)
     key = draft_key(cfg, identity)
     out = Path(out).expanduser() if out is not None else default_output_dir(key)
@@ -478,5 +483,5 @@ def ensure_tiny_draft(
         what = "a draft built with other settings or for another target" if meta else "not a tiny draft"
         raise FileExistsError(f"{out} holds {what}; refusing to overwrite it (pass --force)")
     if data is not None:
-        return out, build_distilled(target_dir, data, cfg, out, progress=progress), False
+        return out, build_distilled(target_dir, data, cfg, out, identity, settings, progress=progress), False
     return out, build(target_dir, cfg, out, progress=progress), False
