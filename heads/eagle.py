@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from specheads.heads.hf_compat import cache_kwargs
+
 # Keys of a target's config that describe the file, not the model; left out of a head's layer config.
 _CONFIG_METADATA = ("transformers_version", "architectures", "_name_or_path", "dtype", "torch_dtype")
 
@@ -172,8 +174,8 @@ class EagleHead(nn.Module):
             x,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=cache is not None,
+            **cache_kwargs(self.layers[0], cache),
             position_embeddings=self.rotary_emb(x, position_ids),  # (cos, sin)
         )
 

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from specheads.heads.eagle import DraftLayerConfig, clone_norm
+from specheads.heads.hf_compat import cache_kwargs
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
@@ -220,8 +221,8 @@ class Eagle3Head(nn.Module):
             hidden_states=x,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             position_embeddings=self.rotary_emb(hidden, position_ids),  # (cos, sin)
+            **cache_kwargs(layer.self_attn, cache),
         )
         h = hidden + attended
         return h + layer.mlp(layer.post_attention_layernorm(h))

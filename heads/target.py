@@ -32,6 +32,7 @@ from packaging.version import Version
 from torch import nn
 
 from specheads.heads.fingerprint import weights_fingerprint
+from specheads.heads.hf_compat import cache_kwargs, output_cache
 from specheads.heads.named_targets import weights_id
 
 # Attention back-ends a target may be loaded with. The tree decoder needs one that honours a custom
@@ -416,15 +417,16 @@ class FrozenTarget:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             use_cache=use_cache if use_cache is not None else past_key_values is not None,
         )
+        module = self.model if logits else self.decoder
+        kwargs.update(cache_kwargs(module, past_key_values))
         with torch.set_grad_enabled(grad), self._capture(layers) as store:
-            out = self.model(**kwargs) if logits else self.decoder(**kwargs)
+            out = module(**kwargs)
         return TargetOutput(
             logits=out.logits if logits else None,
             hidden={i: store[i] for i in layers},
-            past_key_values=getattr(out, "past_key_values", None),
+            past_key_values=output_cache(out),
         )
 
     __call__ = forward
