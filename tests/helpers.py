@@ -10,7 +10,25 @@ from pathlib import Path
 
 import torch
 
+from specheads.train.builders.tiny_target import TinyTargetConfig
+
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+# The embedded tiny target at test size: 2 layers of 64, 3 steps on 24 training files (seconds to build).
+SMALL_TINY_TARGET = TinyTargetConfig(
+    steps=3,
+    max_files=24,
+    vocab_size=400,
+    hidden_size=64,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=2,
+    intermediate_size=128,
+    seq_len=64,
+    batch_size=4,
+    eval_blocks=4,
+    warmup_steps=1,
+)
 
 
 def tiny_tokenizer():

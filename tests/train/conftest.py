@@ -5,6 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from specheads.train.builders.tiny_target import ensure_tiny_target
+
+from helpers import SMALL_TINY_TARGET
+
 
 @pytest.fixture(scope="module")
 def text_data(tmp_path_factory) -> Path:
@@ -13,4 +17,13 @@ def text_data(tmp_path_factory) -> Path:
     words = ["abcdefghij", "0123456789", "klmnopqrst", "uvwxyz!?.,"]
     rows = [{"text": (words[i % 4] * 8)[i % 7 :]} for i in range(64)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_tiny_target(tmp_path_factory) -> Path:
+    """The embedded tiny target at test size (helpers.SMALL_TINY_TARGET), built once for the session."""
+    path, _, _ = ensure_tiny_target(
+        SMALL_TINY_TARGET, tmp_path_factory.mktemp("tiny") / "target", progress=False
+    )
     return path

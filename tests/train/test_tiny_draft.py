@@ -17,26 +17,12 @@ from specheads.train.builders.tiny_draft import (
     ensure_tiny_draft,
     read_meta,
 )
-from specheads.train.builders.tiny_target import HELDOUT_FILE, TinyTargetConfig, ensure_tiny_target
+from specheads.train.builders.tiny_target import HELDOUT_FILE
 
-from helpers import command
+from helpers import SMALL_TINY_TARGET, command
 
 tiny_draft_cli = command("tiny-draft")
 
-TARGET = TinyTargetConfig(
-    steps=3,
-    max_files=24,
-    vocab_size=400,
-    hidden_size=64,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=2,
-    intermediate_size=128,
-    seq_len=64,
-    batch_size=4,
-    eval_blocks=4,
-    warmup_steps=1,
-)
 DRAFT = TinyDraftConfig(
     steps=3,
     hidden_size=32,
@@ -56,9 +42,8 @@ def sha(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory) -> Path:
-    path, _, _ = ensure_tiny_target(TARGET, tmp_path_factory.mktemp("tiny") / "target", progress=False)
-    return path
+def target(small_tiny_target) -> Path:
+    return small_tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +74,8 @@ def test_draft_speaks_the_targets_tokens(target, draft):
 def test_draft_leaves_out_the_targets_heldout_files(target, draft):
     _, meta = draft
     assert meta["corpus"]["heldout_files"] == json.loads((target / HELDOUT_FILE).read_text())["files"]
-    assert meta["corpus"]["train_files"] == TARGET.max_files
-    assert meta["target"]["tiny_target_key"] == TARGET.key()
+    assert meta["corpus"]["train_files"] == SMALL_TINY_TARGET.max_files
+    assert meta["target"]["tiny_target_key"] == SMALL_TINY_TARGET.key()
 
 
 def test_draft_serves_as_assistant_without_changing_the_output(target, draft):

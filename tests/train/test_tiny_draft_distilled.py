@@ -9,26 +9,11 @@ import pytest
 import torch
 
 from specheads.train.builders.tiny_draft import META_FILE, DistilledDraftConfig, ensure_tiny_draft, read_meta
-from specheads.train.builders.tiny_target import TinyTargetConfig, ensure_tiny_target
 
 from helpers import command
 
 distill_cli, tiny_draft_cli = command("distill"), command("tiny-draft")
 
-TARGET = TinyTargetConfig(
-    steps=3,
-    max_files=24,
-    vocab_size=400,
-    hidden_size=64,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=2,
-    intermediate_size=128,
-    seq_len=64,
-    batch_size=4,
-    eval_blocks=4,
-    warmup_steps=1,
-)
 DRAFT = DistilledDraftConfig(
     steps=4,
     hidden_size=32,
@@ -45,9 +30,8 @@ QUESTIONS = ["How do I join two paths?", "What does sorted return?", "Explain a 
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory) -> Path:
-    path, _, _ = ensure_tiny_target(TARGET, tmp_path_factory.mktemp("tiny") / "target", progress=False)
-    return path
+def target(small_tiny_target) -> Path:
+    return small_tiny_target
 
 
 @pytest.fixture(scope="module")

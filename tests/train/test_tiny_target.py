@@ -13,27 +13,13 @@ from specheads.cli import main as cli_main
 from specheads.train.builders.tiny_target import (
     HELDOUT_FILE,
     META_FILE,
-    TinyTargetConfig,
     build,
     ensure_tiny_target,
     read_meta,
 )
 from specheads.train.data import stdlib_corpus
 
-SMALL = TinyTargetConfig(
-    steps=3,
-    max_files=24,
-    vocab_size=400,
-    hidden_size=64,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=2,
-    intermediate_size=128,
-    seq_len=64,
-    batch_size=4,
-    eval_blocks=4,
-    warmup_steps=1,
-)
+from helpers import SMALL_TINY_TARGET
 
 
 def sha(path: Path) -> str:
@@ -43,7 +29,7 @@ def sha(path: Path) -> str:
 @pytest.fixture(scope="module")
 def small_target(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("tiny") / "target"
-    path, meta, reused = ensure_tiny_target(SMALL, out, progress=False)
+    path, meta, reused = ensure_tiny_target(SMALL_TINY_TARGET, out, progress=False)
     assert not reused
     return path, meta
 
@@ -115,38 +101,38 @@ def test_heldout_files_are_recorded_and_not_trained_on(small_target):
     corpus = stdlib_corpus.stdlib_corpus()
     assert heldout["corpus"] == corpus.key and heldout["root"] == "heldout"
     for f in heldout["files"]:
-        assert stdlib_corpus.is_heldout(f, SMALL.heldout_fraction)
+        assert stdlib_corpus.is_heldout(f, SMALL_TINY_TARGET.heldout_fraction)
         assert (path / "heldout" / f).read_text(encoding="utf-8") == corpus.texts[f]  # carried with it
 
 
 def test_deterministic_for_a_seed(small_target, tmp_path):
     path, _ = small_target
-    again = build(SMALL, tmp_path / "again", progress=False)
+    again = build(SMALL_TINY_TARGET, tmp_path / "again", progress=False)
     assert sha(tmp_path / "again" / "model.safetensors") == sha(path / "model.safetensors")
     assert (tmp_path / "again" / "tokenizer.json").read_text() == (path / "tokenizer.json").read_text()
     assert again["heldout_loss"] == read_meta(path)["heldout_loss"]
-    build(replace(SMALL, seed=1), tmp_path / "other", progress=False)
+    build(replace(SMALL_TINY_TARGET, seed=1), tmp_path / "other", progress=False)
     assert sha(tmp_path / "other" / "model.safetensors") != sha(path / "model.safetensors")
 
 
 def test_training_lowers_heldout_loss(small_target, tmp_path):
-    longer = build(replace(SMALL, steps=30, lr=3e-3), tmp_path / "longer", progress=False)
+    longer = build(replace(SMALL_TINY_TARGET, steps=30, lr=3e-3), tmp_path / "longer", progress=False)
     assert longer["heldout_loss"] < small_target[1]["heldout_loss"] - 0.5
 
 
 def test_valid_build_is_reused_and_others_are_not_overwritten(small_target, tmp_path):
     path, meta = small_target
     before = (path / "model.safetensors").stat().st_mtime_ns
-    again, meta2, reused = ensure_tiny_target(SMALL, path, progress=False)
+    again, meta2, reused = ensure_tiny_target(SMALL_TINY_TARGET, path, progress=False)
     assert reused and again == path and meta2 == meta
     assert (path / "model.safetensors").stat().st_mtime_ns == before
     with pytest.raises(FileExistsError, match="built with other settings.*--force"):
-        ensure_tiny_target(replace(SMALL, seed=7), path, progress=False)
+        ensure_tiny_target(replace(SMALL_TINY_TARGET, seed=7), path, progress=False)
     stranger = tmp_path / "stranger"
     stranger.mkdir()
     (stranger / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="is not a tiny target; refusing to overwrite"):
-        ensure_tiny_target(SMALL, stranger, progress=False)
+        ensure_tiny_target(SMALL_TINY_TARGET, stranger, progress=False)
     assert (stranger / "notes.txt").read_text() == "mine"
 
 
@@ -154,8 +140,10 @@ def test_default_output_is_cached_under_the_user_cache(monkeypatch, tmp_path):
     from specheads.train.builders.tiny_target import default_output_dir
 
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
-    assert default_output_dir(SMALL) == tmp_path / "cache" / "tiny-target" / SMALL.key()
-    assert SMALL.key() != replace(SMALL, seed=1).key()
+    assert (
+        default_output_dir(SMALL_TINY_TARGET) == tmp_path / "cache" / "tiny-target" / SMALL_TINY_TARGET.key()
+    )
+    assert SMALL_TINY_TARGET.key() != replace(SMALL_TINY_TARGET, seed=1).key()
 
 
 def test_failure_leaves_nothing_half_written(tmp_path, monkeypatch):
@@ -166,7 +154,7 @@ def test_failure_leaves_nothing_half_written(tmp_path, monkeypatch):
 
     monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", boom)
     with pytest.raises(RuntimeError, match="disk full"):
-        build(SMALL, tmp_path / "target", progress=False)
+        build(SMALL_TINY_TARGET, tmp_path / "target", progress=False)
     assert list(tmp_path.iterdir()) == []
 
 
