@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from specheads.commands.threads import add_threads_argument
-from specheads.heads.run_folder import check_writable
+from specheads.heads.run_folder import check_writable, hold_folder
 from specheads.train.config import load_config
 from specheads.train.recipe_cache import cache_recipe
 
@@ -31,15 +31,16 @@ def run(args: argparse.Namespace) -> int:
     if not out:
         raise SystemExit("error: no cache directory: pass --out DIR or set cache_dir in the recipe")
     check_writable(out, "cache folder")  # before the target loads
-    summaries = cache_recipe(
-        cfg,
-        Path(out),
-        dtype=args.dtype,
-        shard_tokens=args.shard_tokens,
-        batch_size=args.batch_size,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
-    )
+    with hold_folder(out, "cache folder"):  # a second cache into the folder stops at once, naming this one
+        summaries = cache_recipe(
+            cfg,
+            Path(out),
+            dtype=args.dtype,
+            shard_tokens=args.shard_tokens,
+            batch_size=args.batch_size,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+        )
     for split, s in summaries.items():
         print(
             f"{split}: {s['tokens']} tokens in {s['shards']} shards ({s['written']} written, {s['skipped']} "

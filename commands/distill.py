@@ -5,13 +5,12 @@ becomes conversations whose answers the target writes (train/data/questions.py).
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
 from specheads.commands.threads import add_threads_argument
 from specheads.heads import FrozenTarget
 from specheads.heads.named_targets import resolve_target
-from specheads.heads.run_folder import check_writable
+from specheads.heads.run_folder import LOCK_FILE, check_writable, clear, hold_folder
 from specheads.train import data as data_lib
 from specheads.train.data.distillation import SUMMARY_FILE, DistillConfig, distill
 from specheads.train.data.questions import question_rows, question_source
@@ -100,12 +99,13 @@ def run(args: argparse.Namespace) -> int:
         rows = data_lib.load_rows(args.source, split=args.split)
     if args.shuffle:
         rows = rows.shuffle(seed=args.seed)
-    if args.overwrite and args.out.exists():
-        shutil.rmtree(args.out)
-    target = FrozenTarget.from_pretrained(resolve_target(args.target), dtype=args.dtype)
-    target.model.to(args.device)
-    source = f"{args.source}{' (shuffled)' if args.shuffle else ''}"
-    s = distill(rows, target, args.out, cfg, source=source, progress=not args.no_progress)
+    with hold_folder(args.out):  # a second distill into --out stops at once, naming this one
+        if args.overwrite:
+            clear(args.out, [p.name for p in args.out.iterdir() if p.name != LOCK_FILE])
+        target = FrozenTarget.from_pretrained(resolve_target(args.target), dtype=args.dtype)
+        target.model.to(args.device)
+        source = f"{args.source}{' (shuffled)' if args.shuffle else ''}"
+        s = distill(rows, target, args.out, cfg, source=source, progress=not args.no_progress)
     print(
         f"read {s['read']} prompts = written {s['written']} + skipped {s['skipped']} (done before) "
         f"+ failed {s['failed']}; {s['new_tokens']} new tokens in {s['seconds']} s"

@@ -69,12 +69,15 @@ def _holder(lock: Path) -> str:
 @contextmanager
 def hold_folder(folder: str | Path, what: str = "output folder") -> Iterator[Path]:
     """Create `folder` and hold its lock for the block; raise FolderInUseError naming the holder if
-    another process (or another block of this one) holds it. The lock file is gone after the block."""
+    another process (or another block of this one) holds it. The lock file is gone after the block, and so
+    is the folder when the block created it and fails leaving it empty (a refused run leaves nothing)."""
     folder = Path(folder)
     check_writable(folder, what)
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     lock = folder / LOCK_FILE
     fd = _locked(lock, what, folder)
+    failed = True
     try:
         info = {
             "pid": os.getpid(),
@@ -85,10 +88,13 @@ def hold_folder(folder: str | Path, what: str = "output folder") -> Iterator[Pat
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         yield folder
+        failed = False
     finally:
         # Removed while still held, so that a finished run leaves nothing behind; a process that opened
         # the old file meanwhile finds it gone once it gets the lock, and tries again (_locked).
         Path(lock).unlink(missing_ok=True)
+        if failed and created and not any(folder.iterdir()):
+            folder.rmdir()
         os.close(fd)
 
 

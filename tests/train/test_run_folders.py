@@ -13,7 +13,7 @@ import pytest
 
 from specheads.cli import main as cli_main
 from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads, save_heads
-from specheads.heads.run_folder import LOCK_FILE, clean_stale_tmp
+from specheads.heads.run_folder import LOCK_FILE, clean_stale_tmp, hold_folder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 REPO = Path(__file__).resolve().parents[2]
@@ -172,3 +172,37 @@ def test_export_removes_what_a_killed_export_left(heads_dir, tmp_path):
     assert cli_main(["export", "--heads", str(heads_dir), "--format", "medusa", "--out", str(out)]) == 0
     assert not stale.exists() and sorted(p.name for p in tmp_path.iterdir()) == [alive.name, "exp"]
     assert clean_stale_tmp(tmp_path / "other") == [] and alive.exists()  # a live writer's is kept
+
+
+def test_distill_and_cache_into_a_folder_in_use_are_refused_and_touch_nothing(
+    monkeypatch, capsys, tiny_target_dirs, text_data, tmp_path
+):
+    """Two distillations (or caches) into one folder would write the same chunks and shards; `--overwrite`
+    would delete the other run's files under it. The second stops at once, naming the holder."""
+    target = tiny_target_dirs["llama"]
+    for name, folder, argv in [
+        ("distill", "output folder", ["--source", text_data, "--target", target, "--max-new-tokens", "2"]),
+        ("cache", "cache folder", [RECIPE, f"target={target}", f"data={text_data}", "eval_data=[]"]),
+    ]:
+        out = tmp_path / name
+        with hold_folder(out):
+            (out / "theirs.json").write_text("{}")
+            code, line = console(
+                monkeypatch, capsys, name, *argv, "--out", out, "--overwrite", "--no-progress"
+            )
+            assert code == 1 and f"{folder} {out} is in use by pid {os.getpid()} on " in line, line
+            assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE, "theirs.json"]
+
+
+def test_a_refused_run_leaves_no_folder_it_created(tmp_path):
+    with pytest.raises(ValueError, match="bad"), hold_folder(tmp_path / "new"):
+        raise ValueError("bad")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()
+    with pytest.raises(ValueError, match="bad"), hold_folder(tmp_path / "old"):
+        raise ValueError("bad")
+    assert (tmp_path / "old").is_dir()  # not ours to remove
+    with pytest.raises(ValueError, match="bad"), hold_folder(tmp_path / "kept") as out:
+        (out / "part.jsonl").write_text("")
+        raise ValueError("bad")
+    assert (tmp_path / "kept" / "part.jsonl").is_file()  # a resumable run's work stays
