@@ -42,7 +42,8 @@ def loss(objective, batch: dict, out, target):
         batch["position_ids"],
         decay=objective.decay,
         topk=objective.topk,
-        target_logits=out.logits if objective.labels == "target" else None,
+        target_logits=out.logits if objective.labels != "data" else None,
+        target_top1=objective.labels == "target-top1",
         lm_head=target.lm_head,
     )
     # Heads whose offset passes the batch's length get no loss; DDP needs every parameter in the graph,
@@ -53,11 +54,12 @@ def loss(objective, batch: dict, out, target):
 
 
 RECIPE_KEYS = ("num_heads", "num_layers", "share_lm_head", "labels", "decay")
+LABELS = ("data", "target", "target-top1")  # the text's tokens, the target's distribution, its top token
 
 
 def check_recipe(cfg) -> list[tuple[bool, str]]:
     return [
-        (cfg.labels in ("data", "target"), f"labels must be 'data' or 'target', got {cfg.labels!r}"),
+        (cfg.labels in LABELS, f"labels must be one of {', '.join(LABELS)}, got {cfg.labels!r}"),
         (cfg.num_heads >= 1, f"num_heads must be >= 1, got {cfg.num_heads}"),
         (cfg.num_layers >= 1, f"num_layers must be >= 1, got {cfg.num_layers}"),
     ]
@@ -76,7 +78,7 @@ MEDUSA = Method(
     target_layers=last_layer,
     capture=lambda heads: (-1,),
     loss=loss,
-    needs_logits=lambda cfg: cfg.labels == "target",
+    needs_logits=lambda cfg: cfg.labels != "data",
     metric_shape=lambda cfg: (4, cfg.num_heads),
     summarise=lambda cfg, sums: HeadMetrics.summarise(sums, cfg.decay, cfg.topk),
     metric_unit="head",

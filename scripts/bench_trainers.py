@@ -118,6 +118,8 @@ MEDUSA_ABLATIONS = {
     "warmup 10%": lambda b: {"warmup_steps": warmup_like_hf(b["steps"], 0.1)},  # theirs; ours: 20 steps
     "decay 1": lambda b: {"decay": 1.0},  # their loss sums the heads unweighted; ours 0.8**k
     "data labels": lambda b: {"labels": "data"},  # their labels are the text's; ours the target's
+    # not theirs: ours with the target's top token as a hard label (the fix the "data labels" runs point to)
+    "target top1": lambda b: {"labels": "target-top1"},
 }
 
 

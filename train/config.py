@@ -59,7 +59,9 @@ class TrainConfig:
     num_layers: int = 1
     share_lm_head: bool = False
     decay: float = 0.8  # loss weight of Medusa head k, and of EAGLE-3 step k, is decay**k
-    labels: str = "data"  # "data": the text's tokens; "target": the target's distribution (self-distillation)
+    labels: str = (
+        "data"  # "data": the text's tokens; "target": the target's distribution; "target-top1": its top token
+    )
     # Medusa-2 (train/medusa2.py): LoRA adapters on the target, trained with the heads
     lora_r: int = 32
     lora_alpha: float = 16.0

@@ -74,6 +74,7 @@ def medusa_loss(
     decay: float = 0.8,
     topk: int = 5,
     target_logits: torch.Tensor | None = None,
+    target_top1: bool = False,
     lm_head=None,
 ) -> tuple[torch.Tensor, HeadMetrics]:
     """Weighted Medusa loss over the labelled positions of a batch.
@@ -83,6 +84,9 @@ def medusa_loss(
         hidden: (B, T, H) the target's last hidden state after the final norm.
         input_ids, loss_mask, position_ids: (B, T); loss_mask[b, t] = 1 if x_t is a label.
         target_logits: (B, T, V) the target's logits; given, labels are the target's distributions.
+        target_top1: with target_logits, the label is the target's top token alone (hard cross-entropy):
+            what greedy verification accepts, and the data's own token wherever the data is the target's
+            greedy output.
         lm_head: the target's lm_head, for heads that share it.
 
     Returns:
@@ -105,7 +109,9 @@ def medusa_loss(
         b, t = valid.nonzero(as_tuple=True)
         logits = heads.head(k, hidden[b, t], lm_head).float()  # (N, V)
         labels = input_ids[b, t + offset]  # (N,)
-        if target_logits is None:
+        if target_logits is not None and target_top1:
+            labels = target_logits[b, t + offset - 1].argmax(-1)  # the target's greedy x_{t+2+k}
+        if target_logits is None or target_top1:
             ce = F.cross_entropy(logits, labels, reduction="none")
         else:
             # The target's logits at t+1+k predict x_{t+2+k}, the token head k predicts from t.

@@ -175,7 +175,8 @@ def medusa2_loss(
         target: a FrozenTarget wrapped by wrap_target_with_lora.
         batch: from `collate` (input_ids, loss_mask, position_ids, attention_mask).
         lambda0: the heads' weight this step (`lambda0()`).
-        labels: "target" (heads learn the original target's distribution) or "data" (the tokens).
+        labels: "target" (heads learn the original target's distribution), "target-top1" (its top token)
+            or "data" (the tokens).
 
     Returns:
         (loss, the heads' metrics, {"target_kl", "target_kl_positions", "heads_loss", "lambda0"} as floats).
@@ -205,7 +206,8 @@ def medusa2_loss(
         batch["position_ids"],
         decay=decay,
         topk=topk,
-        target_logits=teacher if labels == "target" else None,
+        target_logits=teacher if labels != "data" else None,
+        target_top1=labels == "target-top1",
         lm_head=target.lm_head,
     )
     loss = target_loss + lambda0 * heads_loss

@@ -36,7 +36,8 @@ class HeadsWithLoss(nn.Module):
             settings below from `self`.
         capture_layers: the target layers the loss reads (`Method.capture`).
         needs_logits: whether the loss reads the target's logits.
-        labels: Medusa only: "data" (the text's tokens) or "target" (the target's distributions).
+        labels: Medusa only: "data" (the text's tokens), "target" (the target's distributions) or
+            "target-top1" (the target's top tokens).
         decay: weight of Medusa head k / EAGLE-3 step k is decay**k.
         topk: the k of the top-k accuracy in the metrics.
         w_feat, w_tok, noise: EAGLE-1/2 loss weights and input-feature noise.

@@ -34,7 +34,7 @@ def test_unknown_keys_are_rejected_with_a_suggestion(tmp_path):
         ("packing=maybe", "'packing' takes true/false"),
         ("num_heads=0", "num_heads must be >= 1"),
         ("method=hydra", "method must be one of"),
-        ("labels=gold", "labels must be 'data' or 'target'"),
+        ("labels=gold", "labels must be one of data, target, target-top1, got 'gold'"),
         ("mode=cached", "mode must be one of .'online', 'offline'., got 'cached'"),
         ("mode=offline", "mode 'offline' reads the hidden-state cache: set cache_dir"),
         ("report_to=tensorboard", "report_to must be one of .'wandb', 'none'."),

@@ -99,6 +99,32 @@ def test_target_labels_read_the_targets_distribution_at_t_plus_1_plus_k():
     assert soft_metrics.top1 == hard_metrics.top1
 
 
+def test_target_top1_labels_are_the_targets_top_token_at_t_plus_1_plus_k():
+    ids, mask, pos = batch()
+    heads = MedusaHeads(MedusaConfig(hidden_size=12, vocab_size=V, num_heads=K))
+    torch.manual_seed(1)
+    for p in heads.parameters():
+        torch.nn.init.normal_(p)
+    hidden = torch.randn(3, 16, 12)
+    # An unsure target whose top token at p is x_{p+1}: its top-1 labels are the data's, its soft ones not.
+    target_logits = torch.randn(3, 16, V, generator=torch.Generator().manual_seed(2))
+    target_logits[:, :-1].scatter_(-1, ids[:, 1:, None], 5.0)
+    top1, top1_metrics = medusa_loss(
+        heads, hidden, ids, mask, pos, target_logits=target_logits, target_top1=True
+    )
+    data, data_metrics = medusa_loss(heads, hidden, ids, mask, pos)
+    soft, _ = medusa_loss(heads, hidden, ids, mask, pos, target_logits=target_logits)
+    assert torch.allclose(top1, data, atol=1e-5) and top1_metrics.top1 == data_metrics.top1
+    assert not torch.allclose(top1, soft, atol=1e-2)
+    # Where the target's top token is not the data's, the label follows the target.
+    other = (ids + 1) % V
+    target_logits[:, :-1].scatter_(-1, other[:, 1:, None], 9.0)
+    moved, _ = medusa_loss(heads, hidden, other, mask, pos, target_logits=target_logits, target_top1=True)
+    kept, _ = medusa_loss(heads, hidden, ids, mask, pos, target_logits=target_logits, target_top1=True)
+    assert torch.allclose(moved, kept, atol=1e-6)  # the data's tokens no longer matter
+    assert not torch.allclose(kept, data, atol=1e-2)
+
+
 def test_simulated_accept_length():
     assert simulated_accept_length([]) == 1.0
     assert simulated_accept_length([0.5, 0.5]) == pytest.approx(1.75)
