@@ -49,8 +49,8 @@ it keeps (`timed`).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -59,7 +59,6 @@ from specheads.decode.decoder import SpeculativeDecoder, eos_ids
 from specheads.decode.drafters import DraftContext, Drafter
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.kv_cache import new_cache
-from specheads.decode.sampling import SamplingParams
 from specheads.decode.trees import DraftTree, StaticTree, build_tree, expected_accept_length
 from specheads.decode.verify import Acceptance, verify_greedy
 from specheads.evaluate.baseline import generate_rows
@@ -170,21 +169,27 @@ def hold_out(prompts: list, count: int | None = None) -> tuple[list, list]:
     return prompts[-count:], prompts[:-count]
 
 
-def decode_accept_length(accepted: Sequence[Sequence[int]]) -> float:
-    """τ of greedy decoding replayed: accepted[s][i] candidates are accepted with the root at generated token
-    i of sequence s (i = 0 .. n - 2 of its n). Its first step roots at i = 0 and emits min(a + 1, the tokens
-    left), the next roots at i + a + 1 (module docstring)."""
+def replay(roots: Sequence[int], accepted: Callable[[int, int], int]) -> float:
+    """τ of greedy decoding replayed on sequences of roots[s] roots, accepted(s, i) candidates accepted with
+    the root at generated token i of sequence s (i = 0 .. n - 2 of its n new tokens). Its first step roots at
+    i = 0 and emits min(a + 1, the tokens left), the next roots at i + a + 1 (module docstring)."""
     total = steps = 0
-    for sequence in accepted:
+    for s, n in enumerate(roots):
         i = 0
-        while i < len(sequence):
-            total += min(sequence[i] + 1, len(sequence) - i)
-            steps, i = steps + 1, i + sequence[i] + 1
+        while i < n:
+            a = accepted(s, i)
+            total += min(a + 1, n - i)
+            steps, i = steps + 1, i + a + 1
     if steps == 0:
         raise ValueError(
             "calibration: no calibration prompt was continued past its first token; no step to replay"
         )
     return total / steps
+
+
+def decode_accept_length(accepted: Sequence[Sequence[int]]) -> float:
+    """`replay` of accepted[s][i]: the candidates accepted with the root at generated token i of sequence s."""
+    return replay([len(sequence) for sequence in accepted], lambda s, i: accepted[s][i])
 
 
 # -- Medusa: per-head, per-rank acceptance ----------------------------------------------------------------
@@ -287,16 +292,16 @@ def medusa_candidates(
     return candidates
 
 
-# -- EAGLE-2: node values and accepted paths of the largest tree, at every root ----------------------------
+# -- EAGLE-2: node values and accepted paths of the largest trees, at the roots the candidates reach ---------
 
 
 @dataclass
 class DynamicStep:
-    """The tree of every candidate, verified at one root.
+    """The tree of every candidate at one root, and what the target accepts of it.
 
     values: (N,) each node's cumulative draft log-probability (0 at the root).
     depths: (N,) each node's depth; nodes are in creation order, as `dynamic_tree` lays them out.
-    path:   (n,) the accepted path's node ids, root first.
+    path:   (n,) the accepted path's node ids, root first (as far as the verified nodes reach).
     """
 
     values: torch.Tensor
@@ -304,29 +309,62 @@ class DynamicStep:
     path: torch.Tensor
 
 
-def node_values(tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
-    """(N,) tokens and parents, (N, V) q at each node -> (N,) value[i] = value[parent] + log q[parent, token]."""
-    edges = draft_probs[parents.clamp(min=0), tokens].float().log().cpu()  # (N,); the root's is unused
-    values = torch.zeros(tokens.numel())
-    for i, parent in enumerate(parents.tolist()[1:], start=1):  # parents come first: one pass
-        values[i] = values[parent] + edges[i]
-    return values
-
-
 class _ValueRecorder:
-    """Proposes an EagleDrafter's trees and keeps the last one's node values and depths."""
+    """Proposes an EagleDrafter's tree of every candidate and keeps its node values (the drafter's own
+    scores, which its rerank orders by) and depths."""
 
     def __init__(self, drafter: EagleDrafter):
         self.drafter, self.capture_layers = drafter, drafter.capture_layers
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def propose(self, context: DraftContext) -> DraftTree:
-        at_t1 = replace(context, sampling=SamplingParams(1.0), generator=torch.Generator())
-        sampled = self.drafter.propose(at_t1)  # the same tree, with q at every expanded node
-        tree = DraftTree(tokens=sampled.tokens, parents=sampled.parents)  # verified greedily
-        values = node_values(sampled.tokens[0], sampled.parents[0], sampled.draft_probs[0])
-        self.last = (values, tree.depths[0].cpu())
+        tree = self.drafter.propose(context)
+        scores = self.drafter.grown.scores[0].float().cpu()  # (M,) every candidate, in creation order
+        if tree.num_nodes != scores.numel() + 1:
+            raise ValueError(
+                f"the replay reads the tree of every candidate ({scores.numel() + 1} nodes); the drafter "
+                f"kept {tree.num_nodes}"
+            )
+        self.last = (torch.cat([scores.new_zeros(1), scores]), tree.depths[0].cpu())
         return tree
+
+
+class _Verified:
+    """`recorder`'s tree cut to the nodes some candidate keeps: the root and, for each depth D, the N - 1
+    most valuable nodes no deeper than D, N the largest size tried at D (`largest`; a smaller tree of that
+    depth keeps a subset). A node left out is in no candidate's tree, so each candidate accepts as much as
+    with the whole tree verified (greedy acceptance at a node depends only on its ancestors)."""
+
+    def __init__(self, recorder: _ValueRecorder, largest: dict[int, int]):
+        self.recorder, self.largest, self.capture_layers = recorder, largest, recorder.capture_layers
+        self.ids: torch.Tensor | None = None  # (n,) the verified nodes' ids in the whole tree, ascending
+
+    def propose(self, context: DraftContext) -> DraftTree:
+        whole = self.recorder.propose(context)
+        step = DynamicStep(*self.recorder.last, path=torch.zeros(1, dtype=torch.long))
+        kept = torch.stack([kept_nodes(step, d, n) for d, n in self.largest.items()]).any(0)
+        self.ids = kept.nonzero().squeeze(1)  # ascending: parents before children
+        return subtree(whole, self.ids)
+
+
+def subtree(tree: DraftTree, ids: torch.Tensor) -> DraftTree:
+    """The one-row tree of nodes `ids` (ascending, the root first, every parent among them), renumbered."""
+    renumber = torch.full((tree.num_nodes,), -1, dtype=torch.long)
+    renumber[ids] = torch.arange(ids.numel())
+    parents = tree.parents[0, ids].cpu()
+    parents = torch.where(parents >= 0, renumber[parents.clamp(min=0)], -1)
+    device = tree.tokens.device
+    return DraftTree(tokens=tree.tokens[:, ids.to(device)], parents=parents[None].to(device))
+
+
+def dynamic_shapes(settings: CalibrationSettings, top_k: int) -> list[tuple[int, int]]:
+    """(depth, nodes) of every EAGLE-2 candidate: depths 1..max_depth, each with the sizes it can fill."""
+    return [
+        (depth, n)
+        for depth in range(1, settings.max_depth + 1)
+        for n in settings.sizes
+        if 2 <= n <= top_k + (depth - 1) * top_k**2 + 1
+    ]
 
 
 @torch.no_grad()
@@ -334,34 +372,53 @@ def record_dynamic_steps(
     target: FrozenTarget,
     head: torch.nn.Module,
     prompts: Sequence[torch.Tensor],
+    shapes: Sequence[tuple[int, int]],
     *,
     top_k: int,
     depth: int,
     max_new_tokens: int,
-) -> tuple[list[list[DynamicStep]], list[tuple[torch.Tensor, int]]]:
-    """Greedy decoding of each prompt (1, T) one token a step, verifying the tree of every candidate of depth
-    `depth` at every root (module docstring).
+) -> tuple[list[list[DynamicStep | None]], list[tuple[torch.Tensor, int]]]:
+    """Greedy decoding of each prompt (1, T), recording the trees of every candidate shape (depth, nodes) at
+    each root some candidate's walk reaches (module docstring).
 
-    Returns per prompt its steps (one per root, n - 1 for n new tokens), and each (prompt + continuation
-    (1, T + n), T) for the timings.
+    Each shape walks as the decoder would with its tree: from root i to root i + a + 1, a what it accepts at
+    i. Decoding goes from a root straight to the nearest root a walk reaches, accepting the tokens up to it
+    (they are on the verified path: a walk moved at this root accepts a subpath of it), so a root no walk
+    reaches is neither drafted nor verified.
+
+    Returns per prompt its steps (one per root, n - 1 for n new tokens; None at a root no walk reaches), and
+    each (prompt + continuation (1, T + n), T) for the timings.
     """
     everything = top_k + (depth - 1) * top_k**2 + 1  # every candidate, and the root
     recorder = _ValueRecorder(EagleDrafter(head, target, top_k=top_k, depth=depth, total_tokens=everything))
-    decoder, eos = SpeculativeDecoder(target, recorder), eos_ids(target)
-    taken: list[DynamicStep] = []
+    largest: dict[int, int] = {}
+    for d, n in shapes:
+        largest[d] = max(largest.get(d, 1), n)
+    verified = _Verified(recorder, largest)
+    decoder, eos = SpeculativeDecoder(target, verified), eos_ids(target)
+    taken: list[DynamicStep | None] = []
+    walks: list[int] = []  # each shape's next root
 
-    def root_only(tree: DraftTree, logits: torch.Tensor, context: DraftContext) -> list[Acceptance]:
-        """Verify greedily and record the accepted path; accept only the root's next token."""
+    def to_next_walk(tree: DraftTree, logits: torch.Tensor, context: DraftContext) -> list[Acceptance]:
+        """Verify greedily, record the step, move the walks at this root on; accept up to the nearest."""
         accepted = verify_greedy(tree, logits)[0]
-        taken.append(DynamicStep(*recorder.last, path=accepted.path.cpu()))
-        return [Acceptance(path=accepted.path[:1], tokens=accepted.tokens[:1])]
+        step = DynamicStep(*recorder.last, path=verified.ids[accepted.path.cpu()])
+        root = len(taken)
+        for shape, a in enumerate(accepted_lengths(step, shapes)):
+            if walks[shape] == root:
+                walks[shape] = root + a + 1
+        m = min(min(walks) - root, max_new_tokens - (root + 1))  # root + 1 tokens are out already
+        ends = [j for j, token in enumerate(accepted.tokens[:m].tolist()) if token in eos]
+        m = ends[0] + 1 if ends else m
+        taken.extend([step] + [None] * (m - 1))
+        return [Acceptance(path=accepted.path[:m], tokens=accepted.tokens[:m])]
 
     steps, sequences = [], []
     for prompt_ids in prompts:
-        ids, cache, taken = prompt_ids.to(target.device), new_cache(), []
+        ids, cache, taken, walks = prompt_ids.to(target.device), new_cache(), [], [0] * len(shapes)
         context = decoder.first_context(ids, decoder.prefill(ids, cache))
         while len(taken) + 1 < max_new_tokens and int(context.tokens[0, -1]) not in eos:
-            _, context = decoder.step(context, cache, verify=root_only)
+            _, context = decoder.step(context, cache, verify=to_next_walk)
         steps.append(taken)
         sequences.append((context.tokens, ids.shape[1]))
     return steps, sequences
@@ -377,32 +434,56 @@ def kept_nodes(step: DynamicStep, depth: int, nodes: int) -> torch.Tensor:
     return kept
 
 
-def dynamic_accept_length(steps: Sequence[Sequence[DynamicStep]], depth: int, nodes: int) -> float:
+def accepted_lengths(step: DynamicStep, shapes: Sequence[tuple[int, int]]) -> list[int]:
+    """Per (depth, nodes): the candidates its tree accepts at this root, i.e. how far the accepted path stays
+    in `kept_nodes(step, depth, nodes)`: a node is kept while its rank by value among the nodes no deeper
+    than `depth` is below nodes - 1 (one ranking per depth, shared by its sizes)."""
+    path, count = step.path[1:], step.values.numel()
+    ranks = {}
+    for depth in sorted({d for d, _ in shapes}):
+        eligible = ((step.depths >= 1) & (step.depths <= depth)).nonzero().squeeze(1)
+        order = eligible[torch.sort(-step.values[eligible], stable=True).indices]
+        rank = torch.full((count,), count, dtype=torch.long)  # deeper nodes: never kept
+        rank[order] = torch.arange(order.numel())
+        ranks[depth] = rank[path].tolist()
+    return [next((i for i, r in enumerate(ranks[d]) if r >= n - 1), len(ranks[d])) for d, n in shapes]
+
+
+def dynamic_accept_lengths(
+    steps: Sequence[Sequence[DynamicStep | None]], shapes: Sequence[tuple[int, int]]
+) -> list[float]:
+    """τ of greedy decoding with the EAGLE-2 tree of each (depth, nodes) shape (nodes: root included),
+    replayed on each prompt's steps (`record_dynamic_steps`)."""
+    lengths: dict[tuple[int, int], list[int]] = {}  # (prompt, root) -> accepted per shape
+
+    def at(s: int, i: int) -> list[int]:
+        if (s, i) not in lengths:
+            lengths[s, i] = accepted_lengths(steps[s][i], shapes)
+        return lengths[s, i]
+
+    roots = [len(taken) for taken in steps]
+    return [replay(roots, lambda s, i, k=k: at(s, i)[k]) for k in range(len(shapes))]
+
+
+def dynamic_accept_length(steps: Sequence[Sequence[DynamicStep | None]], depth: int, nodes: int) -> float:
     """τ of greedy decoding with the EAGLE-2 tree of `depth` levels and `nodes` nodes (root included),
     replayed on each prompt's steps (`record_dynamic_steps`)."""
-
-    def accepted(step: DynamicStep) -> int:  # how far the accepted path stays in the kept tree
-        kept, path = kept_nodes(step, depth, nodes), step.path.tolist()
-        return next((i for i, node in enumerate(path) if not kept[node]), len(path)) - 1
-
-    return decode_accept_length([[accepted(step) for step in taken] for taken in steps])
+    return dynamic_accept_lengths(steps, [(depth, nodes)])[0]
 
 
 def dynamic_candidates(
     head: torch.nn.Module,
     target: FrozenTarget,
-    steps: Sequence[Sequence[DynamicStep]],
-    settings: CalibrationSettings,
+    steps: Sequence[Sequence[DynamicStep | None]],
+    shapes: Sequence[tuple[int, int]],
+    top_k: int,
 ) -> list[Candidate]:
-    """One candidate per (depth 1..max_depth, size N that the depth can fill), τ replayed on `steps`."""
-    top_k, candidates = min(settings.top_k, head.draft_vocab_size), []
-    for depth in range(1, settings.max_depth + 1):
-        for n in [n for n in settings.sizes if 2 <= n <= top_k + (depth - 1) * top_k**2 + 1]:
-            name = f"auto-dynamic-{n}-d{depth}"
-            drafter, record = dynamic_drafter(
-                head, target, top_k=top_k, depth=depth, total_tokens=n, name=name
-            )
-            candidates.append(Candidate(record, dynamic_accept_length(steps, depth, n), drafter))
+    """One candidate per (depth, nodes) shape, τ replayed on `steps`."""
+    candidates = []
+    for (depth, n), tau in zip(shapes, dynamic_accept_lengths(steps, shapes)):
+        name = f"auto-dynamic-{n}-d{depth}"
+        drafter, record = dynamic_drafter(head, target, top_k=top_k, depth=depth, total_tokens=n, name=name)
+        candidates.append(Candidate(record, tau, drafter))
     return candidates
 
 
@@ -423,18 +504,23 @@ def calibrate_medusa(heads, target: FrozenTarget, ids, settings: CalibrationSett
 
 
 def calibrate_eagle(head, target: FrozenTarget, ids, settings: CalibrationSettings) -> tuple:
-    """EAGLE's (and EAGLE-3's) `Method.calibrate`: the full top-k tree recorded at every step of greedy
-    decoding, and the EAGLE-2 dynamic trees of each size cut from it. Returns as `calibrate_medusa`."""
+    """EAGLE's (and EAGLE-3's) `Method.calibrate`: the full top-k tree recorded along greedy decoding at the
+    roots the candidates reach, and the EAGLE-2 dynamic trees of each shape cut from it. Returns as
+    `calibrate_medusa`."""
     top_k, depth = min(settings.top_k, head.draft_vocab_size), settings.max_depth
+    shapes = dynamic_shapes(settings, top_k)
+    if not shapes:
+        raise ValueError(f"the calibration tried no tree: no size in {settings.sizes} fits an EAGLE-2 tree")
     steps, sequences = record_dynamic_steps(
-        target, head, ids, top_k=top_k, depth=depth, max_new_tokens=settings.max_new_tokens
+        target, head, ids, shapes, top_k=top_k, depth=depth, max_new_tokens=settings.max_new_tokens
     )
-    candidates = dynamic_candidates(head, target, steps, settings)
-    everything = top_k + (depth - 1) * top_k**2 + 1
+    candidates = dynamic_candidates(head, target, steps, shapes, top_k)
     acceptance = {
         "roots": sum(len(s) for s in steps),
-        "full_tree_nodes": everything,
-        "full_tree_accept_length": dynamic_accept_length(steps, depth, everything),
+        "verified_roots": sum(step is not None for s in steps for step in s),
+        "full_tree_nodes": top_k + (depth - 1) * top_k**2 + 1,
+        "definition": "the full tree (every candidate of depth max_depth) is drafted and, cut to the nodes "
+        "some candidate keeps, verified at the verified_roots of the roots that some candidate's walk reaches",
     }
     return candidates, acceptance, tuple(head.capture_layers), sequences
 

@@ -32,14 +32,17 @@ from specheads.evaluate.calibrate import (
     choose,
     decode_accept_length,
     dynamic_accept_length,
+    dynamic_accept_lengths,
     greedy_sequence,
     kept_nodes,
     medusa_candidates,
     medusa_ranks,
     rank_accuracies,
+    record_dynamic_steps,
     static_accept_length,
     timed,
 )
+from specheads.evaluate.step_timing import MeasuredTimer, same_work
 from specheads.heads import (
     EagleConfig,
     EagleHead,
@@ -49,6 +52,7 @@ from specheads.heads import (
     layer_config_from,
     save_heads,
 )
+from specheads.train.eagle_losses import eagle_loss
 
 from helpers import tiny_model
 
@@ -269,6 +273,68 @@ def test_replayed_dynamic_trees_are_the_drafters_own(target):
         parents = torch.cat([torch.tensor([-1]), renumber[full.parents[0, kept[1:]]]])
         assert full.tokens[0, kept].tolist() == own.tokens[0].tolist(), (d, n)
         assert parents.tolist() == own.parents[0].tolist(), (d, n)
+
+
+def trained_eagle_head(target: FrozenTarget, prompts: torch.Tensor, steps: int = 60) -> EagleHead:
+    """An EAGLE head fitted to the target's greedy continuations of `prompts` (B, T): one that is accepted."""
+    sequences = target.model.generate(
+        prompts, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    b, t = sequences.shape
+    head = eagle_head(target).train()
+    out = target(sequences, capture=head.capture_layers)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss, _ = eagle_loss(
+            head,
+            out.hidden[target.layer_id(-1)],
+            sequences,
+            torch.ones(b, t),
+            torch.arange(t).expand(b, t),
+            out.logits,
+            target.embed_tokens,
+            target.lm_head,
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return head.eval()
+
+
+def test_replayed_dynamic_tau_is_what_the_decoder_gets(target):
+    """Recording only the roots some shape's walk reaches, and verifying only the nodes some shape keeps,
+    gives each shape the τ that decoding with its own EagleDrafter gets, exactly."""
+    prompts = torch.randint(0, 256, (4, 8), generator=torch.Generator().manual_seed(0))
+    head, prompts = trained_eagle_head(target, prompts), list(prompts[:3].split(1))
+    shapes = [(1, 2), (1, 4), (2, 4), (2, 8), (3, 8), (3, 16), (3, 32)]
+    steps, _ = record_dynamic_steps(target, head, prompts, shapes, top_k=3, depth=3, max_new_tokens=24)
+    for (depth, nodes), tau in zip(shapes, dynamic_accept_lengths(steps, shapes)):
+        drafter = EagleDrafter(head, target, top_k=3, depth=depth, total_tokens=nodes)
+        lengths = [
+            n for p in prompts for n in SpeculativeDecoder(target, drafter).generate(p, 24).accept_lengths
+        ]
+        assert tau == pytest.approx(sum(lengths) / len(lengths)), (depth, nodes)
+        assert dynamic_accept_length(steps, depth, nodes) == tau
+    assert max(lengths) >= 3  # the deepest trees accept whole paths: the case has teeth
+    assert [len(taken) for taken in steps] == [23, 23, 23]  # a root per new token but the last
+    assert sum(step is None for taken in steps for step in taken) > 0  # roots no walk reaches: skipped
+
+
+def test_timer_drafts_once_per_kind_of_work(target):
+    """EAGLE-2 drafters of one depth grow the same candidates: one of them is timed for all."""
+    head, calls = eagle_head(target), []
+
+    class Counted(EagleDrafter):
+        def propose(self, context):
+            calls.append((self.depth, self.total_tokens))
+            return super().propose(context)
+
+    drafters = [Counted(head, target, top_k=3, depth=d, total_tokens=n) for d, n in [(1, 2), (1, 4), (2, 4)]]
+    sequence = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(3))
+    timer = MeasuredTimer(target, drafters[0].capture_layers, sequence, start=12, repeats=2)
+    seconds = timer.drafts(drafters)
+    assert seconds[0] == seconds[1] and sorted(set(calls)) == [(1, 2), (2, 4)]
+    assert same_work(drafters[0]) == same_work(drafters[1]) != same_work(drafters[2])
 
 
 def test_eagle_calibration_with_injected_timings(target):
