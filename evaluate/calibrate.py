@@ -169,6 +169,12 @@ def hold_out(prompts: list, count: int | None = None) -> tuple[list, list]:
     return prompts[-count:], prompts[:-count]
 
 
+def holds_out(prompts: int, count: int | None, wanted: int | None) -> bool:
+    """Whether `hold_out` of `count` prompts (CALIBRATION_PROMPTS when None) out of `prompts` leaves `wanted`
+    (--num-prompts; None: one) to evaluate: a default `--tree auto` needs it, or the fixed default stands."""
+    return prompts - (CALIBRATION_PROMPTS if count is None else count) >= (wanted or 1)
+
+
 def replay(roots: Sequence[int], accepted: Callable[[int, int], int]) -> float:
     """τ of greedy decoding replayed on sequences of roots[s] roots, accepted(s, i) candidates accepted with
     the root at generated token i of sequence s (i = 0 .. n - 2 of its n new tokens). Its first step roots at
@@ -325,8 +331,20 @@ class _ValueRecorder:
                 f"the replay reads the tree of every candidate ({scores.numel() + 1} nodes); the drafter "
                 f"kept {tree.num_nodes}"
             )
-        self.last = (torch.cat([scores.new_zeros(1), scores]), tree.depths[0].cpu())
+        self.last = (torch.cat([scores.new_zeros(1), scores]), node_depths(tree.parents[0].cpu()))
         return tree
+
+
+def node_depths(parents: torch.Tensor) -> torch.Tensor:
+    """(N,) parents (parents first, -1 at the root) -> (N,) depths, a level a pass (`DraftTree.depths` builds
+    the (N, N) ancestor mask, which the tree of every candidate need not pay for at each root)."""
+    depths = torch.zeros_like(parents)
+    for _ in range(parents.numel()):
+        deeper = torch.where(parents >= 0, depths[parents.clamp(min=0)] + 1, 0)
+        if torch.equal(deeper, depths):
+            return depths
+        depths = deeper
+    return depths
 
 
 class _Verified:

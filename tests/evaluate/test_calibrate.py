@@ -1,6 +1,7 @@
 """Calibrated trees (`specheads eval --tree auto`): the acceptance estimates, their replay, the choice, and
 the command end to end. Timings are injected where a choice is checked; none is asserted."""
 
+import dataclasses
 import json
 import shlex
 import shutil
@@ -12,6 +13,7 @@ from torch import nn
 
 from specheads.cli import main as cli
 from specheads.decode import (
+    DraftTree,
     MedusaDrafter,
     SpeculativeDecoder,
     StaticTree,
@@ -34,14 +36,17 @@ from specheads.evaluate.calibrate import (
     dynamic_accept_length,
     dynamic_accept_lengths,
     greedy_sequence,
+    holds_out,
     kept_nodes,
     medusa_candidates,
     medusa_ranks,
+    node_depths,
     rank_accuracies,
     record_dynamic_steps,
     static_accept_length,
     timed,
 )
+from specheads.evaluate.eval_drafters import tree_by_default, trees_for
 from specheads.evaluate.step_timing import MeasuredTimer, same_work
 from specheads.heads import (
     EagleConfig,
@@ -52,6 +57,7 @@ from specheads.heads import (
     layer_config_from,
     save_heads,
 )
+from specheads.heads.methods import methods, register
 from specheads.train.eagle_losses import eagle_loss
 
 from helpers import tiny_model
@@ -273,6 +279,14 @@ def test_replayed_dynamic_trees_are_the_drafters_own(target):
         parents = torch.cat([torch.tensor([-1]), renumber[full.parents[0, kept[1:]]]])
         assert full.tokens[0, kept].tolist() == own.tokens[0].tolist(), (d, n)
         assert parents.tolist() == own.parents[0].tolist(), (d, n)
+
+
+def test_node_depths_are_the_trees_own():
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 5, 40, 265):
+        parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)])
+        tree = DraftTree(tokens=torch.zeros(1, n, dtype=torch.long), parents=parents[None])
+        assert torch.equal(node_depths(parents), tree.depths[0]), n
 
 
 def trained_eagle_head(target: FrozenTarget, prompts: torch.Tensor, steps: int = 60) -> EagleHead:
@@ -500,3 +514,78 @@ def test_a_stopped_tree_auto_eval_resumes_with_its_calibrated_tree(
         "identical_to_baseline",
     ):
         assert resumed[key] == reference[key]
+
+
+# -- the default tree: the method's `default_tree`, auto only where the run can calibrate ----------------------
+
+
+@pytest.fixture
+def eagle_calibrates_by_default():
+    """EAGLE's entry with default_tree "auto" for the test (the built-in entries keep their fixed trees)."""
+    entry = methods()["eagle"]
+    register(dataclasses.replace(entry, default_tree="auto"), replace=True)
+    yield
+    register(entry, replace=True)
+
+
+def test_tree_by_default_only_where_the_run_can_calibrate(eagle_calibrates_by_default):
+    assert tree_by_default("eagle", calibrates=True) == "auto"
+    assert tree_by_default("eagle", calibrates=False) is None  # sampling, batches: the fixed default
+    assert tree_by_default("medusa", calibrates=True) is None and tree_by_default("hydra", True) is None
+    assert trees_for(None, ["medusa", "eagle"], calibrates=True) == [None, "auto"]
+    assert trees_for(["chain-4"], ["medusa", "eagle"], calibrates=True) == ["chain-4", "chain-4"]  # named
+    assert holds_out(5, None, None) and not holds_out(4, None, None)  # 4 held out by default, 1 evaluated
+    assert holds_out(6, 2, 4) and not holds_out(6, 2, 5)
+
+
+SIX = QUESTIONS + [
+    {"question_id": 4, "category": "coding", "turns": ["What is a list comprehension?"]},
+    {"question_id": 5, "category": "writing", "turns": ["Name three rivers."]},
+    {"question_id": 6, "category": "coding", "turns": ["Why use a set?"]},
+]
+
+
+def test_eval_takes_the_default_tree_and_a_named_one_over_it(setup, tmp_path, eagle_calibrates_by_default):
+    questions = tmp_path / "six.jsonl"
+    questions.write_text("".join(json.dumps(q) + "\n" for q in SIX))
+
+    def results(out, *extra):
+        args = eval_args(setup, tmp_path / out, "eagle", *extra)
+        args[args.index("--prompts") + 1] = str(questions)
+        assert cli(args) == 0
+        return json.loads((tmp_path / out / "results.json").read_text())
+
+    # no --tree: calibrated on the last 4 prompts, the others evaluated; recorded as `--tree auto` records it
+    auto = results("auto")
+    assert auto["tree"] == auto["calibration"]["chosen"] and auto["tree"]["name"].startswith("auto-")
+    assert auto["calibration"]["prompts"]["ids"] == ["3", "4", "5", "6"]
+    assert [r["id"] for r in auto["per_prompt"]] == ["1", "2"] and auto["identical_to_baseline"] == "2/2"
+    command = shlex.split(auto["command"])
+    assert command[command.index("--tree") + 1] == "auto"
+    # --calibration-prompts without --tree: the default calibrates on that many
+    assert results("one", "--calibration-prompts", "1")["calibration"]["prompts"]["ids"] == ["6"]
+    # a named tree wins over the default; too few prompts to hold 4 out, or sampling: the fixed default
+    for out, extra, tree in [
+        ("named", ["--tree", "dynamic-12"], "dynamic-12"),
+        ("few", ["--num-prompts", "3"], "dynamic-32"),
+        ("sampled", ["--temperature", "0.7"], "dynamic-32"),
+    ]:
+        fixed = results(out, *extra)
+        assert fixed["tree"]["name"] == tree and "calibration" not in fixed, out
+        assert len(fixed["per_prompt"]) == (3 if out == "few" else 6), out
+
+
+def test_compare_takes_each_heads_default_tree(setup, tmp_path, eagle_calibrates_by_default):
+    questions = tmp_path / "six.jsonl"
+    questions.write_text("".join(json.dumps(q) + "\n" for q in SIX))
+    out = tmp_path / "out"
+    args = ["compare", "--target", str(setup["target"]), "--prompts", str(questions), "--out", str(out)]
+    args += ["--heads", str(setup["root"] / "medusa"), str(setup["root"] / "eagle"), "--peers", "generate"]
+    args += ["--max-new-tokens", "12", "--warmup", "0", "--no-plots", "--no-progress"]
+    assert cli(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    medusa, eagle = (m["settings"] for m in results["methods"][1:])
+    assert medusa["tree"]["name"] == "medusa-31" and "calibration" not in medusa  # Medusa's fixed default
+    assert eagle["tree"] == eagle["calibration"]["chosen"] and eagle["tree"]["name"].startswith("auto-")
+    assert results["prompts"]["calibration"] == ["3", "4", "5", "6"] and len(results["order"]) == 2
+    assert "--tree" not in shlex.split(results["command"])  # the same defaults reproduce it
