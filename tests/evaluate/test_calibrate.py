@@ -28,23 +28,25 @@ from specheads.evaluate.calibrate import (
     MEDUSA_RANKS,
     CalibrationSettings,
     Candidate,
-    DynamicStep,
-    _ValueRecorder,
     calibrated_drafter,
     choose,
     decode_accept_length,
-    dynamic_accept_length,
-    dynamic_accept_lengths,
     greedy_sequence,
     holds_out,
-    kept_nodes,
     medusa_candidates,
     medusa_ranks,
-    node_depths,
     rank_accuracies,
-    record_dynamic_steps,
     static_accept_length,
     timed,
+)
+from specheads.evaluate.calibrate_dynamic import (
+    DynamicStep,
+    _ValueRecorder,
+    dynamic_accept_length,
+    dynamic_accept_lengths,
+    kept_nodes,
+    node_depths,
+    record_dynamic_steps,
 )
 from specheads.evaluate.eval_drafters import tree_by_default, trees_for
 from specheads.evaluate.step_timing import MeasuredTimer, same_work
