@@ -506,7 +506,10 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
         if not holds_out(len(conversations), None, options.num_prompts):  # too few to hold some out
             trees, auto = trees_for(None, [c["method"] for c in configs], calibrates=False), False
     if options.calibration_prompts is not None and not auto:
-        raise ValueError(f"--calibration-prompts must be >= 1, with --tree auto; no tree here is: {trees}")
+        raise ValueError(
+            f"--calibration-prompts must be >= 1, with --tree auto; got {options.calibration_prompts}, and no "
+            "heads directory's default tree is auto here"
+        )
     held_out, conversations = (
         hold_out(conversations, options.calibration_prompts) if auto else ([], conversations)
     )

@@ -591,3 +591,13 @@ def test_compare_takes_each_heads_default_tree(setup, tmp_path, eagle_calibrates
     assert eagle["tree"] == eagle["calibration"]["chosen"] and eagle["tree"]["name"].startswith("auto-")
     assert results["prompts"]["calibration"] == ["3", "4", "5", "6"] and len(results["order"]) == 2
     assert "--tree" not in shlex.split(results["command"])  # the same defaults reproduce it
+
+
+def test_calibration_prompts_without_tree_need_a_default_auto(setup, tmp_path):
+    """Medusa's default tree is fixed: --calibration-prompts without --tree is refused, as with a named tree."""
+    with pytest.raises(ValueError, match="--calibration-prompts must be >= 1, with --tree auto"):
+        cli(eval_args(setup, tmp_path / "eval", "medusa", "--calibration-prompts", "1"))
+    args = ["compare", "--target", str(setup["target"]), "--prompts", str(setup["questions"]), "--out"]
+    args += [str(tmp_path / "compare"), "--heads", str(setup["root"] / "medusa"), "--peers", "generate"]
+    with pytest.raises(ValueError, match="no heads directory's default tree is auto"):
+        cli([*args, "--calibration-prompts", "1", "--no-plots"])
