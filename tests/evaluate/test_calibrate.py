@@ -566,15 +566,16 @@ def test_eval_takes_the_default_tree_and_a_named_one_over_it(setup, tmp_path, ea
     assert command[command.index("--tree") + 1] == "auto"
     # --calibration-prompts without --tree: the default calibrates on that many
     assert results("one", "--calibration-prompts", "1")["calibration"]["prompts"]["ids"] == ["6"]
-    # a named tree wins over the default; too few prompts to hold 4 out, or sampling: the fixed default
+    # a named tree wins over the default; too few prompts to hold 4 out and evaluate 3, or sampling: the
+    # fixed default. Nothing is held out: the first prompts are evaluated
     for out, extra, tree in [
-        ("named", ["--tree", "dynamic-12"], "dynamic-12"),
+        ("named", ["--tree", "dynamic-12", "--num-prompts", "3"], "dynamic-12"),
         ("few", ["--num-prompts", "3"], "dynamic-32"),
-        ("sampled", ["--temperature", "0.7"], "dynamic-32"),
+        ("sampled", ["--temperature", "0.7", "--num-prompts", "2"], "dynamic-32"),
     ]:
         fixed = results(out, *extra)
         assert fixed["tree"]["name"] == tree and "calibration" not in fixed, out
-        assert len(fixed["per_prompt"]) == (3 if out == "few" else 6), out
+        assert [r["id"] for r in fixed["per_prompt"]] == ["1", "2", "3"][: 2 if out == "sampled" else 3], out
 
 
 def test_compare_takes_each_heads_default_tree(setup, tmp_path, eagle_calibrates_by_default):
