@@ -12,8 +12,19 @@ from specheads.commands.threads import add_threads_argument
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.decoder import SpeculativeDecoder
 from specheads.evaluate.batched_eval import evaluate_batched
-from specheads.evaluate.calibrate import CalibrationSettings, calibrated_once, hold_out, max_tree_depth
-from specheads.evaluate.eval_drafters import add_tree_argument, check_tree_for_method, drafter_for
+from specheads.evaluate.calibrate import (
+    CalibrationSettings,
+    calibrated_once,
+    hold_out,
+    holds_out,
+    max_tree_depth,
+)
+from specheads.evaluate.eval_drafters import (
+    add_tree_argument,
+    check_tree_for_method,
+    drafter_for,
+    tree_by_default,
+)
 from specheads.evaluate.evaluate import (
     REPORT_FILE,
     RESULTS_FILE,
@@ -116,13 +127,27 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     if args.resume and args.overwrite:
         raise ValueError("--resume goes on from a stopped run, --overwrite starts over: give one of them")
+    head_config = read_head_config(args.heads)  # a missing or foreign checkpoint fails before any loading
+    calibrates = args.batch_size == 1 and args.temperature == 0
+    default_auto = args.tree is None and tree_by_default(head_config["method"], calibrates) == "auto"
+    if args.calibration_prompts is not None and args.tree is None and not default_auto:
+        raise ValueError(
+            f"--calibration-prompts must be >= 1, with --tree auto; got {args.calibration_prompts} for "
+            f"{head_config['method']} heads, whose default tree here is not auto"
+        )
     claim_results_folder(args.out, (RESULTS_FILE, REPORT_FILE), args.overwrite)  # before any loading
     if args.overwrite:
         clear(args.out, [PROGRESS_FILE])  # a stopped run's progress is replaced too
-    head_config = read_head_config(args.heads)  # a missing or foreign checkpoint fails before any loading
     check_tree_for_method(head_config["method"], None if args.tree == "auto" else args.tree)
     target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
     texts = read_prompts(args.prompts, target_path, args.category)
+    if default_auto and (
+        args.calibration_prompts is not None or holds_out(len(texts), None, args.num_prompts)
+    ):
+        args.tree = "auto"  # these heads' default (heads/methods.py: default_tree); the command records it
+        print(
+            f"--tree auto: the default for {head_config['method']} heads (--tree NAME decodes a fixed tree)"
+        )
     held_out, texts = hold_out(texts, args.calibration_prompts) if args.tree == "auto" else ([], texts)
     texts = texts[: args.num_prompts]
 

@@ -95,6 +95,8 @@ class EagleDrafter:
         # the head's layer in fewer kernels on the CPU (draft_layer.py); None keeps the head's own forward
         self.draft_layer = DraftLayer.of(head.layer, head.rotary_emb)
         self.cache = None
+        # the last dynamic proposal's candidates, with their values (`--tree auto` replays them: calibrate.py)
+        self.grown: Candidates | None = None
         self.cached = 0  # slots of the head's cache that hold the rows' real entries (tree entries beyond)
         # while drafting: the tree nodes fed so far, (B, F, H) outputs and (B, F, F) ancestors, and their
         # (B, m, V) log-probabilities per level when sampling (for q)
@@ -340,7 +342,7 @@ class EagleDrafter:
             fed_of.scatter_(1, frontier, first + torch.arange(k, device=device).expand(b, k))
             return logprobs
 
-        candidates = grow_rows(root_logprobs, expand, top_k=self.top_k, depth=self.depth)
+        candidates = self.grown = grow_rows(root_logprobs, expand, top_k=self.top_k, depth=self.depth)
         fed_of = nn.functional.pad(fed_of, (0, len(candidates) - fed_of.shape[1]), value=-1)
         trees, sources = [], []
         for r in range(b):

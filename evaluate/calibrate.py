@@ -31,43 +31,42 @@ the chance that head k's rank-r guess is right given that the path above it can 
 
 EAGLE-2 (dynamic trees). The tree of depth D and N nodes keeps the N - 1 most valuable candidates grown to
 depth D, and growing does not depend on N, nor a level on the levels below it. So the calibration decodes
-each prompt one token at a time and, at every root, verifies the tree of *every* candidate at the largest
-depth (top_k + (D - 1)·top_k² nodes): the accepted path and each node's value then give what any smaller
-(D', N) accepts there: keep the N - 1 most valuable nodes no deeper than D' (as `dynamic_tree.rerank` does)
-and count how far the accepted path stays inside them. A node's value is its cumulative draft
-log-probability; the drafter hands out q at every expanded node when asked to sample, so the calibration
-asks at temperature 1, where log q is the draft's log-probability, and sums it along each path.
+each prompt greedily and, at a root, drafts the tree of *every* candidate at the largest depth
+(top_k + (D - 1)·top_k² nodes) with its node values (each node's cumulative draft log-probability: the
+drafter's own scores, which `dynamic_tree.rerank` orders by); any smaller (D', N) keeps the N - 1 most
+valuable nodes no deeper than D', and accepts as far as the accepted path stays inside them. The target
+verifies only the nodes some candidate keeps (a node outside them changes no candidate's acceptance, since
+greedy acceptance at a node depends on its ancestors alone), and only at the roots that some candidate's
+walk reaches: decoding moves from a root straight to the nearest next root of any walk, accepting the
+tokens up to it (they lie on the verified path). The τ is the same as verifying the whole tree at every
+root (calibrate_dynamic.py).
 
 Timings interleave the candidates (round robin over the repeats), so a change in the machine's speed while
 they run touches every candidate alike, and each keeps the fastest of its repeats after an untimed one: other
 processes only ever slow a run down, so the fastest is the least disturbed (`timeit`'s advice; on a shared
 machine the median of a few runs drifts by tens of percent between candidates of equal cost).
-Candidates of one depth share the fastest draft among them: a draft costs what its depth costs, not what
-it keeps (`timed`).
+A draft costs what its depth costs, not what it keeps: EAGLE-2 drafters of one depth are timed once
+(`step_timing.same_work`), and candidates of one depth share the fastest draft among them (`timed`). The
+target step is timed at every size tried (8 at most): it is a few percent of a calibration, and interpolating
+it would miss the knee of the forward's cost curve.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from specheads.decode.decoder import SpeculativeDecoder, eos_ids
-from specheads.decode.drafters import DraftContext, Drafter
-from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.decode.kv_cache import new_cache
-from specheads.decode.sampling import SamplingParams
-from specheads.decode.trees import DraftTree, StaticTree, build_tree, expected_accept_length
-from specheads.decode.verify import Acceptance, verify_greedy
+from specheads.decode.drafters import Drafter
+from specheads.decode.trees import StaticTree, build_tree, expected_accept_length
 from specheads.evaluate.baseline import generate_rows
 from specheads.evaluate.eval_drafters import (
     EAGLE_DEPTH,
     EAGLE_TOP_K,
     drafter_for,
-    dynamic_drafter,
     medusa_drafter,
 )
 from specheads.evaluate.progress import Progress
@@ -170,21 +169,33 @@ def hold_out(prompts: list, count: int | None = None) -> tuple[list, list]:
     return prompts[-count:], prompts[:-count]
 
 
-def decode_accept_length(accepted: Sequence[Sequence[int]]) -> float:
-    """τ of greedy decoding replayed: accepted[s][i] candidates are accepted with the root at generated token
-    i of sequence s (i = 0 .. n - 2 of its n). Its first step roots at i = 0 and emits min(a + 1, the tokens
-    left), the next roots at i + a + 1 (module docstring)."""
+def holds_out(prompts: int, count: int | None, wanted: int | None) -> bool:
+    """Whether `hold_out` of `count` prompts (CALIBRATION_PROMPTS when None) out of `prompts` leaves `wanted`
+    (--num-prompts; None: one) to evaluate: a default `--tree auto` needs it, or the fixed default stands."""
+    return prompts - (CALIBRATION_PROMPTS if count is None else count) >= (wanted or 1)
+
+
+def replay(roots: Sequence[int], accepted: Callable[[int, int], int]) -> float:
+    """τ of greedy decoding replayed on sequences of roots[s] roots, accepted(s, i) candidates accepted with
+    the root at generated token i of sequence s (i = 0 .. n - 2 of its n new tokens). Its first step roots at
+    i = 0 and emits min(a + 1, the tokens left), the next roots at i + a + 1 (module docstring)."""
     total = steps = 0
-    for sequence in accepted:
+    for s, n in enumerate(roots):
         i = 0
-        while i < len(sequence):
-            total += min(sequence[i] + 1, len(sequence) - i)
-            steps, i = steps + 1, i + sequence[i] + 1
+        while i < n:
+            a = accepted(s, i)
+            total += min(a + 1, n - i)
+            steps, i = steps + 1, i + a + 1
     if steps == 0:
         raise ValueError(
             "calibration: no calibration prompt was continued past its first token; no step to replay"
         )
     return total / steps
+
+
+def decode_accept_length(accepted: Sequence[Sequence[int]]) -> float:
+    """`replay` of accepted[s][i]: the candidates accepted with the root at generated token i of sequence s."""
+    return replay([len(sequence) for sequence in accepted], lambda s, i: accepted[s][i])
 
 
 # -- Medusa: per-head, per-rank acceptance ----------------------------------------------------------------
@@ -287,125 +298,6 @@ def medusa_candidates(
     return candidates
 
 
-# -- EAGLE-2: node values and accepted paths of the largest tree, at every root ----------------------------
-
-
-@dataclass
-class DynamicStep:
-    """The tree of every candidate, verified at one root.
-
-    values: (N,) each node's cumulative draft log-probability (0 at the root).
-    depths: (N,) each node's depth; nodes are in creation order, as `dynamic_tree` lays them out.
-    path:   (n,) the accepted path's node ids, root first.
-    """
-
-    values: torch.Tensor
-    depths: torch.Tensor
-    path: torch.Tensor
-
-
-def node_values(tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
-    """(N,) tokens and parents, (N, V) q at each node -> (N,) value[i] = value[parent] + log q[parent, token]."""
-    edges = draft_probs[parents.clamp(min=0), tokens].float().log().cpu()  # (N,); the root's is unused
-    values = torch.zeros(tokens.numel())
-    for i, parent in enumerate(parents.tolist()[1:], start=1):  # parents come first: one pass
-        values[i] = values[parent] + edges[i]
-    return values
-
-
-class _ValueRecorder:
-    """Proposes an EagleDrafter's trees and keeps the last one's node values and depths."""
-
-    def __init__(self, drafter: EagleDrafter):
-        self.drafter, self.capture_layers = drafter, drafter.capture_layers
-        self.last: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def propose(self, context: DraftContext) -> DraftTree:
-        at_t1 = replace(context, sampling=SamplingParams(1.0), generator=torch.Generator())
-        sampled = self.drafter.propose(at_t1)  # the same tree, with q at every expanded node
-        tree = DraftTree(tokens=sampled.tokens, parents=sampled.parents)  # verified greedily
-        values = node_values(sampled.tokens[0], sampled.parents[0], sampled.draft_probs[0])
-        self.last = (values, tree.depths[0].cpu())
-        return tree
-
-
-@torch.no_grad()
-def record_dynamic_steps(
-    target: FrozenTarget,
-    head: torch.nn.Module,
-    prompts: Sequence[torch.Tensor],
-    *,
-    top_k: int,
-    depth: int,
-    max_new_tokens: int,
-) -> tuple[list[list[DynamicStep]], list[tuple[torch.Tensor, int]]]:
-    """Greedy decoding of each prompt (1, T) one token a step, verifying the tree of every candidate of depth
-    `depth` at every root (module docstring).
-
-    Returns per prompt its steps (one per root, n - 1 for n new tokens), and each (prompt + continuation
-    (1, T + n), T) for the timings.
-    """
-    everything = top_k + (depth - 1) * top_k**2 + 1  # every candidate, and the root
-    recorder = _ValueRecorder(EagleDrafter(head, target, top_k=top_k, depth=depth, total_tokens=everything))
-    decoder, eos = SpeculativeDecoder(target, recorder), eos_ids(target)
-    taken: list[DynamicStep] = []
-
-    def root_only(tree: DraftTree, logits: torch.Tensor, context: DraftContext) -> list[Acceptance]:
-        """Verify greedily and record the accepted path; accept only the root's next token."""
-        accepted = verify_greedy(tree, logits)[0]
-        taken.append(DynamicStep(*recorder.last, path=accepted.path.cpu()))
-        return [Acceptance(path=accepted.path[:1], tokens=accepted.tokens[:1])]
-
-    steps, sequences = [], []
-    for prompt_ids in prompts:
-        ids, cache, taken = prompt_ids.to(target.device), new_cache(), []
-        context = decoder.first_context(ids, decoder.prefill(ids, cache))
-        while len(taken) + 1 < max_new_tokens and int(context.tokens[0, -1]) not in eos:
-            _, context = decoder.step(context, cache, verify=root_only)
-        steps.append(taken)
-        sequences.append((context.tokens, ids.shape[1]))
-    return steps, sequences
-
-
-def kept_nodes(step: DynamicStep, depth: int, nodes: int) -> torch.Tensor:
-    """(N,) bool: the root and the nodes - 1 most valuable nodes at depths 1..`depth`, as `rerank` keeps them."""
-    eligible = ((step.depths >= 1) & (step.depths <= depth)).nonzero().squeeze(1)  # in creation order
-    best = eligible[torch.sort(-step.values[eligible], stable=True).indices[: nodes - 1]]
-    kept = torch.zeros(step.values.numel(), dtype=torch.bool)
-    kept[best] = True
-    kept[0] = True
-    return kept
-
-
-def dynamic_accept_length(steps: Sequence[Sequence[DynamicStep]], depth: int, nodes: int) -> float:
-    """τ of greedy decoding with the EAGLE-2 tree of `depth` levels and `nodes` nodes (root included),
-    replayed on each prompt's steps (`record_dynamic_steps`)."""
-
-    def accepted(step: DynamicStep) -> int:  # how far the accepted path stays in the kept tree
-        kept, path = kept_nodes(step, depth, nodes), step.path.tolist()
-        return next((i for i, node in enumerate(path) if not kept[node]), len(path)) - 1
-
-    return decode_accept_length([[accepted(step) for step in taken] for taken in steps])
-
-
-def dynamic_candidates(
-    head: torch.nn.Module,
-    target: FrozenTarget,
-    steps: Sequence[Sequence[DynamicStep]],
-    settings: CalibrationSettings,
-) -> list[Candidate]:
-    """One candidate per (depth 1..max_depth, size N that the depth can fill), τ replayed on `steps`."""
-    top_k, candidates = min(settings.top_k, head.draft_vocab_size), []
-    for depth in range(1, settings.max_depth + 1):
-        for n in [n for n in settings.sizes if 2 <= n <= top_k + (depth - 1) * top_k**2 + 1]:
-            name = f"auto-dynamic-{n}-d{depth}"
-            drafter, record = dynamic_drafter(
-                head, target, top_k=top_k, depth=depth, total_tokens=n, name=name
-            )
-            candidates.append(Candidate(record, dynamic_accept_length(steps, depth, n), drafter))
-    return candidates
-
-
 def calibrate_medusa(heads, target: FrozenTarget, ids, settings: CalibrationSettings) -> tuple:
     """Medusa's `Method.calibrate`: per-head rank accuracies along greedy continuations, and a static tree
     of each size built from them. Returns (candidates, acceptance record, capture layers, sequences)."""
@@ -420,23 +312,6 @@ def calibrate_medusa(heads, target: FrozenTarget, ids, settings: CalibrationSett
         f"true tokens of heads 0..k-1 are among their top {num_ranks})",
     }
     return candidates, acceptance, (-1,), sequences
-
-
-def calibrate_eagle(head, target: FrozenTarget, ids, settings: CalibrationSettings) -> tuple:
-    """EAGLE's (and EAGLE-3's) `Method.calibrate`: the full top-k tree recorded at every step of greedy
-    decoding, and the EAGLE-2 dynamic trees of each size cut from it. Returns as `calibrate_medusa`."""
-    top_k, depth = min(settings.top_k, head.draft_vocab_size), settings.max_depth
-    steps, sequences = record_dynamic_steps(
-        target, head, ids, top_k=top_k, depth=depth, max_new_tokens=settings.max_new_tokens
-    )
-    candidates = dynamic_candidates(head, target, steps, settings)
-    everything = top_k + (depth - 1) * top_k**2 + 1
-    acceptance = {
-        "roots": sum(len(s) for s in steps),
-        "full_tree_nodes": everything,
-        "full_tree_accept_length": dynamic_accept_length(steps, depth, everything),
-    }
-    return candidates, acceptance, tuple(head.capture_layers), sequences
 
 
 # -- `--tree auto` -------------------------------------------------------------------------------------

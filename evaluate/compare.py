@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 from specheads.decode.decoder import timed
 from specheads.evaluate.answers import ANSWERS_DIR, answer_file, write_answers
-from specheads.evaluate.calibrate import CalibrationSettings, hold_out, max_tree_depth
+from specheads.evaluate.calibrate import CalibrationSettings, hold_out, holds_out, max_tree_depth
 from specheads.evaluate.conversations import (
     Conversation,
     TurnSettings,
@@ -57,6 +57,7 @@ from specheads.evaluate.conversations import (
     render_turn,
     select_prompts,
 )
+from specheads.evaluate.eval_drafters import trees_for
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, drafter_for
 from specheads.evaluate.peers import (
     BASELINE,
@@ -68,7 +69,9 @@ from specheads.evaluate.peers import (
     HeadsMethod,
     Method,
     PromptLookupPeer,
+    adapted_target,
     calibrate_heads,
+    head_names,
     load_draft_model,
 )
 from specheads.evaluate.plots import PLOTS, check_matplotlib, write_plots
@@ -85,7 +88,7 @@ from specheads.evaluate.report import (
 )
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.atomic import write_text
-from specheads.heads.checkpoint import heads_adapter, target_for_heads
+from specheads.heads.checkpoint import heads_adapter
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import claim_results_folder, clear, hold_folder
 
@@ -291,7 +294,9 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(
             f"--tree takes one name or one per --heads directory ({len(args.heads)}), got {args.tree}"
         )
-    if args.calibration_prompts is not None and (not tree_auto(args) or args.calibration_prompts < 1):
+    if args.calibration_prompts is not None and (
+        args.tree and not tree_auto(args) or args.calibration_prompts < 1
+    ):
         raise ValueError(
             f"--calibration-prompts must be >= 1, with --tree auto; got {args.calibration_prompts}"
         )
@@ -303,39 +308,10 @@ def _check_args(args: argparse.Namespace) -> None:
         check_matplotlib()
 
 
-def head_names(configs: list[dict[str, Any]], dirs: list[str]) -> list[str]:
-    """Each heads directory's name in the results: its method, or method:folder when methods repeat."""
-    methods = [c["method"] for c in configs]
-    names = [m if methods.count(m) == 1 else f"{m}:{Path(d).name}" for m, d in zip(methods, dirs)]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise ValueError(
-            f"--heads: two directories would both be called {repeated}; give them distinct folder names"
-        )
-    return names
-
-
-def adapted_target(target: FrozenTarget, heads_dirs: list[str]) -> FrozenTarget:
-    """`target`, or with the Medusa-2 adapter of the one heads directory that carries one merged in.
-
-    Every method and peer of a comparison decodes one model; an adapted target is another model,
-    so heads that carry an adapter are compared on their own.
-    """
-    if len(heads_dirs) == 1:
-        return target_for_heads(target, heads_dirs[0])
-    adapted = [path for path in heads_dirs if heads_adapter(path) is not None]
-    if adapted:
-        raise ValueError(
-            f"heads {adapted[0]} carry a Medusa-2 adapter, which makes the target another model: "
-            "compare them on their own (one --heads), not beside heads of the plain target"
-        )
-    return target
-
-
 def build_methods(
-    args: argparse.Namespace, target: FrozenTarget, peers: list[str], configs: list[dict]
+    args: argparse.Namespace, target: FrozenTarget, peers: list[str], configs: list[dict], trees: list
 ) -> dict[str, tuple[str, Method]]:
-    """name -> (method kind, method): the peers, then each heads directory."""
+    """name -> (method kind, method): the peers, then each heads directory with its tree (`trees_for`)."""
     methods: dict[str, tuple[str, Method]] = {BASELINE: (BASELINE, GeneratePeer(target))}
     if "prompt-lookup" in peers:
         methods["prompt-lookup"] = (
@@ -348,9 +324,6 @@ def build_methods(
             target, draft, draft_tokenizer, args.assistant_tokens, args.assistant_confidence, args.draft_model
         )
         methods["assisted"] = ("assisted", peer)
-    trees = args.tree if args.tree and len(args.tree) == len(args.heads) else [None] * len(args.heads)
-    if args.tree and len(args.tree) == 1:
-        trees = args.tree * len(args.heads)  # one name for every heads directory
     for name, path, tree in zip(head_names(configs, args.heads), args.heads, trees):
         heads, config = load_heads(
             path,
@@ -520,7 +493,8 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
     configs = [read_head_config(path) for path in options.heads]  # a foreign checkpoint fails before loading
     head_names(configs, options.heads)
     target_path = resolve_target(options.target)  # a named target (tiny, smollm2) is found or built here
-    auto = tree_auto(options)
+    trees = trees_for(options.tree, [c["method"] for c in configs], calibrates=True)
+    auto = "auto" in trees
     conversations = read_conversations(
         options.prompts,
         target_path,
@@ -528,6 +502,14 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
         None if auto else options.num_prompts,
         options.max_turns,
     )
+    if not options.tree and auto and options.calibration_prompts is None:
+        if not holds_out(len(conversations), None, options.num_prompts):  # too few to hold some out
+            trees, auto = trees_for(None, [c["method"] for c in configs], calibrates=False), False
+    if options.calibration_prompts is not None and not auto:
+        raise ValueError(
+            f"--calibration-prompts must be >= 1, with --tree auto; got {options.calibration_prompts}, and no "
+            "heads directory's default tree is auto here"
+        )
     held_out, conversations = (
         hold_out(conversations, options.calibration_prompts) if auto else ([], conversations)
     )
@@ -541,7 +523,7 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
     tokenizer = target.tokenizer
     if tokenizer is None:
         raise ValueError(f"target {options.target!r} has no tokenizer; compare needs one to encode prompts")
-    methods = build_methods(options, target, peers, configs)
+    methods = build_methods(options, target, peers, configs, trees)
     templated = not options.no_chat_template and getattr(tokenizer, "chat_template", None) is not None
     templated = templated and any(c.chat for c in conversations)
     settings = TurnSettings(

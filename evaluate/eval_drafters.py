@@ -57,6 +57,22 @@ def add_tree_argument(parser, *, per_heads: bool = False, auto: bool = False) ->
     parser.add_argument("--tree", nargs="*" if per_heads else None, default=None, help=help)
 
 
+def tree_by_default(method: str | None, calibrates: bool) -> str | None:
+    """The tree of a run whose `--tree` names none: its method's `default_tree` (the method table), its
+    "auto" only where the run can calibrate (`calibrates`: greedy, one prompt at a time, prompts enough to
+    hold some out); otherwise None, the drafter's own default (`drafter_for`)."""
+    entry = methods().get(method)
+    tree = None if entry is None else entry.default_tree
+    return None if tree == "auto" and not calibrates else tree
+
+
+def trees_for(trees: list[str] | None, heads_methods: list[str], calibrates: bool) -> list[str | None]:
+    """`compare --tree`: one name for every heads directory, one each, or none: each one's default."""
+    if trees:
+        return trees * len(heads_methods) if len(trees) == 1 else list(trees)
+    return [tree_by_default(method, calibrates) for method in heads_methods]
+
+
 def dynamic_size(tree: str | None) -> int | None:
     """N of a `dynamic[-N]` tree name (the default size for plain `dynamic`); None for any other name."""
     if tree is None or not tree.startswith("dynamic"):

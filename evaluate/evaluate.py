@@ -220,7 +220,9 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: no CUDA device is available here")
-    if args.calibration_prompts is not None and (args.tree != "auto" or args.calibration_prompts < 1):
+    if args.calibration_prompts is not None and (
+        args.tree not in ("auto", None) or args.calibration_prompts < 1
+    ):
         raise ValueError(
             f"--calibration-prompts must be >= 1, with --tree auto; got {args.calibration_prompts}"
         )

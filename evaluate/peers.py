@@ -34,6 +34,7 @@ from specheads.evaluate.calibrate import CalibrationSettings, calibrated_once
 from specheads.evaluate.evaluate import baseline_generate
 from specheads.evaluate.progress import Progress
 from specheads.heads import FrozenTarget, vocab_hash
+from specheads.heads.checkpoint import heads_adapter, target_for_heads
 
 BASELINE = "generate"
 PEERS = ("generate", "prompt-lookup", "assisted")
@@ -334,3 +335,32 @@ def calibrate_heads(
     for name, (kind, method) in methods.items():
         if isinstance(method, CalibratedHeads):
             methods[name] = (kind, method.heads_method(progress, f"calibration:{name}", prompts, settings))
+
+
+def head_names(configs: list[dict[str, Any]], dirs: list[str]) -> list[str]:
+    """Each heads directory's name in the results: its method, or method:folder when methods repeat."""
+    methods = [c["method"] for c in configs]
+    names = [m if methods.count(m) == 1 else f"{m}:{Path(d).name}" for m, d in zip(methods, dirs)]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(
+            f"--heads: two directories would both be called {repeated}; give them distinct folder names"
+        )
+    return names
+
+
+def adapted_target(target: FrozenTarget, heads_dirs: list[str]) -> FrozenTarget:
+    """`target`, or with the Medusa-2 adapter of the one heads directory that carries one merged in.
+
+    Every method and peer of a comparison decodes one model; an adapted target is another model,
+    so heads that carry an adapter are compared on their own.
+    """
+    if len(heads_dirs) == 1:
+        return target_for_heads(target, heads_dirs[0])
+    adapted = [path for path in heads_dirs if heads_adapter(path) is not None]
+    if adapted:
+        raise ValueError(
+            f"heads {adapted[0]} carry a Medusa-2 adapter, which makes the target another model: "
+            "compare them on their own (one --heads), not beside heads of the plain target"
+        )
+    return target

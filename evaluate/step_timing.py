@@ -1,20 +1,22 @@
 """Step and draft timings on this machine, for `--tree auto` (evaluate/calibrate.py).
 
 A target step (the decoder's own step: tree inputs, the tree forward, greedy verification, compaction) is
-timed per tree size on a binary tree of that many nodes, and a drafter's `propose` per drafter, both on a cache of realistic length,
+timed per tree size on a binary tree of that many nodes, and a drafter's `propose` once per kind of work
+(`same_work`: EAGLE-2 drafters of one depth grow the same candidates), both on a cache of realistic length,
 interleaved over the repeats after an untimed round; each keeps its fastest run.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 import torch
 
 from specheads.decode.decoder import SpeculativeDecoder
 from specheads.decode.drafters import DraftContext, Drafter
+from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.kv_cache import new_cache
 from specheads.decode.trees import DraftTree
 from specheads.heads.target import FrozenTarget
@@ -97,7 +99,8 @@ class MeasuredTimer:
 
     def drafts(self, drafters: Sequence[Drafter]) -> list[float]:
         """Per drafter: `propose`, advancing one token a call from `start` cached positions (a call at step 0,
-        untimed, fills a stateful drafter's cache)."""
+        untimed, fills a stateful drafter's cache). Drafters that do the same work (`same_work`) are timed
+        once, by the first of them."""
 
         def context(i: int) -> DraftContext:  # i = 0: `start` positions new; then one more per call
             cached = self.start + i
@@ -105,14 +108,28 @@ class MeasuredTimer:
             features = {layer: h[:, rows] for layer, h in self.hidden.items()}
             return DraftContext(self.sequence[:, : cached + 1], features, step=i)
 
+        timed: dict[Hashable, Drafter] = {}
         for drafter in drafters:
+            timed.setdefault(same_work(drafter), drafter)
+        for drafter in timed.values():
             drafter.propose(context(0))
-        seconds: list[list[float]] = [[] for _ in drafters]
+        seconds: dict[Hashable, list[float]] = {key: [] for key in timed}
         for i in range(1, self.repeats + 2):
             calls = context(i)
-            for drafter, kept in zip(drafters, seconds):
-                kept.append(self._seconds(lambda drafter=drafter, calls=calls: drafter.propose(calls)))
-        return [min(s[1:]) for s in seconds]
+            for key, drafter in timed.items():
+                seconds[key].append(
+                    self._seconds(lambda drafter=drafter, calls=calls: drafter.propose(calls))
+                )
+        return [min(seconds[same_work(drafter)][1:]) for drafter in drafters]
+
+
+def same_work(drafter: Drafter) -> Hashable:
+    """What decides the work of a drafter's `propose`: EAGLE-2 drafters of one head, top_k and depth grow the
+    same candidates whatever number they keep (calibrate.timed shares their time too); any other drafter is
+    its own."""
+    if isinstance(drafter, EagleDrafter) and drafter.tree is None:
+        return ("dynamic", id(drafter.head), drafter.top_k, drafter.depth)
+    return id(drafter)
 
 
 class _Fixed:

@@ -53,6 +53,8 @@ class Method:
             greedy sequences) for `--tree auto`; None: the method has no calibration.
         max_tree_depth(heads, settings) -> the deepest tree a draft reaches.
         check_tree(tree): refuse a `--tree` name its drafter cannot use, before any work.
+        default_tree: the `--tree` of an eval or compare that names none: "auto" (calibrated, where the run
+            can calibrate), or None: the drafter's own default (evaluate/eval_drafters.tree_by_default).
     Export:
         export_formats: the `specheads export` formats that hold its heads.
         refused_formats: format -> why it cannot hold them, where a user would expect it to.
@@ -82,6 +84,7 @@ class Method:
     calibrate: Callable[..., tuple] | None = None
     max_tree_depth: Callable[[Any, Any], int] = lambda heads, settings: settings.max_depth
     check_tree: Callable[[str], None] = lambda tree: None
+    default_tree: str | None = None
     export_formats: tuple[str, ...] = ()
     refused_formats: dict[str, str] = field(default_factory=dict)
 

@@ -6,7 +6,7 @@ Decoded over EAGLE-1 static trees of its own top-k ranks, or EAGLE-2 dynamic tre
 
 from __future__ import annotations
 
-from specheads.evaluate.calibrate import calibrate_eagle
+from specheads.evaluate.calibrate_dynamic import calibrate_eagle
 from specheads.evaluate.eval_drafters import eagle_drafter_for
 from specheads.heads import EagleConfig, EagleHead, layer_config_from
 from specheads.heads.methods import Method

@@ -19,7 +19,7 @@ from specheads.decode.kv_cache import compact_cache
 from specheads.decode.step import speculative_step
 from specheads.decode.tree_inputs import additive_mask
 from specheads.decode.trees import DraftTree
-from specheads.evaluate.calibrate import record_dynamic_steps
+from specheads.evaluate.calibrate_dynamic import record_dynamic_steps
 from specheads.evaluate.step_timing import MeasuredTimer
 from specheads.heads import EagleConfig, EagleHead, FrozenTarget, MedusaConfig, MedusaHeads, layer_config_from
 

@@ -1,6 +1,7 @@
 """Calibrated trees (`specheads eval --tree auto`): the acceptance estimates, their replay, the choice, and
 the command end to end. Timings are injected where a choice is checked; none is asserted."""
 
+import dataclasses
 import json
 import shlex
 import shutil
@@ -12,6 +13,7 @@ from torch import nn
 
 from specheads.cli import main as cli
 from specheads.decode import (
+    DraftTree,
     MedusaDrafter,
     SpeculativeDecoder,
     StaticTree,
@@ -26,20 +28,28 @@ from specheads.evaluate.calibrate import (
     MEDUSA_RANKS,
     CalibrationSettings,
     Candidate,
-    DynamicStep,
-    _ValueRecorder,
     calibrated_drafter,
     choose,
     decode_accept_length,
-    dynamic_accept_length,
     greedy_sequence,
-    kept_nodes,
+    holds_out,
     medusa_candidates,
     medusa_ranks,
     rank_accuracies,
     static_accept_length,
     timed,
 )
+from specheads.evaluate.calibrate_dynamic import (
+    DynamicStep,
+    _ValueRecorder,
+    dynamic_accept_length,
+    dynamic_accept_lengths,
+    kept_nodes,
+    node_depths,
+    record_dynamic_steps,
+)
+from specheads.evaluate.eval_drafters import tree_by_default, trees_for
+from specheads.evaluate.step_timing import MeasuredTimer, same_work
 from specheads.heads import (
     EagleConfig,
     EagleHead,
@@ -49,6 +59,8 @@ from specheads.heads import (
     layer_config_from,
     save_heads,
 )
+from specheads.heads.methods import methods, register
+from specheads.train.eagle_losses import eagle_loss
 
 from helpers import tiny_model
 
@@ -271,6 +283,76 @@ def test_replayed_dynamic_trees_are_the_drafters_own(target):
         assert parents.tolist() == own.parents[0].tolist(), (d, n)
 
 
+def test_node_depths_are_the_trees_own():
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 5, 40, 265):
+        parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)])
+        tree = DraftTree(tokens=torch.zeros(1, n, dtype=torch.long), parents=parents[None])
+        assert torch.equal(node_depths(parents), tree.depths[0]), n
+
+
+def trained_eagle_head(target: FrozenTarget, prompts: torch.Tensor, steps: int = 60) -> EagleHead:
+    """An EAGLE head fitted to the target's greedy continuations of `prompts` (B, T): one that is accepted."""
+    sequences = target.model.generate(
+        prompts, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    b, t = sequences.shape
+    head = eagle_head(target).train()
+    out = target(sequences, capture=head.capture_layers)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss, _ = eagle_loss(
+            head,
+            out.hidden[target.layer_id(-1)],
+            sequences,
+            torch.ones(b, t),
+            torch.arange(t).expand(b, t),
+            out.logits,
+            target.embed_tokens,
+            target.lm_head,
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return head.eval()
+
+
+def test_replayed_dynamic_tau_is_what_the_decoder_gets(target):
+    """Recording only the roots some shape's walk reaches, and verifying only the nodes some shape keeps,
+    gives each shape the τ that decoding with its own EagleDrafter gets, exactly."""
+    prompts = torch.randint(0, 256, (4, 8), generator=torch.Generator().manual_seed(0))
+    head, prompts = trained_eagle_head(target, prompts), list(prompts[:3].split(1))
+    shapes = [(1, 2), (1, 4), (2, 4), (2, 8), (3, 8), (3, 16), (3, 32)]
+    steps, _ = record_dynamic_steps(target, head, prompts, shapes, top_k=3, depth=3, max_new_tokens=24)
+    for (depth, nodes), tau in zip(shapes, dynamic_accept_lengths(steps, shapes)):
+        drafter = EagleDrafter(head, target, top_k=3, depth=depth, total_tokens=nodes)
+        lengths = [
+            n for p in prompts for n in SpeculativeDecoder(target, drafter).generate(p, 24).accept_lengths
+        ]
+        assert tau == pytest.approx(sum(lengths) / len(lengths)), (depth, nodes)
+        assert dynamic_accept_length(steps, depth, nodes) == tau
+    assert max(lengths) >= 3  # the deepest trees accept whole paths: the case has teeth
+    assert [len(taken) for taken in steps] == [23, 23, 23]  # a root per new token but the last
+    assert sum(step is None for taken in steps for step in taken) > 0  # roots no walk reaches: skipped
+
+
+def test_timer_drafts_once_per_kind_of_work(target):
+    """EAGLE-2 drafters of one depth grow the same candidates: one of them is timed for all."""
+    head, calls = eagle_head(target), []
+
+    class Counted(EagleDrafter):
+        def propose(self, context):
+            calls.append((self.depth, self.total_tokens))
+            return super().propose(context)
+
+    drafters = [Counted(head, target, top_k=3, depth=d, total_tokens=n) for d, n in [(1, 2), (1, 4), (2, 4)]]
+    sequence = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(3))
+    timer = MeasuredTimer(target, drafters[0].capture_layers, sequence, start=12, repeats=2)
+    seconds = timer.drafts(drafters)
+    assert seconds[0] == seconds[1] and sorted(set(calls)) == [(1, 2), (2, 4)]
+    assert same_work(drafters[0]) == same_work(drafters[1]) != same_work(drafters[2])
+
+
 def test_eagle_calibration_with_injected_timings(target):
     head = eagle_head(target)
     prompts = [
@@ -434,3 +516,89 @@ def test_a_stopped_tree_auto_eval_resumes_with_its_calibrated_tree(
         "identical_to_baseline",
     ):
         assert resumed[key] == reference[key]
+
+
+# -- the default tree: the method's `default_tree`, auto only where the run can calibrate ----------------------
+
+
+@pytest.fixture
+def eagle_calibrates_by_default():
+    """EAGLE's entry with default_tree "auto" for the test (the built-in entries keep their fixed trees)."""
+    entry = methods()["eagle"]
+    register(dataclasses.replace(entry, default_tree="auto"), replace=True)
+    yield
+    register(entry, replace=True)
+
+
+def test_tree_by_default_only_where_the_run_can_calibrate(eagle_calibrates_by_default):
+    assert tree_by_default("eagle", calibrates=True) == "auto"
+    assert tree_by_default("eagle", calibrates=False) is None  # sampling, batches: the fixed default
+    assert tree_by_default("medusa", calibrates=True) is None and tree_by_default("hydra", True) is None
+    assert trees_for(None, ["medusa", "eagle"], calibrates=True) == [None, "auto"]
+    assert trees_for(["chain-4"], ["medusa", "eagle"], calibrates=True) == ["chain-4", "chain-4"]  # named
+    assert holds_out(5, None, None) and not holds_out(4, None, None)  # 4 held out by default, 1 evaluated
+    assert holds_out(6, 2, 4) and not holds_out(6, 2, 5)
+
+
+SIX = QUESTIONS + [
+    {"question_id": 4, "category": "coding", "turns": ["What is a list comprehension?"]},
+    {"question_id": 5, "category": "writing", "turns": ["Name three rivers."]},
+    {"question_id": 6, "category": "coding", "turns": ["Why use a set?"]},
+]
+
+
+def test_eval_takes_the_default_tree_and_a_named_one_over_it(setup, tmp_path, eagle_calibrates_by_default):
+    questions = tmp_path / "six.jsonl"
+    questions.write_text("".join(json.dumps(q) + "\n" for q in SIX))
+
+    def results(out, *extra):
+        args = eval_args(setup, tmp_path / out, "eagle", *extra)
+        args[args.index("--prompts") + 1] = str(questions)
+        assert cli(args) == 0
+        return json.loads((tmp_path / out / "results.json").read_text())
+
+    # no --tree: calibrated on the last 4 prompts, the others evaluated; recorded as `--tree auto` records it
+    auto = results("auto")
+    assert auto["tree"] == auto["calibration"]["chosen"] and auto["tree"]["name"].startswith("auto-")
+    assert auto["calibration"]["prompts"]["ids"] == ["3", "4", "5", "6"]
+    assert [r["id"] for r in auto["per_prompt"]] == ["1", "2"] and auto["identical_to_baseline"] == "2/2"
+    command = shlex.split(auto["command"])
+    assert command[command.index("--tree") + 1] == "auto"
+    # --calibration-prompts without --tree: the default calibrates on that many
+    assert results("one", "--calibration-prompts", "1")["calibration"]["prompts"]["ids"] == ["6"]
+    # a named tree wins over the default; too few prompts to hold 4 out and evaluate 3, or sampling: the
+    # fixed default. Nothing is held out: the first prompts are evaluated
+    for out, extra, tree in [
+        ("named", ["--tree", "dynamic-12", "--num-prompts", "3"], "dynamic-12"),
+        ("few", ["--num-prompts", "3"], "dynamic-32"),
+        ("sampled", ["--temperature", "0.7", "--num-prompts", "2"], "dynamic-32"),
+    ]:
+        fixed = results(out, *extra)
+        assert fixed["tree"]["name"] == tree and "calibration" not in fixed, out
+        assert [r["id"] for r in fixed["per_prompt"]] == ["1", "2", "3"][: 2 if out == "sampled" else 3], out
+
+
+def test_compare_takes_each_heads_default_tree(setup, tmp_path, eagle_calibrates_by_default):
+    questions = tmp_path / "six.jsonl"
+    questions.write_text("".join(json.dumps(q) + "\n" for q in SIX))
+    out = tmp_path / "out"
+    args = ["compare", "--target", str(setup["target"]), "--prompts", str(questions), "--out", str(out)]
+    args += ["--heads", str(setup["root"] / "medusa"), str(setup["root"] / "eagle"), "--peers", "generate"]
+    args += ["--max-new-tokens", "12", "--warmup", "0", "--no-plots", "--no-progress"]
+    assert cli(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    medusa, eagle = (m["settings"] for m in results["methods"][1:])
+    assert medusa["tree"]["name"] == "medusa-31" and "calibration" not in medusa  # Medusa's fixed default
+    assert eagle["tree"] == eagle["calibration"]["chosen"] and eagle["tree"]["name"].startswith("auto-")
+    assert results["prompts"]["calibration"] == ["3", "4", "5", "6"] and len(results["order"]) == 2
+    assert "--tree" not in shlex.split(results["command"])  # the same defaults reproduce it
+
+
+def test_calibration_prompts_without_tree_need_a_default_auto(setup, tmp_path):
+    """Medusa's default tree is fixed: --calibration-prompts without --tree is refused, as with a named tree."""
+    with pytest.raises(ValueError, match="--calibration-prompts must be >= 1, with --tree auto"):
+        cli(eval_args(setup, tmp_path / "eval", "medusa", "--calibration-prompts", "1"))
+    args = ["compare", "--target", str(setup["target"]), "--prompts", str(setup["questions"]), "--out"]
+    args += [str(tmp_path / "compare"), "--heads", str(setup["root"] / "medusa"), "--peers", "generate"]
+    with pytest.raises(ValueError, match="no heads directory's default tree is auto"):
+        cli([*args, "--calibration-prompts", "1", "--no-plots"])
