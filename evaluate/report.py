@@ -22,7 +22,8 @@ DEFINITIONS = {
     "accept_rate_per_depth": "[d-1] = fraction of all steps that accepted at least d draft tokens "
     "(accept length >= d + 1), d = 1 .. tree depth",
     "tokens_per_second": "total new tokens / total wall seconds of the decoder's generate calls (prefill included)",
-    "baseline_tokens_per_second": "the same for the target's own generate(do_sample=False)",
+    "baseline_tokens_per_second": "the same for the target's own generate() with the same settings (results.json's "
+    "sampling.baseline: generate(do_sample=False) when greedy)",
     "speedup": "tokens_per_second / baseline_tokens_per_second (same prompts, same machine, same run)",
     "identical_to_baseline": "prompts whose output equals the baseline's token for token / prompts; "
     "null when sampling",
@@ -119,8 +120,12 @@ def render_report(results: dict[str, Any]) -> str:
         "",
         f"- τ: tokens per speculative step, bonus included (1.0 = autoregressive): "
         f"{results['new_tokens']} new tokens, {results['steps']} steps. Accept rate per depth: {rates}.",
-        "- speedup: tokens/s over the target's own `generate(do_sample=False)`, same prompts, same run; "
-        "identical: outputs equal to it token for token.",
+        f"- speedup: tokens/s over the target's own `{results['sampling']['baseline']}`, same prompts, same run; "
+        + (
+            "identical: outputs equal to it token for token."
+            if not results["sampling"]["do_sample"]
+            else "identical is not measured: sampled outputs differ from it by chance."
+        ),
         f"- tree `{tree['name']}` ({tree['nodes']} nodes, depth {tree['depth']}); heads `{results['heads']['path']}`; "
         f"prompts `{results['prompts']['source']}`; {results['max_new_tokens']} new tokens at most.",
         f"- {environment(results)}.",

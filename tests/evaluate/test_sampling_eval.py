@@ -88,6 +88,9 @@ def test_sampled_eval_records_its_settings_and_is_reproducible(setup, tmp_path):
     report = (tmp_path / "a" / "report.md").read_text()
     assert "- sampled: temperature 0.8, top-k 20, top-p 0.9, seed 3" in report
     assert "| medusa | 2 |" in report and report.count("| – |") >= 3  # identical is not measured
+    # the speedup is over the sampled baseline, and the report says so (it named the greedy one)
+    assert "- speedup: tokens/s over the target's own `generate(do_sample=True, temperature=0.8" in report
+    assert "do_sample=False" not in report
     # the command spells out the sampling flags: parsed again, it gives this run's arguments
     parser = argparse.ArgumentParser()
     eval_command.add_arguments(parser)
