@@ -53,13 +53,18 @@ from modelopt.torch.utils.plugins.transformers_dataset import LanguageDataCollat
 
 RECIPE = "general/speculative_decoding/eagle3"  # the wheel's modelopt_recipes
 
-torch.manual_seed(0)  # main.py, at import: the draft's initial weights (its Trainer seeds only the data order)
+torch.manual_seed(
+    0
+)  # main.py, at import: the draft's initial weights (its Trainer seeds only the data order)
 mto.enable_huggingface_checkpointing()
 
 # main.py's: the recipe's training fields over transformers.TrainingArguments
 HfTrainingArguments = dataclasses.make_dataclass(
     "HfTrainingArguments",
-    [(n, f.annotation, dataclasses.field(default=f.default)) for n, f in SpecTrainingArgs.model_fields.items()],
+    [
+        (n, f.annotation, dataclasses.field(default=f.default))
+        for n, f in SpecTrainingArgs.model_fields.items()
+    ],
     bases=(transformers.TrainingArguments,),
 )
 # What make_dataclass sets itself from Python 3.12; on 3.11 the class says it is types.HfTrainingArguments

@@ -2,12 +2,15 @@
 tests/consumers/test_consumer_trainers.py runs the peers' trainers)."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_trainers.py"
-spec = importlib.util.spec_from_file_location("bench_trainers", SCRIPT)
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+sys.path.insert(0, str(SCRIPTS))  # as running the script puts its folder first: its report module beside it
+spec = importlib.util.spec_from_file_location("bench_trainers", SCRIPTS / "bench_trainers.py")
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
+report = sys.modules["bench_trainers_report"]
 
 
 def test_eagle_budget_follows_main_py_split_epochs_and_batch():
@@ -56,7 +59,7 @@ def test_table_has_a_line_per_trainer_and_budget_with_the_range_and_runs_and_say
         row("EAGLE", "eagle-llm 1.2.1", 21, 2.0),
         row("EAGLE", "specheads", 21, 2.5),
     ]
-    table = bench.render_table(rows)
+    table = report.render_table(rows)
     lines = [line for line in table.splitlines() if line.startswith("| ")]
     assert len(lines) == 1 + len(rows)  # the header and one line a (trainer, budget): one run each here
     assert (
@@ -76,7 +79,7 @@ def test_table_has_a_line_per_trainer_and_budget_with_the_range_and_runs_and_say
     assert "6 epochs of 40 rows: ours" not in table
     # the same epochs over other rows are another budget: another line, and the verdict at the larger
     more = [{**r, "budget": bench.medusa_budget(128, 6)} for r in rows[:2]]
-    table = bench.render_table(rows[:2] + more)
+    table = report.render_table(rows[:2] + more)
     assert len([line for line in table.splitlines() if line.startswith("| Medusa")]) == 4
     assert "Medusa, 6 epochs of 128 rows: ours LOSES" in table and "of 40 rows" not in table
 
@@ -87,7 +90,7 @@ def test_repeated_runs_give_one_line_with_mean_min_max_and_n_and_overlapping_ran
     ]
     rows += [row("Medusa", "specheads", 6, t, identical="12/12") for t in (1.6, 1.8, 2.0)]
     rows += [row("Medusa", "specheads (decay 1)", 6, t) for t in (1.5, 1.9)]
-    table = bench.render_table(rows)
+    table = report.render_table(rows)
     assert "| Medusa | medusa-llm 0.1 | 6 | 12 x 32 | 6000 | 1.60 [1.50-1.70] | 2 | 24/24 | 15.0 |" in table
     assert "| Medusa | specheads | 6 | 12 x 32 | 6000 | 1.80 [1.60-2.00] | 3 | 36/36 |" in table
     assert (
@@ -102,8 +105,8 @@ def test_repeated_runs_give_one_line_with_mean_min_max_and_n_and_overlapping_ran
     apart = [row("Medusa", "medusa-llm 0.1", 6, t) for t in (1.5, 1.6)] + [
         row("Medusa", "specheads", 6, t) for t in (1.65, 1.7)
     ]
-    assert "ours wins against medusa-llm 0.1" in bench.render_table(apart)
-    assert bench.tau_range([row("Medusa", "x", 6, None)])["n"] == 0
+    assert "ours wins against medusa-llm 0.1" in report.render_table(apart)
+    assert report.tau_range([row("Medusa", "x", 6, None)])["n"] == 0
 
 
 def test_ablations_are_medusa_llms_settings_as_our_recipe_overrides():
@@ -125,7 +128,7 @@ def test_rows_of_methods_not_run_are_carried_from_the_report_with_their_command(
     (tmp_path / "bench_trainers.json").write_text(bench.json.dumps(old))
     rows, origin = bench.carried_rows(tmp_path, ["medusa"])
     assert [r["method"] for r in rows] == ["EAGLE"] and origin["EAGLE"]["command"] == "bench --methods eagle"
-    assert "from an earlier run: bench --methods eagle" in bench.render_table(rows)
+    assert "from an earlier run: bench --methods eagle" in report.render_table(rows)
     assert bench.carried_rows(tmp_path, ["eagle", "medusa"])[0] == []
     assert bench.carried_rows(tmp_path / "none", ["medusa"]) == ([], {})
 
@@ -142,7 +145,7 @@ def test_plot_writes_a_png(tmp_path):
         row("EAGLE", "x", 6, 2.0),
         row("EAGLE", "x", 6, 2.2),
     ]
-    bench.plot(rows, tmp_path / "curve.png")
+    report.plot(rows, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
