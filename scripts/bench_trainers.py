@@ -101,6 +101,48 @@ PEER_CHANGES = {
         "the trainer_run.py shims (transformers 5 API, the heads' save, the tokenizer path)",
     ],
 }
+# Model Optimizer 0.47.0's EAGLE-3 recipe (modelopt_recipes/general/speculative_decoding/eagle3.yaml, what
+# examples/speculative_decoding/main.py trains with), less what cannot run here or must match ours: each
+# override below is listed among the row's changes (MODELOPT_CHANGES). The draft layer is the target's
+# (ours: Eagle3Head's stock layer); the recipe's is a Llama-3-8B layer (14336, 32 x 128, 8 KV heads).
+MODELOPT = "modelopt 0.47.0"
+MODELOPT_AUX_LAYERS = [0, 1, 2]  # its 0-based layer outputs = our recipe's HF hidden_states 1, 2, 3
+MODELOPT_DRAFT_VOCAB = 2048  # our recipe's draft_vocab_size (modelopt's recipe: the whole vocabulary)
+MODELOPT_CPU = {
+    "training.bf16": False,
+    "training.tf32": False,
+    "training.report_to": "none",
+    "training.disable_tqdm": True,
+    "training.logging_steps": 1,
+    "eagle.eagle_use_torch_compile": False,
+}
+# modelopt with one or more ('+'-joined) of our recipe's settings, to see what its defaults cost in this
+# budget (its warm-up of 1000 steps at lr 1e-4 never ends here): recipe overrides at a budget.
+MODELOPT_VARIANTS = {
+    "lr 1e-3": lambda b: {"training.learning_rate": 1e-3},  # ours
+    "warmup 10%": lambda b: {"training.warmup_steps": warmup_like_hf(b["steps"], 0.1)},  # its 1000 steps
+}
+MODELOPT_CHANGES = [
+    "the steps of its examples/speculative_decoding (calibrate_draft_vocab.py, main.py, export_hf_checkpoint.py) "
+    "with the wheel's functions in tests/consumers/modelopt_train.py (the scripts are not in the wheel): its "
+    "recipe eagle3.yaml, HF Trainer and export, without the example's accuracy-logging Trainer subclass and "
+    "plot callback; HfTrainingArguments.__module__ set (Python 3.11's make_dataclass leaves 'types', which "
+    "the Trainer's final save cannot pickle)",
+    "CPU fp32: bf16, tf32 and eagle_use_torch_compile false (recipe: true); logging_steps 1, report_to none",
+    "num_train_epochs E, per_device_train_batch_size B for the budget (recipe: 1, 1); training_seq_len "
+    "--max-length (recipe: 2048; every row padded to it, as its collator does)",
+    "the draft layer sized to the target's (intermediate 352, 2 heads of 64, 2 KV heads, fp32; recipe: an 8B "
+    "layer)",
+    "aux layers [0, 1, 2] = ours' HF 1, 2, 3 (its default for 4 layers: [0, 1])",
+    "draft vocabulary the size of ours, by its calibrate_frequent_vocab over the rows (recipe: the whole "
+    "vocabulary), its ids put in id order (import-heads refuses its frequency order)",
+    "exported without the recipe's YaRN rope_scaling (factor 32, on a draft trained without it; its "
+    "`eagle_export_rope_scaling={}` override merges into the default and keeps it)",
+    "decoded as vLLM and SGLang read its export: layer 0 normalises the fused state once, where its training "
+    "forward normalised it twice (tests/consumers/modelopt_run.py)",
+    "answer_only_loss false kept (its loss on every token of the chat; ours on the answer's); seed S is its "
+    "training.seed (data order), main.py seeds the draft's initial weights with 0",
+]
 OUR_CHANGES = {
     "eagle": [
         "data, max_steps, batch_size for the budget",
@@ -110,6 +152,10 @@ OUR_CHANGES = {
         "data, max_steps, batch_size, grad_accum for the budget",
         "num_heads=3 (the peer's; the recipe has 4) so both decode with the same tree",
         "loss_on=assistant (chat rows)",
+    ],
+    "eagle3": [
+        "data, max_steps, batch_size for the budget",
+        "loss_on=assistant (chat rows; the recipe's text rows use all)",
     ],
 }
 
@@ -158,6 +204,52 @@ def medusa_budget(rows: int, epochs: int, batch: int = 8, grad_accum: int = 4) -
     steps = epochs * math.ceil(micro / grad_accum)
     return {"peer_rows": rows, "epochs": epochs, "batch": batch, "grad_accum": min(grad_accum, micro),
             "steps": steps, "rows_seen": epochs * rows}  # fmt: skip
+
+
+def eagle3_budget(rows: int, epochs: int, batch: int) -> dict:
+    """modelopt's main.py (HF Trainer, dataloader_drop_last true in its recipe, no accumulation) for `epochs`
+    epochs over `rows` at `batch`, and ours at its optimizer steps and batch."""
+    steps = epochs * (rows // batch)
+    return {"peer_rows": rows, "epochs": epochs, "batch": batch, "grad_accum": 1, "steps": steps,
+            "rows_seen": steps * batch}  # fmt: skip
+
+
+def modelopt_job(ctx: dict, work: Path, budget: dict, seed: int, variant: str, draft_vocab: int) -> dict:
+    """modelopt_train.py's job: main.py's recipe overrides (a dotlist, as its command line takes them)."""
+    layer = json.loads((ctx["target"] / "config.json").read_text())
+    arch = {"intermediate_size": layer["intermediate_size"], "num_attention_heads": layer["num_attention_heads"],
+            "num_key_value_heads": layer["num_key_value_heads"], "head_dim": layer["head_dim"],
+            "rms_norm_eps": layer["rms_norm_eps"], "torch_dtype": "float32", "draft_vocab_size": draft_vocab,
+            "eagle_aux_hidden_state_layer_ids": MODELOPT_AUX_LAYERS}  # fmt: skip
+    overrides = {
+        "model.model_name_or_path": str(ctx["target"]),
+        "data.data_path": str(ctx["rows_path"]),
+        "data.draft_vocab_cache": str(work / "d2t.pt"),
+        "training.output_dir": str(work / "ckpt"),
+        "training.num_train_epochs": budget["epochs"],
+        "training.per_device_train_batch_size": budget["batch"],
+        "training.training_seq_len": ctx["max_length"],
+        "training.seed": seed,
+        **MODELOPT_CPU,
+        "eagle.eagle_architecture_config": arch,
+        **modelopt_variant(variant, budget),
+    }
+    dotlist = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
+    return {"target": str(ctx["target"]), "data": str(ctx["rows_path"]), "work": str(work), "overrides": dotlist,
+            "draft_vocab_size": draft_vocab, "draft_vocab_cache": str(work / "d2t.pt"),
+            "export_rope_scaling": {}}  # fmt: skip
+
+
+def modelopt_variant(names: str, budget: dict) -> dict:
+    """The recipe overrides of a '+'-joined list of MODELOPT_VARIANTS names ("defaults": none)."""
+    out = {}
+    for name in names.split("+"):
+        if name in ("", "defaults"):
+            continue
+        if name not in MODELOPT_VARIANTS:
+            raise SystemExit(f"--modelopt-variants: {name!r} is not one of {list(MODELOPT_VARIANTS)}")
+        out |= MODELOPT_VARIANTS[name](budget)
+    return out
 
 
 def tokens_seen(budget: dict, mean_row_tokens: float) -> int:
@@ -396,7 +488,15 @@ def run_eagle(args, ctx: dict) -> list[dict]:
 
 
 def ours_row(
-    method: str, budget: dict, extra: dict, tree: str, args, ctx: dict, seed: int = 0, variant: str = ""
+    method: str,
+    budget: dict,
+    extra: dict,
+    tree: str,
+    args,
+    ctx: dict,
+    seed: int = 0,
+    variant: str = "",
+    changes: list[str] | None = None,
 ) -> dict:
     """Train ours at `budget` (recipe overrides `extra`, the schedule scaled to the budget, `seed`), decode
     with `tree`, and give its table row; `variant` names an ablation (its overrides in `extra`)."""
@@ -406,10 +506,11 @@ def ours_row(
     load = load_average()
     got = train_ours(method, ctx["rows_path"], budget, out / name, extra)
     ev = evaluate(Path(got["heads"]), tree, out / f"eval-{name}", args.eval_prompts, args.eval_new_tokens)
-    label = {"eagle": "EAGLE", "medusa": "Medusa"}[method]
+    label = {"eagle": "EAGLE", "medusa": "Medusa", "eagle3": "EAGLE-3"}[method]
     trainer = "specheads" + (f" ({variant})" if variant else "")
     row = row_result(label, trainer, budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
-                     OUR_CHANGES[method], overrides=got["overrides"], seed=seed, load_average=load)  # fmt: skip
+                     changes or OUR_CHANGES[method], overrides=got["overrides"], seed=seed,
+                     load_average=load)  # fmt: skip
     print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
     return row
 
@@ -461,6 +562,69 @@ def medusa_llm_row(budget: dict, seed: int, args, ctx: dict) -> dict:
     row = row_result("Medusa", "medusa-llm 0.1", budget, ctx["vicuna_tokens"], ev, got["wall_s"],
                      got["maxrss_kb"] / 1024, PEER_CHANGES["medusa-llm"], seed=seed, load_average=load)  # fmt: skip
     print(f"  medusa-llm seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
+    return row
+
+
+def run_eagle3(args, ctx: dict) -> list[dict]:
+    """At each budget, largest first, seed by seed: modelopt (each of --modelopt-variants, --peer-seeds as
+    its training.seed) and ours (--seeds), both drafting over the same number of tokens (draft_vocab)."""
+    rows, n = ctx["rows"], len(ctx["conversations"])
+    vocab = min(MODELOPT_DRAFT_VOCAB, distinct_chat_tokens(ctx["target"], ctx["conversations"]))
+    ours_extra, ours_changes = {}, []
+    if vocab < MODELOPT_DRAFT_VOCAB:  # calibrate_frequent_vocab needs that many distinct tokens in the rows
+        ours_extra = {"draft_vocab_size": vocab}
+        ours_changes = [f"draft_vocab_size={vocab} (the rows' distinct tokens, all modelopt can calibrate; "
+                        f"the recipe's {MODELOPT_DRAFT_VOCAB})"]  # fmt: skip
+    variants = args.modelopt_variants.split(",")
+    for e in sorted(ints(args.eagle3_epochs), reverse=True):
+        budget = eagle3_budget(n, e, args.eagle3_batch)
+        print(
+            f"eagle3 {e} epochs: {budget['steps']} steps x {budget['batch']}, draft vocab {vocab}", flush=True
+        )
+        for seed in sorted(set(ints(args.peer_seeds)) | set(ints(args.seeds))):
+            for variant in variants if seed in ints(args.peer_seeds) else ():
+                rows.append(modelopt_row(budget, seed, variant, vocab, args, ctx))
+            if seed in ints(args.seeds):
+                rows.append(ours_row("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
+                                     changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
+    return rows
+
+
+def distinct_chat_tokens(target: Path, conversations: list) -> int:
+    """The distinct token ids of the rows' messages in the chat template, as calibrate_draft_vocab.py counts
+    them (all rows' messages as one conversation)."""
+    from transformers import AutoTokenizer
+
+    messages = [m for r in message_rows(conversations) for m in r["messages"]]
+    ids = AutoTokenizer.from_pretrained(target).apply_chat_template(messages, tokenize=True, return_dict=True)
+    return len(set(ids["input_ids"]))
+
+
+def modelopt_row(budget: dict, seed: int, variant: str, vocab: int, args, ctx: dict) -> dict:
+    """modelopt's EAGLE-3 training (modelopt_train.py, its recipe with `variant`) at `budget`, its export
+    imported and decoded."""
+    name = f"modelopt-e{budget['epochs']}-s{seed}" + (
+        "" if variant == "defaults" else "-" + variant.replace(" ", "_")
+    )
+    work = args.out / name.replace("%", "pc").replace("+", "-")
+    work.mkdir()
+    job = modelopt_job({**ctx, "max_length": args.max_length}, work, budget, seed, variant, vocab)
+    (work / "job.json").write_text(json.dumps(job, indent=1))
+    env = {**os.environ, "PYTHONPATH": str(ctx["modelopt_env"]), "HF_HUB_OFFLINE": "1"}
+    load = load_average()
+    cmd = [sys.executable, str(CONSUMERS / "modelopt_train.py"), str(work / "job.json")]
+    wall, rss = run_measured(cmd, work / "train.log", env=env)
+    got = json.loads((work / "out.json").read_text())
+    if got["global_step"] != budget["steps"]:
+        raise RuntimeError(f"{name}: modelopt took {got['global_step']} steps, the budget {budget['steps']}")
+    native = import_heads("eagle3", Path(got["export"]), ctx["target"], work / "native")
+    ev = evaluate(native, args.eagle_tree, work / "eval", args.eval_prompts, args.eval_new_tokens)
+    trainer = MODELOPT + ("" if variant == "defaults" else f" ({variant})")
+    losses = [h["loss"] for h in got["log_history"] if "loss" in h]
+    row = row_result("EAGLE-3", trainer, budget, ctx["chat_tokens"], ev, wall, rss, MODELOPT_CHANGES, seed=seed,
+                     load_average=load, overrides=job["overrides"], stages_s=got["seconds"],
+                     first_last_loss=[losses[0], losses[-1]] if losses else None)  # fmt: skip
+    print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
     return row
 
 
@@ -534,17 +698,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--eagle-epochs", default="11,21", help="learning-curve budgets (states main.py saves)")
     p.add_argument("--medusa-epochs", default="2,6")
+    p.add_argument("--eagle3-rows", type=int, default=32, help="conversations for EAGLE-3 (the first N)")
+    p.add_argument("--eagle3-epochs", default="10", help="modelopt's num_train_epochs (each trained afresh)")
+    p.add_argument("--eagle3-batch", type=int, default=4, help="both trainers' batch (modelopt's recipe: 1)")
+    p.add_argument(
+        "--modelopt-variants",
+        default="defaults,lr 1e-3+warmup 10%",
+        help=f"modelopt's recipe ('defaults') and with some of our settings: comma-separated, each one or "
+        f"several of {list(MODELOPT_VARIANTS)} joined by '+'".replace("%", "%%"),
+    )
     p.add_argument(
         "--eagle-lrs", default=f"{EAGLE_LR:g},1e-3", help="eagle-llm --lr values (its default first)"
     )
-    p.add_argument("--eagle-tree", default="dynamic")
+    p.add_argument("--eagle-tree", default="dynamic", help="EAGLE and EAGLE-3")
     p.add_argument("--medusa-tree", default="medusa-31")
     p.add_argument("--eval-prompts", type=int, default=12)
     p.add_argument("--eval-new-tokens", type=int, default=48)
     p.add_argument("--our-eval-batches", type=int, default=2, help="our trainer's end-of-run held-out loss")
-    p.add_argument("--methods", default="eagle,medusa", help="the others' rows are kept from --report's JSON")
+    p.add_argument(
+        "--methods", default="eagle,medusa,eagle3", help="the others' rows are kept from --report's JSON"
+    )
     p.add_argument("--seeds", default="0,1,2", help="our trainer's seeds: one run each")
-    p.add_argument("--peer-seeds", default="0,1,2", help="medusa-llm's --seed values: one run each")
+    p.add_argument(
+        "--peer-seeds", default="0,1,2", help="medusa-llm's --seed, modelopt's training.seed: one run each"
+    )
     p.add_argument(
         "--medusa-ablations",
         default="",
@@ -570,6 +747,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sys.path.insert(0, str(CONSUMERS))
+    import modelopt_env
+
     from specheads.train.builders.tiny_target import ensure_tiny_target
 
     import consumer_env
@@ -577,6 +756,8 @@ def main(argv: list[str] | None = None) -> int:
     methods = args.methods.split(",")
     for v in filter(None, args.medusa_ablations.split(",")):
         ablation_overrides(v, medusa_budget(1, 1))  # a bad name stops here, before any work
+    for v in args.modelopt_variants.split(","):
+        modelopt_variant(v, eagle3_budget(1, 1, 1))
     if args.out.exists():
         if not args.overwrite:
             raise SystemExit(f"{args.out} exists: --overwrite to replace it")
@@ -587,7 +768,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (env / "PINS").is_file():
         consumer_env.build(env)
     target, _, _ = ensure_tiny_target(progress=False)
-    n = max(args.rows if "eagle" in methods else 0, args.medusa_rows if "medusa" in methods else 0)
+    n = max(args.rows if "eagle" in methods else 0, args.medusa_rows if "medusa" in methods else 0,
+            args.eagle3_rows if "eagle3" in methods else 0)  # fmt: skip
     print(f"data: {n} conversations from the training files", flush=True)
     conversations = make_conversations(target, n, args.prompt_tokens, args.answer_tokens, args.seed)
     peer_dir = peer_target(target, args.out / "peer-target", args.max_length)
@@ -609,11 +791,10 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {k: str(v) for k, v in vars(args).items()},
             "data": data,
             "carried_from": carried_from,
-            "peer_changes": PEER_CHANGES,
+            "peer_changes": {**PEER_CHANGES, MODELOPT: MODELOPT_CHANGES},
             "our_changes": OUR_CHANGES,
             "ablations": {k: v(medusa_budget(args.medusa_rows, max(ints(args.medusa_epochs))))
                           for k, v in MEDUSA_ABLATIONS.items()},
-            "todo": ["EAGLE-3: ours vs NVIDIA Model Optimizer (tests/consumers/modelopt_*), not run here yet"],
             "rows": list(rows),
         }  # fmt: skip
         args.report.mkdir(parents=True, exist_ok=True)
@@ -624,9 +805,13 @@ def main(argv: list[str] | None = None) -> int:
 
     results = ReportedRows(write)
     results.extend(carried)
-    for method, rows, run in (("eagle", args.rows, run_eagle), ("medusa", args.medusa_rows, run_medusa)):
+    runs = (("eagle", args.rows, run_eagle), ("medusa", args.medusa_rows, run_medusa),
+            ("eagle3", args.eagle3_rows, run_eagle3))  # fmt: skip
+    for method, rows, run in runs:
         if method in methods:
             ctx = data_context(target, conversations[:rows], args.out / f"data-{method}", peer_dir, env)
+            if method == "eagle3":
+                ctx["modelopt_env"] = modelopt_env.ensure_env()
             data[method] = {"conversations": rows, "prompt_tokens": args.prompt_tokens,
                             "answer_tokens": args.answer_tokens, "mean_row_tokens_ours": ctx["chat_tokens"],
                             "mean_row_tokens_peers": ctx["vicuna_tokens"]}  # fmt: skip

@@ -53,9 +53,8 @@ from modelopt.torch.utils.plugins.transformers_dataset import LanguageDataCollat
 
 RECIPE = "general/speculative_decoding/eagle3"  # the wheel's modelopt_recipes
 
-torch.manual_seed(
-    0
-)  # main.py, at import: the draft's initial weights (its Trainer seeds only the data order)
+# main.py, at import: the draft's initial weights (the Trainer's seed orders the data only)
+torch.manual_seed(0)
 mto.enable_huggingface_checkpointing()
 
 # main.py's: the recipe's training fields over transformers.TrainingArguments

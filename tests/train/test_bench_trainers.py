@@ -190,3 +190,97 @@ def test_help_prints(capsys):
     except SystemExit as e:
         assert e.code == 0
     assert "warmup 10%" in capsys.readouterr().out
+
+
+# -- EAGLE-3: ours vs NVIDIA Model Optimizer ----------------------------------------------------------
+
+
+def test_eagle3_budget_is_modelopt_trainers_steps_with_its_last_short_batch_dropped():
+    """Its recipe sets dataloader_drop_last: an epoch is floor(rows / batch) steps; ours the same steps."""
+    b = bench.eagle3_budget(32, 10, 4)
+    assert (b["steps"], b["batch"], b["grad_accum"], b["rows_seen"]) == (80, 4, 1, 320)
+    short = bench.eagle3_budget(30, 2, 4)
+    assert (short["steps"], short["rows_seen"], short["peer_rows"]) == (14, 56, 30)
+
+
+def modelopt_ctx(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    layer = {"intermediate_size": 352, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64,
+             "rms_norm_eps": 1e-6}  # fmt: skip
+    (target / "config.json").write_text(bench.json.dumps(layer))
+    return {"target": target, "rows_path": tmp_path / "rows.jsonl", "max_length": 256}
+
+
+def test_modelopt_job_is_its_recipe_with_the_budget_the_cpu_and_our_layers_and_vocabulary(tmp_path):
+    import yaml
+
+    budget = bench.eagle3_budget(32, 10, 4)
+    ctx = modelopt_ctx(tmp_path)
+    job = bench.modelopt_job(ctx, tmp_path / "w", budget, 2, "defaults", 557)
+    overrides = dict(item.split("=", 1) for item in job["overrides"])
+    assert (
+        overrides["training.num_train_epochs"] == "10"
+        and overrides["training.per_device_train_batch_size"] == "4"
+    )
+    assert overrides["training.seed"] == "2" and overrides["training.training_seq_len"] == "256"
+    assert overrides["training.bf16"] == "false" and overrides["eagle.eagle_use_torch_compile"] == "false"
+    assert (
+        "training.learning_rate" not in overrides and "training.warmup_steps" not in overrides
+    )  # its 1e-4, 1000
+    arch = yaml.safe_load(overrides["eagle.eagle_architecture_config"])  # load_recipe parses values as YAML
+    assert arch["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2] and arch["draft_vocab_size"] == 557
+    assert (arch["intermediate_size"], arch["num_attention_heads"], arch["head_dim"]) == (352, 2, 64)
+    assert overrides["data.draft_vocab_cache"] == job["draft_vocab_cache"] == str(tmp_path / "w" / "d2t.pt")
+    assert job["export_rope_scaling"] == {}  # not the recipe's YaRN
+    tuned = bench.modelopt_job(ctx, tmp_path / "w", budget, 0, "lr 1e-3+warmup 10%", 557)
+    assert "training.learning_rate=0.001" in tuned["overrides"]
+    assert "training.warmup_steps=8" in tuned["overrides"]  # the HF Trainer's ceil(0.1 * 80)
+
+
+def test_an_unknown_modelopt_variant_stops_the_bench():
+    try:
+        bench.modelopt_variant("defaults+lr 1e-2", bench.eagle3_budget(8, 1, 4))
+    except SystemExit as e:
+        assert "lr 1e-2" in str(e)
+    else:
+        raise AssertionError("an unknown variant must stop the bench")
+
+
+def eagle3_row(trainer, tau, **kw):
+    return {"method": "EAGLE-3", "trainer": trainer, "budget": bench.eagle3_budget(32, 10, 4), "tokens_seen": 9000,
+            "tau": tau, "identical": "12/12", **kw}  # fmt: skip
+
+
+def test_eagle3_verdict_says_whether_ours_beats_the_best_peer_by_five_percent():
+    rows = [eagle3_row("modelopt 0.47.0", t) for t in (1.10, 1.20)]
+    rows += [eagle3_row("modelopt 0.47.0 (lr 1e-3+warmup 10%)", t) for t in (1.60, 1.70)]
+    rows += [eagle3_row("specheads", t) for t in (1.80, 1.90)]
+    table = report.render_table(rows)
+    assert (
+        "| EAGLE-3 | modelopt 0.47.0 (lr 1e-3+warmup 10%) | 10 | 80 x 4 | 9000 | 1.65 [1.60-1.70] | 2 |"
+        in table
+    )
+    assert "ours wins against modelopt 0.47.0: tau 1.85 [1.80-1.90] vs 1.15 [1.10-1.20]" in table
+    assert (
+        "EAGLE-3, 10 epochs of 32 rows: the goal (ours 5% above the best peer, modelopt 0.47.0 (lr 1e-3+warmup "
+        "10%): tau 1.73 or more) is met: ours 1.85, +12.1% in the mean; and ours' lowest run clears 1.05 x its "
+        "highest (1.78)." in table
+    )
+    close = rows[:4] + [eagle3_row("specheads", t) for t in (1.70, 1.72)]
+    assert (
+        "is NOT met: ours 1.71, +3.6% in the mean; and ours' lowest run does not clear"
+        in report.render_table(close)
+    )
+    # no goal line for a method without one
+    assert "the goal" not in report.render_table(
+        [row("Medusa", "medusa-llm 0.1", 6, 1.5), row("Medusa", "specheads", 6, 1.4)]
+    )
+
+
+def test_an_eagle3_run_carries_the_eagle_and_medusa_rows(tmp_path):
+    old = {"command": "bench --methods eagle,medusa",
+           "rows": [row("EAGLE", "specheads", 21, 2.5), row("Medusa", "specheads", 6, 1.4), eagle3_row("specheads", 2.0)]}  # fmt: skip
+    (tmp_path / "bench_trainers.json").write_text(bench.json.dumps(old))
+    rows, _ = bench.carried_rows(tmp_path, ["eagle3"])
+    assert [r["method"] for r in rows] == ["EAGLE", "Medusa"]
