@@ -11,6 +11,7 @@ spec = importlib.util.spec_from_file_location("bench_trainers", SCRIPTS / "bench
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 report = sys.modules["bench_trainers_report"]
+modelopt = sys.modules["bench_trainers_modelopt"]
 
 
 def test_eagle_budget_follows_main_py_split_epochs_and_batch():
@@ -197,9 +198,9 @@ def test_help_prints(capsys):
 
 def test_eagle3_budget_is_modelopt_trainers_steps_with_its_last_short_batch_dropped():
     """Its recipe sets dataloader_drop_last: an epoch is floor(rows / batch) steps; ours the same steps."""
-    b = bench.eagle3_budget(32, 10, 4)
+    b = modelopt.eagle3_budget(32, 10, 4)
     assert (b["steps"], b["batch"], b["grad_accum"], b["rows_seen"]) == (80, 4, 1, 320)
-    short = bench.eagle3_budget(30, 2, 4)
+    short = modelopt.eagle3_budget(30, 2, 4)
     assert (short["steps"], short["rows_seen"], short["peer_rows"]) == (14, 56, 30)
 
 
@@ -215,9 +216,9 @@ def modelopt_ctx(tmp_path):
 def test_modelopt_job_is_its_recipe_with_the_budget_the_cpu_and_our_layers_and_vocabulary(tmp_path):
     import yaml
 
-    budget = bench.eagle3_budget(32, 10, 4)
+    budget = modelopt.eagle3_budget(32, 10, 4)
     ctx = modelopt_ctx(tmp_path)
-    job = bench.modelopt_job(ctx, tmp_path / "w", budget, 2, "defaults", 557)
+    job = modelopt.modelopt_job(ctx, tmp_path / "w", budget, 2, "defaults", 557)
     overrides = dict(item.split("=", 1) for item in job["overrides"])
     assert (
         overrides["training.num_train_epochs"] == "10"
@@ -233,14 +234,14 @@ def test_modelopt_job_is_its_recipe_with_the_budget_the_cpu_and_our_layers_and_v
     assert (arch["intermediate_size"], arch["num_attention_heads"], arch["head_dim"]) == (352, 2, 64)
     assert overrides["data.draft_vocab_cache"] == job["draft_vocab_cache"] == str(tmp_path / "w" / "d2t.pt")
     assert job["export_rope_scaling"] == {}  # not the recipe's YaRN
-    tuned = bench.modelopt_job(ctx, tmp_path / "w", budget, 0, "lr 1e-3+warmup 10%", 557)
+    tuned = modelopt.modelopt_job(ctx, tmp_path / "w", budget, 0, "lr 1e-3+warmup 10%", 557)
     assert "training.learning_rate=0.001" in tuned["overrides"]
     assert "training.warmup_steps=8" in tuned["overrides"]  # the HF Trainer's ceil(0.1 * 80)
 
 
 def test_an_unknown_modelopt_variant_stops_the_bench():
     try:
-        bench.modelopt_variant("defaults+lr 1e-2", bench.eagle3_budget(8, 1, 4))
+        modelopt.modelopt_variant("defaults+lr 1e-2", modelopt.eagle3_budget(8, 1, 4))
     except SystemExit as e:
         assert "lr 1e-2" in str(e)
     else:
@@ -248,7 +249,7 @@ def test_an_unknown_modelopt_variant_stops_the_bench():
 
 
 def eagle3_row(trainer, tau, **kw):
-    return {"method": "EAGLE-3", "trainer": trainer, "budget": bench.eagle3_budget(32, 10, 4), "tokens_seen": 9000,
+    return {"method": "EAGLE-3", "trainer": trainer, "budget": modelopt.eagle3_budget(32, 10, 4), "tokens_seen": 9000,
             "tau": tau, "identical": "12/12", **kw}  # fmt: skip
 
 
