@@ -3,8 +3,10 @@
     nice -n 15 env OMP_NUM_THREADS=1 python scripts/bench_trainers.py --overwrite \
         --medusa-ablations "warmup 10%,data labels,decay 1"
 
-For EAGLE (ours: `specheads train recipes/tiny/eagle.yaml` vs eagle-llm 1.2.1's ge_data + main.py) and
-Medusa (ours: recipes/tiny/medusa.yaml vs medusa-llm 0.1's train.py), on the embedded tiny target:
+For EAGLE (ours: `specheads train recipes/tiny/eagle.yaml` vs eagle-llm 1.2.1's ge_data + main.py),
+Medusa (ours: recipes/tiny/medusa.yaml vs medusa-llm 0.1's train.py) and EAGLE-3 (ours:
+recipes/tiny/eagle3.yaml vs NVIDIA Model Optimizer 0.47.0's examples/speculative_decoding recipe and HF
+Trainer), on the embedded tiny target:
 
 data     one-turn conversations (--rows 16 for EAGLE, --medusa-rows 128 for Medusa, the first N of the same
          list): a prompt of P tokens from a window of the tiny target's TRAINING files
@@ -40,7 +42,18 @@ wandb, several GPUs (one process: Medusa's README runs 4 GPUs x 8 x accumulation
 context (the tiny target is trained at 256: model_max_length 256), and the shims of
 tests/consumers/trainer_run.py. Their tokenizer view of the target (`peer_target`): the same weights and
 ids, with Llama's conventions their Vicuna masking counts on (BOS added, `</s>` the EOS token, an unk
-token for medusa's pad). The EAGLE-3 vs Model Optimizer row is a TODO slot (tests/consumers/modelopt_*).
+token for medusa's pad).
+
+EAGLE-3  modelopt runs in its own env (tests/consumers/modelopt_env.py: its transformers 5.14.1) through
+         tests/consumers/modelopt_train.py: calibrate_draft_vocab, main.py's recipe + Trainer, export; its
+         export through `import-heads --format eagle3`. It reads the rows as {"messages"} in the target's own
+         chat template, as ours does (the same tokens seen). Budget (eagle3_budget): --eagle3-rows,
+         --eagle3-epochs (its num_train_epochs), --eagle3-batch for both, its last short batch dropped (its
+         recipe's dataloader_drop_last); ours at the same optimizer steps and batch. Both draft over the same
+         number of tokens (our recipe's 2048, or the rows' distinct tokens when fewer: all its calibration can
+         fill) from the same target layers (HF 1, 2, 3). --modelopt-variants: its recipe as it is
+         ("defaults") and with some of our settings (MODELOPT_VARIANTS), each at every --peer-seeds (its
+         training.seed). The verdict adds whether ours clears the best peer's tau by issue 21's 5% (GOALS).
 
 --methods picks what runs; the other methods' rows are carried from --report's JSON, each with the command
 that measured it. Writes REPORT/bench_trainers.json and REPORT/bench_trainers.md (the table) after every
