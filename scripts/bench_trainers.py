@@ -76,10 +76,12 @@ import time
 from pathlib import Path
 
 from bench_trainers_modelopt import (
+    EAGLE3_ABLATIONS,
     MODELOPT,
     MODELOPT_CHANGES,
     MODELOPT_DRAFT_VOCAB,
     MODELOPT_VARIANTS,
+    eagle3_ablation,
     eagle3_budget,
     modelopt_job,
     modelopt_variant,
@@ -510,7 +512,9 @@ def run_eagle3(args, ctx: dict) -> list[dict]:
         ours_changes = [f"draft_vocab_size={vocab} (the rows' distinct tokens, all modelopt can calibrate; "
                         f"the recipe's {MODELOPT_DRAFT_VOCAB})"]  # fmt: skip
     variants = args.modelopt_variants.split(",")
-    for e in sorted(ints(args.eagle3_epochs), reverse=True):
+    ablations = [a for a in args.eagle3_ablations.split(",") if a]
+    epochs = sorted(ints(args.eagle3_epochs), reverse=True)
+    for e in epochs:
         budget = eagle3_budget(n, e, args.eagle3_batch)
         print(
             f"eagle3 {e} epochs: {budget['steps']} steps x {budget['batch']}, draft vocab {vocab}", flush=True
@@ -518,8 +522,13 @@ def run_eagle3(args, ctx: dict) -> list[dict]:
         for seed in sorted(set(ints(args.peer_seeds)) | set(ints(args.seeds))):
             for variant in variants if seed in ints(args.peer_seeds) else ():
                 rows.append(modelopt_row(budget, seed, variant, vocab, args, ctx))
-            if seed in ints(args.seeds):
-                rows.append(ours_row("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
+            if seed not in ints(args.seeds):
+                continue
+            rows.append(ours_row("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
+                                 changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
+            for variant in ablations if e == epochs[0] else ():
+                extra = {**ours_extra, **eagle3_ablation(variant)}
+                rows.append(ours_row("eagle3", budget, extra, args.eagle_tree, args, ctx, seed, variant,
                                      changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
     return rows
 
@@ -662,6 +671,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"ours at the largest Medusa budget with medusa-llm's settings: comma-separated, each one or "
         f"several of {list(MEDUSA_ABLATIONS)} joined by '+'".replace("%", "%%"),  # argparse formats help
     )
+    p.add_argument(
+        "--eagle3-ablations",
+        default="",
+        help=f"ours at the largest EAGLE-3 budget with modelopt's settings: comma-separated, each one or "
+        f"several of {list(EAGLE3_ABLATIONS)} joined by '+'",
+    )
     p.add_argument("--seed", type=int, default=0, help="the data's")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument(
@@ -692,6 +707,8 @@ def main(argv: list[str] | None = None) -> int:
         ablation_overrides(v, medusa_budget(1, 1))  # a bad name stops here, before any work
     for v in args.modelopt_variants.split(","):
         modelopt_variant(v, eagle3_budget(1, 1, 1))
+    for v in filter(None, args.eagle3_ablations.split(",")):
+        eagle3_ablation(v)
     if args.out.exists():
         if not args.overwrite:
             raise SystemExit(f"{args.out} exists: --overwrite to replace it")

@@ -102,3 +102,22 @@ def modelopt_variant(names: str, budget: dict) -> dict:
             raise SystemExit(f"--modelopt-variants: {name!r} is not one of {list(MODELOPT_VARIANTS)}")
         out |= MODELOPT_VARIANTS[name](budget)
     return out
+
+
+# Ours at an EAGLE-3 budget with one (or several, '+'-joined) of modelopt's recipe settings in place of our
+# recipe's: what each difference buys in tau (recipe overrides; --eagle3-ablations).
+EAGLE3_ABLATIONS = {
+    "loss all": {"loss_on": "all"},  # its answer_only_loss false: every token of the chat; ours the answer's
+    "ttt 3": {"ttt_steps": 3},  # its eagle_ttt_steps; ours 5
+    "decay 0.9": {"decay": 0.9},  # its eagle_loss_decay_factor; ours 0.8
+}
+
+
+def eagle3_ablation(names: str) -> dict:
+    """The recipe overrides of a '+'-joined list of EAGLE3_ABLATIONS names."""
+    out = {}
+    for name in names.split("+"):
+        if name not in EAGLE3_ABLATIONS:
+            raise SystemExit(f"--eagle3-ablations: {name!r} is not one of {list(EAGLE3_ABLATIONS)}")
+        out |= EAGLE3_ABLATIONS[name]
+    return out

@@ -285,3 +285,14 @@ def test_an_eagle3_run_carries_the_eagle_and_medusa_rows(tmp_path):
     (tmp_path / "bench_trainers.json").write_text(bench.json.dumps(old))
     rows, _ = bench.carried_rows(tmp_path, ["eagle3"])
     assert [r["method"] for r in rows] == ["EAGLE", "Medusa"]
+
+
+def test_eagle3_ablations_are_modelopts_settings_as_our_recipe_overrides():
+    assert modelopt.eagle3_ablation("loss all") == {"loss_on": "all"}
+    assert modelopt.eagle3_ablation("ttt 3+decay 0.9") == {"ttt_steps": 3, "decay": 0.9}
+    try:
+        modelopt.eagle3_ablation("ttt 7")
+    except SystemExit as e:
+        assert "ttt 7" in str(e)
+    else:
+        raise AssertionError("an unknown ablation must stop the bench")
