@@ -3,8 +3,10 @@
     nice -n 15 env OMP_NUM_THREADS=1 python scripts/bench_trainers.py --overwrite \
         --medusa-ablations "warmup 10%,data labels,decay 1"
 
-For EAGLE (ours: `specheads train recipes/tiny/eagle.yaml` vs eagle-llm 1.2.1's ge_data + main.py) and
-Medusa (ours: recipes/tiny/medusa.yaml vs medusa-llm 0.1's train.py), on the embedded tiny target:
+For EAGLE (ours: `specheads train recipes/tiny/eagle.yaml` vs eagle-llm 1.2.1's ge_data + main.py),
+Medusa (ours: recipes/tiny/medusa.yaml vs medusa-llm 0.1's train.py) and EAGLE-3 (ours:
+recipes/tiny/eagle3.yaml vs NVIDIA Model Optimizer 0.47.0's examples/speculative_decoding recipe and HF
+Trainer), on the embedded tiny target:
 
 data     one-turn conversations (--rows 16 for EAGLE, --medusa-rows 128 for Medusa, the first N of the same
          list): a prompt of P tokens from a window of the tiny target's TRAINING files
@@ -40,7 +42,18 @@ wandb, several GPUs (one process: Medusa's README runs 4 GPUs x 8 x accumulation
 context (the tiny target is trained at 256: model_max_length 256), and the shims of
 tests/consumers/trainer_run.py. Their tokenizer view of the target (`peer_target`): the same weights and
 ids, with Llama's conventions their Vicuna masking counts on (BOS added, `</s>` the EOS token, an unk
-token for medusa's pad). The EAGLE-3 vs Model Optimizer row is a TODO slot (tests/consumers/modelopt_*).
+token for medusa's pad).
+
+EAGLE-3  modelopt runs in its own env (tests/consumers/modelopt_env.py: its transformers 5.14.1) through
+         tests/consumers/modelopt_train.py: calibrate_draft_vocab, main.py's recipe + Trainer, export; its
+         export through `import-heads --format eagle3`. It reads the rows as {"messages"} in the target's own
+         chat template, as ours does (the same tokens seen). Budget (eagle3_budget): --eagle3-rows,
+         --eagle3-epochs (its num_train_epochs), --eagle3-batch for both, its last short batch dropped (its
+         recipe's dataloader_drop_last); ours at the same optimizer steps and batch. Both draft over the same
+         number of tokens (our recipe's 2048, or the rows' distinct tokens when fewer: all its calibration can
+         fill) from the same target layers (HF 1, 2, 3). --modelopt-variants: its recipe as it is
+         ("defaults") and with some of our settings (MODELOPT_VARIANTS), each at every --peer-seeds (its
+         training.seed). The verdict adds whether ours clears the best peer's tau by issue 21's 5% (GOALS).
 
 --methods picks what runs; the other methods' rows are carried from --report's JSON, each with the command
 that measured it. Writes REPORT/bench_trainers.json and REPORT/bench_trainers.md (the table) after every
@@ -61,6 +74,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench_trainers_modelopt import (
+    EAGLE3_ABLATIONS,
+    MODELOPT,
+    MODELOPT_CHANGES,
+    MODELOPT_DRAFT_VOCAB,
+    MODELOPT_VARIANTS,
+    eagle3_ablation,
+    eagle3_budget,
+    modelopt_job,
+    modelopt_variant,
+)
+from bench_trainers_report import plot, render, render_table
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSUMERS = ROOT / "tests" / "consumers"
@@ -108,6 +134,10 @@ OUR_CHANGES = {
         "data, max_steps, batch_size, grad_accum for the budget",
         "num_heads=3 (the peer's; the recipe has 4) so both decode with the same tree",
         "loss_on=assistant (chat rows)",
+    ],
+    "eagle3": [
+        "data, max_steps, batch_size for the budget",
+        "loss_on=assistant (chat rows; the recipe's text rows use all)",
     ],
 }
 
@@ -162,136 +192,6 @@ def medusa_budget(rows: int, epochs: int, batch: int = 8, grad_accum: int = 4) -
 
 def tokens_seen(budget: dict, mean_row_tokens: float) -> int:
     return round(budget["rows_seen"] * mean_row_tokens)
-
-
-# -- the table (pure) ---------------------------------------------------------------------------------
-
-
-def fmt(x, spec: str = ".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def groups(rows: list[dict]) -> list[list[dict]]:
-    """The runs of each (method, trainer, budget), in first-seen order: one table line each. A budget is
-    its rows and epochs (runs at other --rows with the same epochs are another budget)."""
-    out: dict[tuple, list[dict]] = {}
-    for r in rows:
-        out.setdefault((r["method"], r["trainer"], budget_key(r)), []).append(r)
-    return list(out.values())
-
-
-def budget_key(row: dict) -> tuple[int, int, int]:
-    """(rows, epochs, rows seen) of a row's budget."""
-    b = row["budget"]
-    return b["peer_rows"], b["epochs"], b["rows_seen"]
-
-
-def tau_range(runs: list[dict]) -> dict:
-    """mean, min, max and n of the runs' tau (runs without one left out)."""
-    taus = [r["tau"] for r in runs if r.get("tau") is not None]
-    if not taus:
-        return {"mean": None, "min": None, "max": None, "n": 0}
-    return {"mean": sum(taus) / len(taus), "min": min(taus), "max": max(taus), "n": len(taus)}
-
-
-def fmt_range(t: dict) -> str:
-    if t["n"] == 0:
-        return "-"
-    if t["n"] == 1:
-        return f"{t['mean']:.2f}"
-    return f"{t['mean']:.2f} [{t['min']:.2f}-{t['max']:.2f}]"
-
-
-def mean_of(runs: list[dict], key: str):
-    xs = [r[key] for r in runs if r.get(key) is not None]
-    return sum(xs) / len(xs) if xs else None
-
-
-def identical_sum(runs: list[dict]) -> str:
-    """'36/36': the greedy-identity counts of all runs added up."""
-    pairs = [r.get("identical", "") for r in runs]
-    try:
-        got, of = zip(*(map(int, p.split("/")) for p in pairs))
-    except ValueError:
-        return "-"
-    return f"{sum(got)}/{sum(of)}"
-
-
-def render_table(rows: list[dict]) -> str:
-    """Markdown: one line per (method, trainer, budget) with tau's mean [min-max] over its runs and their
-    number; each trainer's changes from its defaults as a numbered note under the table; a verdict line
-    per method at the largest budget, and what each ablation of ours bought there."""
-    head = (
-        "| method | trainer | epochs | steps x rows/step | target tokens seen | tau mean [min-max] | runs "
-        "| greedy = generate() | train wall s | peak RSS MiB | train tokens/s | changes |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-    )
-    notes: list[tuple] = []
-    lines = []
-    for runs in groups(rows):
-        r = runs[0]
-        b, changes = r["budget"], tuple(r.get("changes", []))
-        if r.get("carried_from"):
-            changes += (f"from an earlier run: {r['carried_from'].get('command')}",)
-        if changes and changes not in notes:
-            notes.append(changes)
-        note = f"[{notes.index(changes) + 1}]" if changes else "-"
-        lines.append(
-            f"| {r['method']} | {r['trainer']} | {b['epochs']} | {b['steps']} x {b['batch'] * b['grad_accum']} "
-            f"| {r['tokens_seen']} | {fmt_range(tau_range(runs))} | {tau_range(runs)['n']} "
-            f"| {identical_sum(runs)} | {fmt(mean_of(runs, 'wall_s'), '.1f')} "
-            f"| {fmt(mean_of(runs, 'peak_rss_mib'), '.0f')} | {fmt(mean_of(runs, 'tokens_per_s'), '.0f')} "
-            f"| {note} |"
-        )
-    text = head + "\n".join(lines) + "\n"
-    text += "".join(f"\n[{i}] {'; '.join(n)}.\n" for i, n in enumerate(notes, 1))
-    return text + "".join(verdicts(rows)) + "\n"
-
-
-def verdict_word(ours: dict, peer: dict) -> str:
-    """'wins' / 'LOSES' when the tau ranges do not overlap (or single runs differ), else 'ties (ranges
-    overlap)'."""
-    if ours["n"] > 1 or peer["n"] > 1:
-        if ours["min"] > peer["max"]:
-            return "wins"
-        if ours["max"] < peer["min"]:
-            return "LOSES"
-        return "ties (the ranges overlap)"
-    return "wins" if ours["mean"] > peer["mean"] else ("ties" if ours["mean"] == peer["mean"] else "LOSES")
-
-
-def verdicts(rows: list[dict]) -> list[str]:
-    """At each method's largest budget: ours against each peer, and each ablation of ours against ours,
-    in plain words."""
-    out = []
-    for method in dict.fromkeys(r["method"] for r in rows):
-        mine = [r for r in rows if r["method"] == method and r["trainer"] == "specheads"]
-        if not mine:
-            continue
-        top = max((budget_key(r) for r in mine), key=lambda k: (k[2], k[1]))  # most rows seen
-        ours = tau_range([r for r in mine if budget_key(r) == top])
-        where = f"{top[1]} epochs of {top[0]} rows"
-        if ours["n"] == 0:
-            continue
-        for runs in groups(rows):
-            r = runs[0]
-            if r["method"] != method or r["trainer"] == "specheads" or budget_key(r) != top:
-                continue
-            other = tau_range(runs)
-            if other["n"] == 0:
-                continue
-            if r["trainer"].startswith("specheads ("):
-                out.append(
-                    f"\n{method}, {where}: {r['trainer']}: tau {fmt_range(other)} vs ours "
-                    f"{fmt_range(ours)}: {other['mean'] - ours['mean']:+.3f} ({other['n']} and {ours['n']} runs)."
-                )
-                continue
-            out.append(
-                f"\n{method}, {where}: ours {verdict_word(ours, other)} against {r['trainer']}: tau "
-                f"{fmt_range(ours)} vs {fmt_range(other)} ({(ours['mean'] / other['mean'] - 1) * 100:+.1f}% "
-                f"in the mean; {ours['n']} and {other['n']} runs)."
-            )
-    return out
 
 
 # -- the data -----------------------------------------------------------------------------------------
@@ -477,36 +377,6 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    fig, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 4), squeeze=False)
-    for ax, method in zip(axes[0], methods):
-        for trainer in dict.fromkeys(r["trainer"] for r in rows if r["method"] == method):
-            pts = sorted(
-                (runs[0]["tokens_seen"], tau_range(runs))
-                for runs in groups([r for r in rows if r["method"] == method and r["trainer"] == trainer])
-                if tau_range(runs)["n"]
-            )
-            x, t = [p[0] for p in pts], [p[1] for p in pts]
-            n = max(p["n"] for p in t)
-            ax.errorbar(x, [p["mean"] for p in t], marker="o", capsize=3,
-                        yerr=[[p["mean"] - p["min"] for p in t], [p["max"] - p["mean"] for p in t]],
-                        label=trainer + (f" (mean, min-max of {n} runs)" if n > 1 else ""))  # fmt: skip
-        ax.set_title(f"{method} on the tiny target")
-        ax.set_xlabel("target tokens seen in training")
-        ax.set_ylabel("tau (our decoder, held-out prompts)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def run_eagle(args, ctx: dict) -> list[dict]:
     import torch
     from trainer_run import eagle_draft_config, finish_trainer, start_trainer
@@ -556,7 +426,15 @@ def run_eagle(args, ctx: dict) -> list[dict]:
 
 
 def ours_row(
-    method: str, budget: dict, extra: dict, tree: str, args, ctx: dict, seed: int = 0, variant: str = ""
+    method: str,
+    budget: dict,
+    extra: dict,
+    tree: str,
+    args,
+    ctx: dict,
+    seed: int = 0,
+    variant: str = "",
+    changes: list[str] | None = None,
 ) -> dict:
     """Train ours at `budget` (recipe overrides `extra`, the schedule scaled to the budget, `seed`), decode
     with `tree`, and give its table row; `variant` names an ablation (its overrides in `extra`)."""
@@ -566,10 +444,11 @@ def ours_row(
     load = load_average()
     got = train_ours(method, ctx["rows_path"], budget, out / name, extra)
     ev = evaluate(Path(got["heads"]), tree, out / f"eval-{name}", args.eval_prompts, args.eval_new_tokens)
-    label = {"eagle": "EAGLE", "medusa": "Medusa"}[method]
+    label = {"eagle": "EAGLE", "medusa": "Medusa", "eagle3": "EAGLE-3"}[method]
     trainer = "specheads" + (f" ({variant})" if variant else "")
     row = row_result(label, trainer, budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
-                     OUR_CHANGES[method], overrides=got["overrides"], seed=seed, load_average=load)  # fmt: skip
+                     changes or OUR_CHANGES[method], overrides=got["overrides"], seed=seed,
+                     load_average=load)  # fmt: skip
     print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
     return row
 
@@ -621,6 +500,76 @@ def medusa_llm_row(budget: dict, seed: int, args, ctx: dict) -> dict:
     row = row_result("Medusa", "medusa-llm 0.1", budget, ctx["vicuna_tokens"], ev, got["wall_s"],
                      got["maxrss_kb"] / 1024, PEER_CHANGES["medusa-llm"], seed=seed, load_average=load)  # fmt: skip
     print(f"  medusa-llm seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
+    return row
+
+
+def run_eagle3(args, ctx: dict) -> list[dict]:
+    """At each budget, largest first, seed by seed: modelopt (each of --modelopt-variants, --peer-seeds as
+    its training.seed) and ours (--seeds), both drafting over the same number of tokens (draft_vocab)."""
+    rows, n = ctx["rows"], len(ctx["conversations"])
+    vocab = min(MODELOPT_DRAFT_VOCAB, distinct_chat_tokens(ctx["target"], ctx["conversations"]))
+    ours_extra, ours_changes = {}, []
+    if vocab < MODELOPT_DRAFT_VOCAB:  # calibrate_frequent_vocab needs that many distinct tokens in the rows
+        ours_extra = {"draft_vocab_size": vocab}
+        ours_changes = [f"draft_vocab_size={vocab} (the rows' distinct tokens, all modelopt can calibrate; "
+                        f"the recipe's {MODELOPT_DRAFT_VOCAB})"]  # fmt: skip
+    variants = args.modelopt_variants.split(",")
+    ablations = [a for a in args.eagle3_ablations.split(",") if a]
+    epochs = sorted(ints(args.eagle3_epochs), reverse=True)
+    for e in epochs:
+        budget = eagle3_budget(n, e, args.eagle3_batch)
+        print(
+            f"eagle3 {e} epochs: {budget['steps']} steps x {budget['batch']}, draft vocab {vocab}", flush=True
+        )
+        for seed in sorted(set(ints(args.peer_seeds)) | set(ints(args.seeds))):
+            for variant in variants if seed in ints(args.peer_seeds) else ():
+                rows.append(modelopt_row(budget, seed, variant, vocab, args, ctx))
+            if seed not in ints(args.seeds):
+                continue
+            rows.append(ours_row("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
+                                 changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
+            for variant in ablations if e == epochs[0] else ():
+                extra = {**ours_extra, **eagle3_ablation(variant)}
+                rows.append(ours_row("eagle3", budget, extra, args.eagle_tree, args, ctx, seed, variant,
+                                     changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
+    return rows
+
+
+def distinct_chat_tokens(target: Path, conversations: list) -> int:
+    """The distinct token ids of the rows' messages in the chat template, as calibrate_draft_vocab.py counts
+    them (all rows' messages as one conversation)."""
+    from transformers import AutoTokenizer
+
+    messages = [m for r in message_rows(conversations) for m in r["messages"]]
+    ids = AutoTokenizer.from_pretrained(target).apply_chat_template(messages, tokenize=True, return_dict=True)
+    return len(set(ids["input_ids"]))
+
+
+def modelopt_row(budget: dict, seed: int, variant: str, vocab: int, args, ctx: dict) -> dict:
+    """modelopt's EAGLE-3 training (modelopt_train.py, its recipe with `variant`) at `budget`, its export
+    imported and decoded."""
+    name = f"modelopt-e{budget['epochs']}-s{seed}" + (
+        "" if variant == "defaults" else "-" + variant.replace(" ", "_")
+    )
+    work = args.out / name.replace("%", "pc").replace("+", "-")
+    work.mkdir()
+    job = modelopt_job({**ctx, "max_length": args.max_length}, work, budget, seed, variant, vocab)
+    (work / "job.json").write_text(json.dumps(job, indent=1))
+    env = {**os.environ, "PYTHONPATH": str(ctx["modelopt_env"]), "HF_HUB_OFFLINE": "1"}
+    load = load_average()
+    cmd = [sys.executable, str(CONSUMERS / "modelopt_train.py"), str(work / "job.json")]
+    wall, rss = run_measured(cmd, work / "train.log", env=env)
+    got = json.loads((work / "out.json").read_text())
+    if got["global_step"] != budget["steps"]:
+        raise RuntimeError(f"{name}: modelopt took {got['global_step']} steps, the budget {budget['steps']}")
+    native = import_heads("eagle3", Path(got["export"]), ctx["target"], work / "native")
+    ev = evaluate(native, args.eagle_tree, work / "eval", args.eval_prompts, args.eval_new_tokens)
+    trainer = MODELOPT + ("" if variant == "defaults" else f" ({variant})")
+    losses = [h["loss"] for h in got["log_history"] if "loss" in h]
+    row = row_result("EAGLE-3", trainer, budget, ctx["chat_tokens"], ev, wall, rss, MODELOPT_CHANGES, seed=seed,
+                     load_average=load, overrides=job["overrides"], stages_s=got["seconds"],
+                     first_last_loss=[losses[0], losses[-1]] if losses else None)  # fmt: skip
+    print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
     return row
 
 
@@ -681,24 +630,6 @@ def carried_rows(report: Path, methods: list[str]) -> tuple[list[dict], dict]:
     return rows, {r["method"]: r["carried_from"] for r in rows}
 
 
-def render(report: Path, merge: list[Path]) -> None:
-    """Redraw `report`'s table and plot from its JSON, after adding the rows other runs measured."""
-    path = report / "bench_trainers.json"
-    data = json.loads(path.read_text())
-    for other in merge:
-        more = json.loads(other.read_text())
-        rows = [r for r in more["rows"] if not r.get("carried_from")]
-        data["rows"] += rows
-        data.setdefault("merged_from", []).append(
-            {"command": more.get("command"), "load_average": more.get("load_average"), "rows": len(rows),
-             "total_wall_s": more.get("total_wall_s"), "finished": more.get("finished")}
-        )  # fmt: skip
-    if merge:
-        path.write_text(json.dumps(data, indent=1, default=str))
-    (report / "bench_trainers.md").write_text(render_table(data["rows"]))
-    plot(data["rows"], report / "learning_curve.png")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-trainers", help="work directory")
@@ -712,22 +643,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--eagle-epochs", default="11,21", help="learning-curve budgets (states main.py saves)")
     p.add_argument("--medusa-epochs", default="2,6")
+    p.add_argument("--eagle3-rows", type=int, default=32, help="conversations for EAGLE-3 (the first N)")
+    p.add_argument("--eagle3-epochs", default="10", help="modelopt's num_train_epochs (each trained afresh)")
+    p.add_argument("--eagle3-batch", type=int, default=4, help="both trainers' batch (modelopt's recipe: 1)")
+    p.add_argument(
+        "--modelopt-variants",
+        default="defaults,lr 1e-3+warmup 10%",
+        help=f"modelopt's recipe ('defaults') and with some of our settings: comma-separated, each one or "
+        f"several of {list(MODELOPT_VARIANTS)} joined by '+'".replace("%", "%%"),
+    )
     p.add_argument(
         "--eagle-lrs", default=f"{EAGLE_LR:g},1e-3", help="eagle-llm --lr values (its default first)"
     )
-    p.add_argument("--eagle-tree", default="dynamic")
+    p.add_argument("--eagle-tree", default="dynamic", help="EAGLE and EAGLE-3")
     p.add_argument("--medusa-tree", default="medusa-31")
     p.add_argument("--eval-prompts", type=int, default=12)
     p.add_argument("--eval-new-tokens", type=int, default=48)
     p.add_argument("--our-eval-batches", type=int, default=2, help="our trainer's end-of-run held-out loss")
-    p.add_argument("--methods", default="eagle,medusa", help="the others' rows are kept from --report's JSON")
+    p.add_argument(
+        "--methods", default="eagle,medusa,eagle3", help="the others' rows are kept from --report's JSON"
+    )
     p.add_argument("--seeds", default="0,1,2", help="our trainer's seeds: one run each")
-    p.add_argument("--peer-seeds", default="0,1,2", help="medusa-llm's --seed values: one run each")
+    p.add_argument(
+        "--peer-seeds", default="0,1,2", help="medusa-llm's --seed, modelopt's training.seed: one run each"
+    )
     p.add_argument(
         "--medusa-ablations",
         default="",
         help=f"ours at the largest Medusa budget with medusa-llm's settings: comma-separated, each one or "
         f"several of {list(MEDUSA_ABLATIONS)} joined by '+'".replace("%", "%%"),  # argparse formats help
+    )
+    p.add_argument(
+        "--eagle3-ablations",
+        default="",
+        help=f"ours at the largest EAGLE-3 budget with modelopt's settings: comma-separated, each one or "
+        f"several of {list(EAGLE3_ABLATIONS)} joined by '+'",
     )
     p.add_argument("--seed", type=int, default=0, help="the data's")
     p.add_argument("--overwrite", action="store_true")
@@ -748,6 +698,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sys.path.insert(0, str(CONSUMERS))
+    import modelopt_env
+
     from specheads.train.builders.tiny_target import ensure_tiny_target
 
     import consumer_env
@@ -755,6 +707,10 @@ def main(argv: list[str] | None = None) -> int:
     methods = args.methods.split(",")
     for v in filter(None, args.medusa_ablations.split(",")):
         ablation_overrides(v, medusa_budget(1, 1))  # a bad name stops here, before any work
+    for v in args.modelopt_variants.split(","):
+        modelopt_variant(v, eagle3_budget(1, 1, 1))
+    for v in filter(None, args.eagle3_ablations.split(",")):
+        eagle3_ablation(v)
     if args.out.exists():
         if not args.overwrite:
             raise SystemExit(f"{args.out} exists: --overwrite to replace it")
@@ -765,7 +721,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (env / "PINS").is_file():
         consumer_env.build(env)
     target, _, _ = ensure_tiny_target(progress=False)
-    n = max(args.rows if "eagle" in methods else 0, args.medusa_rows if "medusa" in methods else 0)
+    n = max(args.rows if "eagle" in methods else 0, args.medusa_rows if "medusa" in methods else 0,
+            args.eagle3_rows if "eagle3" in methods else 0)  # fmt: skip
     print(f"data: {n} conversations from the training files", flush=True)
     conversations = make_conversations(target, n, args.prompt_tokens, args.answer_tokens, args.seed)
     peer_dir = peer_target(target, args.out / "peer-target", args.max_length)
@@ -787,11 +744,10 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {k: str(v) for k, v in vars(args).items()},
             "data": data,
             "carried_from": carried_from,
-            "peer_changes": PEER_CHANGES,
+            "peer_changes": {**PEER_CHANGES, MODELOPT: MODELOPT_CHANGES},
             "our_changes": OUR_CHANGES,
             "ablations": {k: v(medusa_budget(args.medusa_rows, max(ints(args.medusa_epochs))))
                           for k, v in MEDUSA_ABLATIONS.items()},
-            "todo": ["EAGLE-3: ours vs NVIDIA Model Optimizer (tests/consumers/modelopt_*), not run here yet"],
             "rows": list(rows),
         }  # fmt: skip
         args.report.mkdir(parents=True, exist_ok=True)
@@ -802,9 +758,13 @@ def main(argv: list[str] | None = None) -> int:
 
     results = ReportedRows(write)
     results.extend(carried)
-    for method, rows, run in (("eagle", args.rows, run_eagle), ("medusa", args.medusa_rows, run_medusa)):
+    runs = (("eagle", args.rows, run_eagle), ("medusa", args.medusa_rows, run_medusa),
+            ("eagle3", args.eagle3_rows, run_eagle3))  # fmt: skip
+    for method, rows, run in runs:
         if method in methods:
             ctx = data_context(target, conversations[:rows], args.out / f"data-{method}", peer_dir, env)
+            if method == "eagle3":
+                ctx["modelopt_env"] = modelopt_env.ensure_env()
             data[method] = {"conversations": rows, "prompt_tokens": args.prompt_tokens,
                             "answer_tokens": args.answer_tokens, "mean_row_tokens_ours": ctx["chat_tokens"],
                             "mean_row_tokens_peers": ctx["vicuna_tokens"]}  # fmt: skip

@@ -2,12 +2,16 @@
 tests/consumers/test_consumer_trainers.py runs the peers' trainers)."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_trainers.py"
-spec = importlib.util.spec_from_file_location("bench_trainers", SCRIPT)
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+sys.path.insert(0, str(SCRIPTS))  # as running the script puts its folder first: its report module beside it
+spec = importlib.util.spec_from_file_location("bench_trainers", SCRIPTS / "bench_trainers.py")
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
+report = sys.modules["bench_trainers_report"]
+modelopt = sys.modules["bench_trainers_modelopt"]
 
 
 def test_eagle_budget_follows_main_py_split_epochs_and_batch():
@@ -56,7 +60,7 @@ def test_table_has_a_line_per_trainer_and_budget_with_the_range_and_runs_and_say
         row("EAGLE", "eagle-llm 1.2.1", 21, 2.0),
         row("EAGLE", "specheads", 21, 2.5),
     ]
-    table = bench.render_table(rows)
+    table = report.render_table(rows)
     lines = [line for line in table.splitlines() if line.startswith("| ")]
     assert len(lines) == 1 + len(rows)  # the header and one line a (trainer, budget): one run each here
     assert (
@@ -76,7 +80,7 @@ def test_table_has_a_line_per_trainer_and_budget_with_the_range_and_runs_and_say
     assert "6 epochs of 40 rows: ours" not in table
     # the same epochs over other rows are another budget: another line, and the verdict at the larger
     more = [{**r, "budget": bench.medusa_budget(128, 6)} for r in rows[:2]]
-    table = bench.render_table(rows[:2] + more)
+    table = report.render_table(rows[:2] + more)
     assert len([line for line in table.splitlines() if line.startswith("| Medusa")]) == 4
     assert "Medusa, 6 epochs of 128 rows: ours LOSES" in table and "of 40 rows" not in table
 
@@ -87,7 +91,7 @@ def test_repeated_runs_give_one_line_with_mean_min_max_and_n_and_overlapping_ran
     ]
     rows += [row("Medusa", "specheads", 6, t, identical="12/12") for t in (1.6, 1.8, 2.0)]
     rows += [row("Medusa", "specheads (decay 1)", 6, t) for t in (1.5, 1.9)]
-    table = bench.render_table(rows)
+    table = report.render_table(rows)
     assert "| Medusa | medusa-llm 0.1 | 6 | 12 x 32 | 6000 | 1.60 [1.50-1.70] | 2 | 24/24 | 15.0 |" in table
     assert "| Medusa | specheads | 6 | 12 x 32 | 6000 | 1.80 [1.60-2.00] | 3 | 36/36 |" in table
     assert (
@@ -102,8 +106,8 @@ def test_repeated_runs_give_one_line_with_mean_min_max_and_n_and_overlapping_ran
     apart = [row("Medusa", "medusa-llm 0.1", 6, t) for t in (1.5, 1.6)] + [
         row("Medusa", "specheads", 6, t) for t in (1.65, 1.7)
     ]
-    assert "ours wins against medusa-llm 0.1" in bench.render_table(apart)
-    assert bench.tau_range([row("Medusa", "x", 6, None)])["n"] == 0
+    assert "ours wins against medusa-llm 0.1" in report.render_table(apart)
+    assert report.tau_range([row("Medusa", "x", 6, None)])["n"] == 0
 
 
 def test_ablations_are_medusa_llms_settings_as_our_recipe_overrides():
@@ -125,7 +129,7 @@ def test_rows_of_methods_not_run_are_carried_from_the_report_with_their_command(
     (tmp_path / "bench_trainers.json").write_text(bench.json.dumps(old))
     rows, origin = bench.carried_rows(tmp_path, ["medusa"])
     assert [r["method"] for r in rows] == ["EAGLE"] and origin["EAGLE"]["command"] == "bench --methods eagle"
-    assert "from an earlier run: bench --methods eagle" in bench.render_table(rows)
+    assert "from an earlier run: bench --methods eagle" in report.render_table(rows)
     assert bench.carried_rows(tmp_path, ["eagle", "medusa"])[0] == []
     assert bench.carried_rows(tmp_path / "none", ["medusa"]) == ([], {})
 
@@ -142,7 +146,7 @@ def test_plot_writes_a_png(tmp_path):
         row("EAGLE", "x", 6, 2.0),
         row("EAGLE", "x", 6, 2.2),
     ]
-    bench.plot(rows, tmp_path / "curve.png")
+    report.plot(rows, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -187,3 +191,108 @@ def test_help_prints(capsys):
     except SystemExit as e:
         assert e.code == 0
     assert "warmup 10%" in capsys.readouterr().out
+
+
+# -- EAGLE-3: ours vs NVIDIA Model Optimizer ----------------------------------------------------------
+
+
+def test_eagle3_budget_is_modelopt_trainers_steps_with_its_last_short_batch_dropped():
+    """Its recipe sets dataloader_drop_last: an epoch is floor(rows / batch) steps; ours the same steps."""
+    b = modelopt.eagle3_budget(32, 10, 4)
+    assert (b["steps"], b["batch"], b["grad_accum"], b["rows_seen"]) == (80, 4, 1, 320)
+    short = modelopt.eagle3_budget(30, 2, 4)
+    assert (short["steps"], short["rows_seen"], short["peer_rows"]) == (14, 56, 30)
+
+
+def modelopt_ctx(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    layer = {"intermediate_size": 352, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64,
+             "rms_norm_eps": 1e-6}  # fmt: skip
+    (target / "config.json").write_text(bench.json.dumps(layer))
+    return {"target": target, "rows_path": tmp_path / "rows.jsonl", "max_length": 256}
+
+
+def test_modelopt_job_is_its_recipe_with_the_budget_the_cpu_and_our_layers_and_vocabulary(tmp_path):
+    import yaml
+
+    budget = modelopt.eagle3_budget(32, 10, 4)
+    ctx = modelopt_ctx(tmp_path)
+    job = modelopt.modelopt_job(ctx, tmp_path / "w", budget, 2, "defaults", 557)
+    overrides = dict(item.split("=", 1) for item in job["overrides"])
+    assert (
+        overrides["training.num_train_epochs"] == "10"
+        and overrides["training.per_device_train_batch_size"] == "4"
+    )
+    assert overrides["training.seed"] == "2" and overrides["training.training_seq_len"] == "256"
+    assert overrides["training.bf16"] == "false" and overrides["eagle.eagle_use_torch_compile"] == "false"
+    assert (
+        "training.learning_rate" not in overrides and "training.warmup_steps" not in overrides
+    )  # its 1e-4, 1000
+    arch = yaml.safe_load(overrides["eagle.eagle_architecture_config"])  # load_recipe parses values as YAML
+    assert arch["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2] and arch["draft_vocab_size"] == 557
+    assert (arch["intermediate_size"], arch["num_attention_heads"], arch["head_dim"]) == (352, 2, 64)
+    assert overrides["data.draft_vocab_cache"] == job["draft_vocab_cache"] == str(tmp_path / "w" / "d2t.pt")
+    assert job["export_rope_scaling"] == {}  # not the recipe's YaRN
+    tuned = modelopt.modelopt_job(ctx, tmp_path / "w", budget, 0, "lr 1e-3+warmup 10%", 557)
+    assert "training.learning_rate=0.001" in tuned["overrides"]
+    assert "training.warmup_steps=8" in tuned["overrides"]  # the HF Trainer's ceil(0.1 * 80)
+
+
+def test_an_unknown_modelopt_variant_stops_the_bench():
+    try:
+        modelopt.modelopt_variant("defaults+lr 1e-2", modelopt.eagle3_budget(8, 1, 4))
+    except SystemExit as e:
+        assert "lr 1e-2" in str(e)
+    else:
+        raise AssertionError("an unknown variant must stop the bench")
+
+
+def eagle3_row(trainer, tau, **kw):
+    return {"method": "EAGLE-3", "trainer": trainer, "budget": modelopt.eagle3_budget(32, 10, 4), "tokens_seen": 9000,
+            "tau": tau, "identical": "12/12", **kw}  # fmt: skip
+
+
+def test_eagle3_verdict_says_whether_ours_beats_the_best_peer_by_five_percent():
+    rows = [eagle3_row("modelopt 0.47.0", t) for t in (1.10, 1.20)]
+    rows += [eagle3_row("modelopt 0.47.0 (lr 1e-3+warmup 10%)", t) for t in (1.60, 1.70)]
+    rows += [eagle3_row("specheads", t) for t in (1.80, 1.90)]
+    table = report.render_table(rows)
+    assert (
+        "| EAGLE-3 | modelopt 0.47.0 (lr 1e-3+warmup 10%) | 10 | 80 x 4 | 9000 | 1.65 [1.60-1.70] | 2 |"
+        in table
+    )
+    assert "ours wins against modelopt 0.47.0: tau 1.85 [1.80-1.90] vs 1.15 [1.10-1.20]" in table
+    assert (
+        "EAGLE-3, 10 epochs of 32 rows: the goal (ours 5% above the best peer, modelopt 0.47.0 (lr 1e-3+warmup "
+        "10%): tau 1.73 or more) is met: ours 1.85, +12.1% in the mean; and ours' lowest run clears 1.05 x its "
+        "highest (1.78)." in table
+    )
+    close = rows[:4] + [eagle3_row("specheads", t) for t in (1.70, 1.72)]
+    assert (
+        "is NOT met: ours 1.71, +3.6% in the mean; and ours' lowest run does not clear"
+        in report.render_table(close)
+    )
+    # no goal line for a method without one
+    assert "the goal" not in report.render_table(
+        [row("Medusa", "medusa-llm 0.1", 6, 1.5), row("Medusa", "specheads", 6, 1.4)]
+    )
+
+
+def test_an_eagle3_run_carries_the_eagle_and_medusa_rows(tmp_path):
+    old = {"command": "bench --methods eagle,medusa",
+           "rows": [row("EAGLE", "specheads", 21, 2.5), row("Medusa", "specheads", 6, 1.4), eagle3_row("specheads", 2.0)]}  # fmt: skip
+    (tmp_path / "bench_trainers.json").write_text(bench.json.dumps(old))
+    rows, _ = bench.carried_rows(tmp_path, ["eagle3"])
+    assert [r["method"] for r in rows] == ["EAGLE", "Medusa"]
+
+
+def test_eagle3_ablations_are_modelopts_settings_as_our_recipe_overrides():
+    assert modelopt.eagle3_ablation("loss all") == {"loss_on": "all"}
+    assert modelopt.eagle3_ablation("ttt 3+decay 0.9") == {"ttt_steps": 3, "decay": 0.9}
+    try:
+        modelopt.eagle3_ablation("ttt 7")
+    except SystemExit as e:
+        assert "ttt 7" in str(e)
+    else:
+        raise AssertionError("an unknown ablation must stop the bench")

@@ -1,0 +1,123 @@
+"""The EAGLE-3 row of scripts/bench_trainers.py: NVIDIA Model Optimizer's side, as data and pure functions
+(the budget, the recipe overrides of tests/consumers/modelopt_train.py's job, and what they change).
+
+modelopt's examples/speculative_decoding/main.py trains with the HF Trainer over its recipe
+(modelopt_recipes/general/speculative_decoding/eagle3.yaml: lr 1e-4, warm-up 1000 steps then linear decay,
+batch 1, 1 epoch, 3 training-time-test steps with loss decay 0.9, self-logit distillation, 2048-token rows,
+bf16, torch.compile); the bench runs it at our budget (eagle3_budget) with the overrides of modelopt_job.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+# Model Optimizer 0.47.0's EAGLE-3 recipe (modelopt_recipes/general/speculative_decoding/eagle3.yaml, what
+# examples/speculative_decoding/main.py trains with), less what cannot run here or must match ours: each
+# override below is listed among the row's changes (MODELOPT_CHANGES). The draft layer is the target's
+# (ours: Eagle3Head's stock layer); the recipe's is a Llama-3-8B layer (14336, 32 x 128, 8 KV heads).
+MODELOPT = "modelopt 0.47.0"
+MODELOPT_AUX_LAYERS = [0, 1, 2]  # its 0-based layer outputs = our recipe's HF hidden_states 1, 2, 3
+MODELOPT_DRAFT_VOCAB = 2048  # our recipe's draft_vocab_size (modelopt's recipe: the whole vocabulary)
+MODELOPT_CPU = {
+    "training.bf16": False,
+    "training.tf32": False,
+    "training.report_to": "none",
+    "training.disable_tqdm": True,
+    "training.logging_steps": 1,
+    "eagle.eagle_use_torch_compile": False,
+}
+# modelopt with one or more ('+'-joined) of our recipe's settings, to see what its defaults cost in this
+# budget (its warm-up of 1000 steps at lr 1e-4 never ends here): recipe overrides at a budget.
+MODELOPT_VARIANTS = {
+    "lr 1e-3": lambda b: {"training.learning_rate": 1e-3},  # ours
+    # the HF Trainer's warm-up for a ratio, ceil(0.1 * steps), as medusa-llm's; its recipe: 1000 steps
+    "warmup 10%": lambda b: {"training.warmup_steps": max(1, math.ceil(0.1 * b["steps"]))},
+}
+MODELOPT_CHANGES = [
+    "the steps of its examples/speculative_decoding (calibrate_draft_vocab.py, main.py, export_hf_checkpoint.py) "
+    "with the wheel's functions in tests/consumers/modelopt_train.py (the scripts are not in the wheel): its "
+    "recipe eagle3.yaml, HF Trainer and export, without the example's accuracy-logging Trainer subclass and "
+    "plot callback; HfTrainingArguments.__module__ set (Python 3.11's make_dataclass leaves 'types', which "
+    "the Trainer's final save cannot pickle)",
+    "CPU fp32: bf16, tf32 and eagle_use_torch_compile false (recipe: true); logging_steps 1, report_to none",
+    "num_train_epochs E, per_device_train_batch_size B for the budget (recipe: 1, 1); training_seq_len "
+    "--max-length (recipe: 2048; every row padded to it, as its collator does)",
+    "the draft layer sized to the target's (intermediate 352, 2 heads of 64, 2 KV heads, fp32; recipe: an 8B "
+    "layer)",
+    "aux layers [0, 1, 2] = ours' HF 1, 2, 3 (its default for 4 layers: [0, 1])",
+    "draft vocabulary the size of ours, by its calibrate_frequent_vocab over the rows (recipe: the whole "
+    "vocabulary), its ids put in id order (import-heads refuses its frequency order)",
+    "exported without the recipe's YaRN rope_scaling (factor 32, on a draft trained without it; its "
+    "`eagle_export_rope_scaling={}` override merges into the default and keeps it)",
+    "decoded as vLLM and SGLang read its export: layer 0 normalises the fused state once, where its training "
+    "forward normalised it twice (tests/consumers/modelopt_run.py)",
+    "answer_only_loss false kept (its loss on every token of the chat; ours on the answer's); seed S is its "
+    "training.seed (data order), main.py seeds the draft's initial weights with 0",
+]
+
+
+def eagle3_budget(rows: int, epochs: int, batch: int) -> dict:
+    """modelopt's main.py (HF Trainer, dataloader_drop_last true in its recipe, no accumulation) for `epochs`
+    epochs over `rows` at `batch`, and ours at its optimizer steps and batch."""
+    steps = epochs * (rows // batch)
+    return {"peer_rows": rows, "epochs": epochs, "batch": batch, "grad_accum": 1, "steps": steps,
+            "rows_seen": steps * batch}  # fmt: skip
+
+
+def modelopt_job(ctx: dict, work: Path, budget: dict, seed: int, variant: str, draft_vocab: int) -> dict:
+    """modelopt_train.py's job: main.py's recipe overrides (a dotlist, as its command line takes them)."""
+    layer = json.loads((ctx["target"] / "config.json").read_text())
+    arch = {"intermediate_size": layer["intermediate_size"], "num_attention_heads": layer["num_attention_heads"],
+            "num_key_value_heads": layer["num_key_value_heads"], "head_dim": layer["head_dim"],
+            "rms_norm_eps": layer["rms_norm_eps"], "torch_dtype": "float32", "draft_vocab_size": draft_vocab,
+            "eagle_aux_hidden_state_layer_ids": MODELOPT_AUX_LAYERS}  # fmt: skip
+    overrides = {
+        "model.model_name_or_path": str(ctx["target"]),
+        "data.data_path": str(ctx["rows_path"]),
+        "data.draft_vocab_cache": str(work / "d2t.pt"),
+        "training.output_dir": str(work / "ckpt"),
+        "training.num_train_epochs": budget["epochs"],
+        "training.per_device_train_batch_size": budget["batch"],
+        "training.training_seq_len": ctx["max_length"],
+        "training.seed": seed,
+        **MODELOPT_CPU,
+        "eagle.eagle_architecture_config": arch,
+        **modelopt_variant(variant, budget),
+    }
+    dotlist = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
+    return {"target": str(ctx["target"]), "data": str(ctx["rows_path"]), "work": str(work), "overrides": dotlist,
+            "draft_vocab_size": draft_vocab, "draft_vocab_cache": str(work / "d2t.pt"),
+            "export_rope_scaling": {}}  # fmt: skip
+
+
+def modelopt_variant(names: str, budget: dict) -> dict:
+    """The recipe overrides of a '+'-joined list of MODELOPT_VARIANTS names ("defaults": none)."""
+    out = {}
+    for name in names.split("+"):
+        if name in ("", "defaults"):
+            continue
+        if name not in MODELOPT_VARIANTS:
+            raise SystemExit(f"--modelopt-variants: {name!r} is not one of {list(MODELOPT_VARIANTS)}")
+        out |= MODELOPT_VARIANTS[name](budget)
+    return out
+
+
+# Ours at an EAGLE-3 budget with one (or several, '+'-joined) of modelopt's recipe settings in place of our
+# recipe's: what each difference buys in tau (recipe overrides; --eagle3-ablations).
+EAGLE3_ABLATIONS = {
+    "loss all": {"loss_on": "all"},  # its answer_only_loss false: every token of the chat; ours the answer's
+    "ttt 3": {"ttt_steps": 3},  # its eagle_ttt_steps; ours 5
+    "decay 0.9": {"decay": 0.9},  # its eagle_loss_decay_factor; ours 0.8
+}
+
+
+def eagle3_ablation(names: str) -> dict:
+    """The recipe overrides of a '+'-joined list of EAGLE3_ABLATIONS names."""
+    out = {}
+    for name in names.split("+"):
+        if name not in EAGLE3_ABLATIONS:
+            raise SystemExit(f"--eagle3-ablations: {name!r} is not one of {list(EAGLE3_ABLATIONS)}")
+        out |= EAGLE3_ABLATIONS[name]
+    return out

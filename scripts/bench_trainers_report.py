@@ -1,0 +1,209 @@
+"""The report of scripts/bench_trainers.py: its table, verdicts and learning curve, from the rows (pure apart
+from plot and render's files). `bench_trainers.py --render [--merge OTHER.json]` redraws them from the JSON.
+
+A row is one training run decoded once: method, trainer, budget (peer_rows, epochs, batch, grad_accum,
+steps, rows_seen), tokens_seen, tau (eval's mean accept length), identical ("N/N", eval's greedy check),
+wall_s, peak_rss_mib, tokens_per_s, changes (from the trainer's defaults), and whatever else the run
+recorded (seed, overrides, load_average, carried_from).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Issue 21's goals: ours above the best peer by this fraction of its tau (in the mean), per method.
+GOALS = {"EAGLE-3": 0.05}
+
+
+def fmt(x, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def groups(rows: list[dict]) -> list[list[dict]]:
+    """The runs of each (method, trainer, budget), in first-seen order: one table line each. A budget is
+    its rows and epochs (runs at other --rows with the same epochs are another budget)."""
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault((r["method"], r["trainer"], budget_key(r)), []).append(r)
+    return list(out.values())
+
+
+def budget_key(row: dict) -> tuple[int, int, int]:
+    """(rows, epochs, rows seen) of a row's budget."""
+    b = row["budget"]
+    return b["peer_rows"], b["epochs"], b["rows_seen"]
+
+
+def tau_range(runs: list[dict]) -> dict:
+    """mean, min, max and n of the runs' tau (runs without one left out)."""
+    taus = [r["tau"] for r in runs if r.get("tau") is not None]
+    if not taus:
+        return {"mean": None, "min": None, "max": None, "n": 0}
+    return {"mean": sum(taus) / len(taus), "min": min(taus), "max": max(taus), "n": len(taus)}
+
+
+def fmt_range(t: dict) -> str:
+    if t["n"] == 0:
+        return "-"
+    if t["n"] == 1:
+        return f"{t['mean']:.2f}"
+    return f"{t['mean']:.2f} [{t['min']:.2f}-{t['max']:.2f}]"
+
+
+def mean_of(runs: list[dict], key: str):
+    xs = [r[key] for r in runs if r.get(key) is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def identical_sum(runs: list[dict]) -> str:
+    """'36/36': the greedy-identity counts of all runs added up."""
+    pairs = [r.get("identical", "") for r in runs]
+    try:
+        got, of = zip(*(map(int, p.split("/")) for p in pairs))
+    except ValueError:
+        return "-"
+    return f"{sum(got)}/{sum(of)}"
+
+
+def render_table(rows: list[dict]) -> str:
+    """Markdown: one line per (method, trainer, budget) with tau's mean [min-max] over its runs and their
+    number; each trainer's changes from its defaults as a numbered note under the table; a verdict line
+    per method at the largest budget, and what each ablation of ours bought there."""
+    head = (
+        "| method | trainer | epochs | steps x rows/step | target tokens seen | tau mean [min-max] | runs "
+        "| greedy = generate() | train wall s | peak RSS MiB | train tokens/s | changes |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    notes: list[tuple] = []
+    lines = []
+    for runs in groups(rows):
+        r = runs[0]
+        b, changes = r["budget"], tuple(r.get("changes", []))
+        if r.get("carried_from"):
+            changes += (f"from an earlier run: {r['carried_from'].get('command')}",)
+        if changes and changes not in notes:
+            notes.append(changes)
+        note = f"[{notes.index(changes) + 1}]" if changes else "-"
+        lines.append(
+            f"| {r['method']} | {r['trainer']} | {b['epochs']} | {b['steps']} x {b['batch'] * b['grad_accum']} "
+            f"| {r['tokens_seen']} | {fmt_range(tau_range(runs))} | {tau_range(runs)['n']} "
+            f"| {identical_sum(runs)} | {fmt(mean_of(runs, 'wall_s'), '.1f')} "
+            f"| {fmt(mean_of(runs, 'peak_rss_mib'), '.0f')} | {fmt(mean_of(runs, 'tokens_per_s'), '.0f')} "
+            f"| {note} |"
+        )
+    text = head + "\n".join(lines) + "\n"
+    text += "".join(f"\n[{i}] {'; '.join(n)}.\n" for i, n in enumerate(notes, 1))
+    return text + "".join(verdicts(rows)) + "\n"
+
+
+def verdict_word(ours: dict, peer: dict) -> str:
+    """'wins' / 'LOSES' when the tau ranges do not overlap (or single runs differ), else 'ties (ranges
+    overlap)'."""
+    if ours["n"] > 1 or peer["n"] > 1:
+        if ours["min"] > peer["max"]:
+            return "wins"
+        if ours["max"] < peer["min"]:
+            return "LOSES"
+        return "ties (the ranges overlap)"
+    return "wins" if ours["mean"] > peer["mean"] else ("ties" if ours["mean"] == peer["mean"] else "LOSES")
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """At each method's largest budget: ours against each peer, and each ablation of ours against ours,
+    in plain words."""
+    out = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method and r["trainer"] == "specheads"]
+        if not mine:
+            continue
+        top = max((budget_key(r) for r in mine), key=lambda k: (k[2], k[1]))  # most rows seen
+        ours = tau_range([r for r in mine if budget_key(r) == top])
+        where = f"{top[1]} epochs of {top[0]} rows"
+        if ours["n"] == 0:
+            continue
+        peers = []
+        for runs in groups(rows):
+            r = runs[0]
+            if r["method"] != method or r["trainer"] == "specheads" or budget_key(r) != top:
+                continue
+            other = tau_range(runs)
+            if other["n"] == 0:
+                continue
+            if r["trainer"].startswith("specheads ("):
+                out.append(
+                    f"\n{method}, {where}: {r['trainer']}: tau {fmt_range(other)} vs ours "
+                    f"{fmt_range(ours)}: {other['mean'] - ours['mean']:+.3f} ({other['n']} and {ours['n']} runs)."
+                )
+                continue
+            out.append(
+                f"\n{method}, {where}: ours {verdict_word(ours, other)} against {r['trainer']}: tau "
+                f"{fmt_range(ours)} vs {fmt_range(other)} ({(ours['mean'] / other['mean'] - 1) * 100:+.1f}% "
+                f"in the mean; {ours['n']} and {other['n']} runs)."
+            )
+            peers.append((other, r["trainer"]))
+        if method in GOALS and peers:
+            out.append(goal_line(method, where, ours, *max(peers, key=lambda p: p[0]["mean"])))
+    return out
+
+
+def goal_line(method: str, where: str, ours: dict, best: dict, trainer: str) -> str:
+    """Whether ours' mean tau clears the best peer's by GOALS[method], and whether the ranges do too."""
+    need = 1 + GOALS[method]
+    met = ours["mean"] >= need * best["mean"]
+    apart = ours["min"] >= need * best["max"]
+    return (
+        f"\n{method}, {where}: the goal (ours {GOALS[method]:.0%} above the best peer, {trainer}: tau "
+        f"{need * best['mean']:.2f} or more) is {'met' if met else 'NOT met'}: ours {ours['mean']:.2f}, "
+        f"{(ours['mean'] / best['mean'] - 1) * 100:+.1f}% in the mean; "
+        f"{'and' if apart == met else 'but'} ours' lowest run {'clears' if apart else 'does not clear'} "
+        f"{need:.2f} x its highest ({need * best['max']:.2f})."
+    )
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 4), squeeze=False)
+    for ax, method in zip(axes[0], methods):
+        for trainer in dict.fromkeys(r["trainer"] for r in rows if r["method"] == method):
+            pts = sorted(
+                (runs[0]["tokens_seen"], tau_range(runs))
+                for runs in groups([r for r in rows if r["method"] == method and r["trainer"] == trainer])
+                if tau_range(runs)["n"]
+            )
+            x, t = [p[0] for p in pts], [p[1] for p in pts]
+            n = max(p["n"] for p in t)
+            ax.errorbar(x, [p["mean"] for p in t], marker="o", capsize=3,
+                        yerr=[[p["mean"] - p["min"] for p in t], [p["max"] - p["mean"] for p in t]],
+                        label=trainer + (f" (mean, min-max of {n} runs)" if n > 1 else ""))  # fmt: skip
+        ax.set_title(f"{method} on the tiny target")
+        ax.set_xlabel("target tokens seen in training")
+        ax.set_ylabel("tau (our decoder, held-out prompts)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def render(report: Path, merge: list[Path]) -> None:
+    """Redraw `report`'s table and plot from its JSON, after adding the rows other runs measured."""
+    path = report / "bench_trainers.json"
+    data = json.loads(path.read_text())
+    for other in merge:
+        more = json.loads(other.read_text())
+        rows = [r for r in more["rows"] if not r.get("carried_from")]
+        data["rows"] += rows
+        data.setdefault("merged_from", []).append(
+            {"command": more.get("command"), "load_average": more.get("load_average"), "rows": len(rows),
+             "total_wall_s": more.get("total_wall_s"), "finished": more.get("finished")}
+        )  # fmt: skip
+    if merge:
+        path.write_text(json.dumps(data, indent=1, default=str))
+    (report / "bench_trainers.md").write_text(render_table(data["rows"]))
+    plot(data["rows"], report / "learning_curve.png")
