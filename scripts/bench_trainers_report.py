@@ -35,6 +35,11 @@ def budget_key(row: dict) -> tuple[int, int, int]:
     return b["peer_rows"], b["epochs"], b["rows_seen"]
 
 
+def run_key(row: dict) -> tuple:
+    """One run: (method, trainer, budget, seed)."""
+    return row["method"], row["trainer"], budget_key(row), row.get("seed")
+
+
 def tau_range(runs: list[dict]) -> dict:
     """mean, min, max and n of the runs' tau (runs without one left out)."""
     taus = [r["tau"] for r in runs if r.get("tau") is not None]
@@ -197,7 +202,10 @@ def render(report: Path, merge: list[Path]) -> None:
     data = json.loads(path.read_text())
     for other in merge:
         more = json.loads(other.read_text())
-        rows = [r for r in more["rows"] if not r.get("carried_from")]
+        # a run (trainer, budget, seed) already in the report is not counted twice: runs made beside each
+        # other repeat ours at a seed to compare a variant with it (training is deterministic per seed)
+        have = {run_key(r) for r in data["rows"]}
+        rows = [r for r in more["rows"] if not r.get("carried_from") and run_key(r) not in have]
         data["rows"] += rows
         data.setdefault("merged_from", []).append(
             {"command": more.get("command"), "load_average": more.get("load_average"), "rows": len(rows),

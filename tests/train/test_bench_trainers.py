@@ -173,11 +173,15 @@ def test_render_merges_the_rows_another_run_measured_and_records_its_command(tmp
     (tmp_path / "a" / "bench_trainers.json").write_text(
         bench.json.dumps({"rows": [carried, row("Medusa", "specheads", 6, 1.4, seed=0)]})
     )
-    other = {"command": "bench --seeds 1,2", "rows": [carried, row("Medusa", "specheads", 6, 1.6, seed=1)]}
+    again = row("Medusa", "specheads", 6, 1.4, seed=0)  # ours at seed 0 again, run beside a variant
+    other = {
+        "command": "bench --seeds 1,2",
+        "rows": [carried, again, row("Medusa", "specheads", 6, 1.6, seed=1)],
+    }
     (tmp_path / "b.json").write_text(bench.json.dumps(other))
     bench.main(["--report", str(tmp_path / "a"), "--render", "--merge", str(tmp_path / "b.json")])
     merged = bench.json.loads((tmp_path / "a" / "bench_trainers.json").read_text())
-    assert len(merged["rows"]) == 3  # the other run's carried row is not counted twice
+    assert len(merged["rows"]) == 3  # neither the other run's carried row nor its repeat counts twice
     assert (
         merged["merged_from"][0]["command"] == "bench --seeds 1,2" and merged["merged_from"][0]["rows"] == 1
     )
