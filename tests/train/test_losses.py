@@ -28,6 +28,15 @@ def oracle(input_ids: torch.Tensor, shift: int = 0) -> tuple[MedusaHeads, torch.
     return heads, hidden
 
 
+def random_heads(seed: int) -> tuple[MedusaHeads, torch.Tensor]:
+    """K heads with every weight drawn from N(0, 1), and hidden states (3, 16, 12) for them."""
+    heads = MedusaHeads(MedusaConfig(hidden_size=12, vocab_size=V, num_heads=K))
+    torch.manual_seed(seed)
+    for p in heads.parameters():
+        torch.nn.init.normal_(p)
+    return heads, torch.randn(3, 16, 12)
+
+
 def batch(B=3, T=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, V, (B, T), generator=g)
@@ -57,11 +66,7 @@ def test_a_shifted_label_fails(shift):
 
 def test_loss_is_the_decay_weighted_sum_of_per_head_means():
     ids, mask, pos = batch()
-    heads = MedusaHeads(MedusaConfig(hidden_size=12, vocab_size=V, num_heads=K))
-    torch.manual_seed(0)
-    for p in heads.parameters():
-        torch.nn.init.normal_(p)
-    hidden = torch.randn(3, 16, 12)
+    heads, hidden = random_heads(seed=0)
     loss, _ = medusa_loss(heads, hidden, ids, mask, pos, decay=0.5)
     logits = heads(hidden)
     expected = sum(
@@ -85,11 +90,7 @@ def test_loss_mask_and_document_boundaries_are_respected():
 
 def test_target_labels_read_the_targets_distribution_at_t_plus_1_plus_k():
     ids, mask, pos = batch()
-    heads = MedusaHeads(MedusaConfig(hidden_size=12, vocab_size=V, num_heads=K))
-    torch.manual_seed(1)
-    for p in heads.parameters():
-        torch.nn.init.normal_(p)
-    hidden = torch.randn(3, 16, 12)
+    heads, hidden = random_heads(seed=1)
     # A perfect target: its logits at p put all mass on x_{p+1}.
     target_logits = torch.full((3, 16, V), -1e4)
     target_logits[:, :-1].scatter_(-1, ids[:, 1:, None], 0.0)
@@ -101,11 +102,7 @@ def test_target_labels_read_the_targets_distribution_at_t_plus_1_plus_k():
 
 def test_target_top1_labels_are_the_targets_top_token_at_t_plus_1_plus_k():
     ids, mask, pos = batch()
-    heads = MedusaHeads(MedusaConfig(hidden_size=12, vocab_size=V, num_heads=K))
-    torch.manual_seed(1)
-    for p in heads.parameters():
-        torch.nn.init.normal_(p)
-    hidden = torch.randn(3, 16, 12)
+    heads, hidden = random_heads(seed=1)
     # An unsure target whose top token at p is x_{p+1}: its top-1 labels are the data's, its soft ones not.
     target_logits = torch.randn(3, 16, V, generator=torch.Generator().manual_seed(2))
     target_logits[:, :-1].scatter_(-1, ids[:, 1:, None], 5.0)
