@@ -48,7 +48,7 @@ MODELOPT_CHANGES = [
     "layer)",
     "aux layers [0, 1, 2] = ours' HF 1, 2, 3 (its default for 4 layers: [0, 1])",
     "draft vocabulary the size of ours, by its calibrate_frequent_vocab over the rows (recipe: the whole "
-    "vocabulary), its ids put in id order (import-heads refuses its frequency order)",
+    "vocabulary), its ids put in id order before training (as ours keeps them)",
     "exported without the recipe's YaRN rope_scaling (factor 32, on a draft trained without it; its "
     "`eagle_export_rope_scaling={}` override merges into the default and keeps it)",
     "decoded as vLLM and SGLang read its export: layer 0 normalises the fused state once, where its training "

@@ -318,6 +318,7 @@ def _build_eagle3(
         tensors["d2t"] = torch.zeros(draft_vocab, dtype=torch.int64)
     if not tensors["d2t"].is_floating_point():
         tensors["d2t"] = tensors["d2t"].to(torch.int64)  # some writers use int32; the offsets are the same
+        _ids_in_order(tensors, draft_vocab)
     if "t2d" not in tensors:
         tensors["t2d"] = vocab_maps(torch.arange(draft_vocab) + tensors["d2t"], vocab)[1]
     tensors["t2d"] = tensors["t2d"].to(torch.bool)
@@ -327,6 +328,24 @@ def _build_eagle3(
     head = Eagle3Head(Eagle3Config(layer_config, draft_vocab_size=draft_vocab, target_layers=tuple(ids)))
     head.load_state_dict(state, strict=True)
     return head.eval()
+
+
+def _ids_in_order(tensors: dict[str, torch.Tensor], draft_vocab: int) -> None:
+    """A draft vocabulary of distinct target ids in another order (Model Optimizer's calibration writes them
+    most frequent first; the engines read any order) becomes the same head in id order: lm_head's rows and
+    d2t sorted together, which changes no draft token's logit."""
+    own = torch.arange(draft_vocab)
+    ids = own + tensors["d2t"]
+    if (
+        ids.numel() == draft_vocab
+        and bool((ids[1:] < ids[:-1]).any())
+        and ids.unique().numel() == draft_vocab
+    ):
+        order = ids.argsort()
+        for key in ("lm_head.weight", "lm_head.bias"):
+            if key in tensors:
+                tensors[key] = tensors[key][order]
+        tensors["d2t"] = ids[order] - own
 
 
 def _check_flags(config: dict[str, Any], what: str) -> None:

@@ -76,7 +76,8 @@ def calibrate(target: str, data: str, size: int, out: Path) -> None:
     rows = [json.loads(line) for line in Path(data).read_text().splitlines() if line.strip()]
     messages = [m for r in rows for m in (r.get("messages") or r["conversations"])]
     d2t = calibrate_frequent_vocab(transformers.AutoTokenizer.from_pretrained(target), messages, size)
-    # Its draft ids in frequency order; specheads' format (and import-heads) keeps them in target-id order:
+    # Its draft ids in frequency order; specheads' format keeps them in target-id order (import-heads sorts
+    # an export's lm_head rows with them; sorted here before training, as the bench's runs were):
     # the same vocabulary numbered by id (draft id is only the lm_head row the head learns for that token).
     ids = (torch.arange(size) + d2t).sort().values
     d2t = ids - torch.arange(size)

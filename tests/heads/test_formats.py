@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from specheads.heads import (
     Eagle3Config,
@@ -405,6 +405,28 @@ def test_refuses_inconsistent_draft_vocabulary(tmp_path, target):
     head.t2d[head.t2d.nonzero()[0]] = False  # one draft token no longer marked in t2d
     save_heads(head, tmp_path / "bad", target.record())
     refused(tmp_path, tmp_path / "bad", "eagle3", "t2d does not mark exactly")
+
+
+def test_a_draft_vocabulary_in_frequency_order_imports_as_the_same_head(tmp_path, target):
+    """Model Optimizer's calibration writes d2t most frequent first (the engines read any order): the import
+    sorts lm_head's rows with it, so every draft token keeps its logit and the head equals the original."""
+    export(native(tmp_path, "eagle3", target), "eagle3", tmp_path / "engine")
+    config, tensors = written(tmp_path / "engine", "model.safetensors")
+    perm = torch.randperm(VD, generator=torch.Generator().manual_seed(0))
+    ids = torch.arange(VD) + tensors["d2t"]
+    tensors["d2t"] = ids[perm] - torch.arange(VD)
+    tensors["lm_head.weight"] = tensors["lm_head.weight"][perm]
+    assert (tensors["d2t"][1:] + torch.arange(1, VD) < tensors["d2t"][:-1] + torch.arange(VD - 1)).any()
+    save_file(tensors, tmp_path / "engine" / "model.safetensors")
+    back = import_heads(tmp_path / "engine", "eagle3", target, tmp_path / "back")
+    original = make_heads("eagle3", target)
+    for key, value in original.state_dict().items():
+        assert torch.equal(value, back.state_dict()[key]), key
+    # an id given twice is still refused, not sorted
+    tensors["d2t"][1] = tensors["d2t"][0] - 1
+    save_file(tensors, tmp_path / "engine" / "model.safetensors")
+    with pytest.raises(FormatError, match="strictly ascending"):
+        import_heads(tmp_path / "engine", "eagle3", target, tmp_path / "back2")
 
 
 def test_refuses_an_existing_output(tmp_path, target):
