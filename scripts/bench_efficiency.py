@@ -4,12 +4,15 @@ How close each head's measured speedup comes to what its acceptance allows on th
 forward-cost curve, and where the rest of a step goes:
 
     t(N)             one target tree forward over N new nodes (a chain) after a past of P tokens (P: the
-                     mean prompt plus half the new tokens), the fastest of --repeats, for N in --sizes and
-                     every tree's size: the machine's cost curve
+                     mean prompt plus half the new tokens), for N in --sizes and every tree's size: the
+                     machine's cost curve, its mean over sweeps made after every prompt (--repeats each),
+                     so it sees the load the decodes saw (the fastest sweep is in the JSON too)
     ideal speedup    τ · t(1) / t(N): a step verifies N nodes in one forward and emits τ tokens, against one
                      forward per token for generate() (drafting and bookkeeping free)
-    measured         tokens/s of the decoder over tokens/s of the target's own generate(), both timed here,
-                     interleaved per prompt
+    measured         tokens/s of the decoder over tokens/s of the target's own generate(), all timed in
+                     one run: each prompt is decoded by generate() once and by every head, in an order
+                     that rotates from prompt to prompt, then t(N) is swept; every head is set against
+                     the same baseline and the same curve
     efficiency       measured / ideal
     outside          the share of a decode step (prefill left out) spent outside the tree forward, and each
                      phase's share: draft, tree inputs, verify, compact, the rest
@@ -44,100 +47,113 @@ from specheads.heads.atomic import write_json, write_text
 from specheads.heads.named_targets import resolve_target
 
 
-@torch.no_grad()
-def forward_cost(decoder: SpeculativeDecoder, past: int, sizes: list[int], repeats: int) -> dict[int, float]:
-    """t(N) in seconds for each N: the decoder's own tree forward (mask, positions) over a chain of N nodes
-    on top of a cache of `past` random tokens, the fastest of `repeats` (interleaved over the sizes)."""
-    target = decoder.target
-    device = target.device
-    vocab = target.vocab_size
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (1, past), generator=generator).to(device)
-    cache = new_cache()
-    target(prompt, past_key_values=cache, capture=tuple(decoder.drafter.capture_layers), logits=False)
-    layout = Layout.contiguous(past, device=device)
-    best = dict.fromkeys(sizes, float("inf"))
-    for _ in range(repeats + 1):  # the first round is untimed
-        for n in sizes:
-            tokens = torch.randint(0, vocab, (1, n), generator=generator).to(device)
+class CostCurve:
+    """t(N): the decoder's own tree forward (mask, positions) over a chain of N nodes on top of a cache of
+    `past` random tokens. Each `sweep` times every size once, in a rotating order; the bench sweeps once
+    per prompt, between the decodes, so the curve sees the same load as the speedups it is set against."""
+
+    def __init__(self, decoder: SpeculativeDecoder, past: int, sizes: list[int]):
+        self.decoder, self.past, self.sizes = decoder, past, sorted(set(sizes))
+        target = decoder.target
+        self.generator = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, target.vocab_size, (1, past), generator=self.generator).to(target.device)
+        self.cache = new_cache()
+        self.capture = tuple(decoder.drafter.capture_layers)
+        target(prompt, past_key_values=self.cache, capture=self.capture, logits=False)
+        self.layout = Layout.contiguous(past, device=target.device)
+        self.samples: dict[int, list[float]] = {n: [] for n in self.sizes}
+
+    @torch.no_grad()
+    def sweep(self, round_index: int, record: bool = True) -> None:
+        decoder = self.decoder
+        device = decoder.target.device
+        shift = round_index % len(self.sizes)
+        for n in self.sizes[shift:] + self.sizes[:shift]:
+            tokens = torch.randint(0, decoder.target.vocab_size, (1, n), generator=self.generator).to(device)
             parents = (torch.arange(n, device=device) - 1)[None]  # a chain: node i's parent is i - 1
             tree = DraftTree(tokens=tokens, parents=parents)
             start = time.perf_counter()
-            inputs = batched_tree_inputs(tree, layout, past, decoder.mask_dtype, decoder.window)
-            decoder.tree_forward(tree, inputs, cache)
+            inputs = batched_tree_inputs(tree, self.layout, self.past, decoder.mask_dtype, decoder.window)
+            decoder.tree_forward(tree, inputs, self.cache)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - start
-            cache.crop(-n)  # back to the past alone
-            if _ > 0:
-                best[n] = min(best[n], seconds)
-    return best
+            self.cache.crop(-n)  # back to the past alone
+            if record:
+                self.samples[n].append(seconds)
+
+    def mean(self) -> dict[int, float]:
+        return {n: statistics.fmean(s) for n, s in self.samples.items()}
+
+    def fastest(self) -> dict[int, float]:
+        return {n: min(s) for n, s in self.samples.items()}
 
 
-def decode_all(decoder: SpeculativeDecoder, prompts, max_new_tokens: int, warmup: int) -> dict:
-    """Decode every prompt with the decoder and with generate(), interleaved; sums and per-phase times."""
-    target = decoder.target
-    for prompt in prompts[:warmup]:
-        decoder.generate(prompt, max_new_tokens)
-        generate_rows(target, prompt, max_new_tokens)
-    phases = dict.fromkeys(PHASES, 0.0)
-    total = base_total = 0.0
-    new = base_new = identical = 0
-    accept: list[int] = []
+def new_totals() -> dict:
+    return {"seconds": 0.0, "new": 0, "identical": 0, "accept": [], "phases": dict.fromkeys(PHASES, 0.0)}
+
+
+def decode_interleaved(decoders: list[SpeculativeDecoder], curve: CostCurve, prompts, args):
+    """Every prompt: generate() once, then each head, in an order that rotates from prompt to prompt, then
+    `--repeats` sweeps of t(N). Every head is timed against the same baseline runs and the same curve."""
+    target = decoders[0].target
+    for prompt in prompts[: args.warmup]:  # untimed
+        generate_rows(target, prompt, args.max_new_tokens)
+        for decoder in decoders:
+            decoder.generate(prompt, args.max_new_tokens)
+        curve.sweep(0, record=False)
+    heads = [new_totals() for _ in decoders]
+    base = {"seconds": 0.0, "new": 0}
+    runners = ["baseline", *range(len(decoders))]
     for i, prompt in enumerate(prompts):
-        runs = []
-        for which in ("method", "baseline") if i % 2 == 0 else ("baseline", "method"):
+        shift = i % len(runners)
+        ref = None
+        outs = {}
+        for who in runners[shift:] + runners[:shift]:
             start = time.perf_counter()
-            out = decoder.generate(prompt, max_new_tokens) if which == "method" else None
-            ref = generate_rows(target, prompt, max_new_tokens)[0] if which == "baseline" else None
-            runs.append((which, out, ref, time.perf_counter() - start))
-        (out, seconds) = next((o, s) for w, o, _, s in runs if w == "method")
-        (ref, base_seconds) = next((r, s) for w, _, r, s in runs if w == "baseline")
-        for phase in PHASES:
-            phases[phase] += out.timings.get(phase, 0.0)
-        total += seconds
-        base_total += base_seconds
-        new += out.tokens.shape[1]
-        base_new += len(ref)
-        identical += out.tokens[0].tolist() == ref
-        accept += out.accept_lengths
-    return {
-        "tau": sum(accept) / max(len(accept), 1),
-        "steps": len(accept),
-        "new_tokens": new,
-        "seconds": total,
-        "tokens_per_second": new / total,
-        "baseline_tokens_per_second": base_new / base_total,
-        "identical": f"{identical}/{len(prompts)}",
-        "phase_seconds": phases,
-    }
+            if who == "baseline":
+                ref = generate_rows(target, prompt, args.max_new_tokens)[0]
+                base["seconds"] += time.perf_counter() - start
+                base["new"] += len(ref)
+            else:
+                outs[who] = decoders[who].generate(prompt, args.max_new_tokens)
+                heads[who]["seconds"] += time.perf_counter() - start
+        for r in range(args.repeats):
+            curve.sweep(i * args.repeats + r)
+        for who, out in outs.items():
+            h = heads[who]
+            h["new"] += out.tokens.shape[1]
+            h["identical"] += out.tokens[0].tolist() == ref
+            h["accept"] += out.accept_lengths
+            for phase in PHASES:
+                h["phases"][phase] += out.timings.get(phase, 0.0)
+    return heads, base
 
 
-def head_row(args, target: FrozenTarget, heads_dir: str, tree_name: str | None, prompts, past: int) -> dict:
-    heads, config = load_heads(heads_dir, target=target, device=target.device)
-    drafter, tree = drafter_for(heads, config, target, tree_name)
-    decoder = SpeculativeDecoder(target, drafter)
+def head_row(heads_dir: str, config: dict, tree: dict, run: dict, base: dict, curve: CostCurve, prompts: int):
     nodes = int(tree["nodes"])
-    costs = forward_cost(decoder, past, sorted({1, nodes, *args.sizes}), args.repeats)
-    run = decode_all(decoder, prompts, args.max_new_tokens, args.warmup)
-    ideal = run["tau"] * costs[1] / costs[nodes]
-    measured = run["tokens_per_second"] / run["baseline_tokens_per_second"]
-    steps_seconds = run["seconds"] - run["phase_seconds"]["prefill"]  # the decode steps, prefill left out
-    phases = {p: s for p, s in run["phase_seconds"].items() if p != "prefill"}
+    costs = curve.mean()
+    tau = sum(run["accept"]) / max(len(run["accept"]), 1)
+    ideal = tau * costs[1] / costs[nodes]
+    measured = (run["new"] / run["seconds"]) / (base["new"] / base["seconds"])
+    steps_seconds = run["seconds"] - run["phases"]["prefill"]  # the decode steps, prefill left out
+    phases = {p: s for p, s in run["phases"].items() if p != "prefill"}
     phases["rest"] = max(steps_seconds - sum(phases.values()), 0.0)
     return {
         "heads": heads_dir,
         "method": config["method"],
         "tree": tree,
-        "tau": run["tau"],
-        "identical_to_generate": run["identical"],
-        "tokens_per_second": run["tokens_per_second"],
-        "generate_tokens_per_second": run["baseline_tokens_per_second"],
+        "tau": tau,
+        "identical_to_generate": f"{run['identical']}/{prompts}",
+        "tokens_per_second": run["new"] / run["seconds"],
+        "generate_tokens_per_second": base["new"] / base["seconds"],
         "measured_speedup": measured,
         "ideal_speedup": ideal,
         "efficiency": measured / ideal,
         "forward_cost_seconds": {str(n): s for n, s in costs.items()},
-        "step_seconds": steps_seconds / max(run["steps"], 1),
+        "forward_cost_fastest_seconds": {str(n): s for n, s in curve.fastest().items()},
+        "forward_cost_sweeps": len(curve.samples[1]),
+        "step_seconds": steps_seconds / max(len(run["accept"]), 1),
         "outside_forward_fraction": 1 - phases["tree_forward"] / max(steps_seconds, 1e-12),
         "phase_fraction": {p: s / max(steps_seconds, 1e-12) for p, s in phases.items()},
     }
@@ -171,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--sizes", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32, 64])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=1, help="t(N) sweeps after each prompt")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--dtype", default="float32")
@@ -193,7 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [q.input_ids.to(target.device) for q in prompts]
     past = int(statistics.mean(q.shape[1] for q in prompts)) + args.max_new_tokens // 2
     load = os.getloadavg()[0]
-    rows = [head_row(args, target, h, t, prompts, past) for h, t in zip(args.heads, trees)]
+    loaded = []
+    for heads_dir, tree_name in zip(args.heads, trees):
+        heads, config = load_heads(heads_dir, target=target, device=target.device)
+        drafter, tree = drafter_for(heads, config, target, tree_name)
+        loaded.append((heads_dir, config, tree, SpeculativeDecoder(target, drafter)))
+    decoders = [d for *_, d in loaded]
+    sizes = [1, *args.sizes, *(int(tree["nodes"]) for _, _, tree, _ in loaded)]
+    curve = CostCurve(max(decoders, key=lambda d: len(d.drafter.capture_layers)), past, sizes)
+    runs, base = decode_interleaved(decoders, curve, prompts, args)
+    rows = [head_row(h, c, t, run, base, curve, len(prompts)) for (h, c, t, _), run in zip(loaded, runs)]
     result = {
         "target": str(args.target),
         "prompts": f"{args.prompts} ({len(prompts)})",

@@ -41,7 +41,7 @@ def test_bench_efficiency_reports_the_ideal_and_the_measured_speedup(tmp_path):
     out = tmp_path / "eff.json"
     argv = ["--target", str(target_dir), "--heads", str(tmp_path / "medusa"), str(tmp_path / "eagle")]
     argv += ["--tree", "medusa-15", "dynamic-8", "--prompts", str(questions), "--max-new-tokens", "10"]
-    assert bench.main([*argv, "--sizes", "1", "4", "--repeats", "1", "--out", str(out)]) == 0
+    assert bench.main([*argv, "--sizes", "1", "4", "--repeats", "2", "--out", str(out)]) == 0
 
     report = json.loads(out.read_text())
     assert [r["method"] for r in report["heads"]] == ["medusa", "eagle"]
@@ -54,4 +54,12 @@ def test_bench_efficiency_reports_the_ideal_and_the_measured_speedup(tmp_path):
         assert row["identical_to_generate"] == "2/2" and row["tau"] >= 1.0
         assert sum(row["phase_fraction"].values()) == pytest.approx(1.0, abs=1e-6)
         assert row["outside_forward_fraction"] == pytest.approx(1 - row["phase_fraction"]["tree_forward"])
+    # one run: every head is set against the same generate() runs and the same t(N) curve, swept
+    # --repeats times after each prompt, over every tree's size
+    medusa_row, eagle_row = report["heads"]
+    assert medusa_row["forward_cost_seconds"] == eagle_row["forward_cost_seconds"]
+    trees = {str(r["tree"]["nodes"]) for r in report["heads"]}
+    assert set(medusa_row["forward_cost_seconds"]) == {"1", "4", *trees} and len(trees) == 2
+    assert medusa_row["forward_cost_sweeps"] == 2 * len(QUESTIONS)
+    assert medusa_row["generate_tokens_per_second"] == eagle_row["generate_tokens_per_second"]
     assert out.with_suffix(".md").read_text().count("\n") == 4  # header, rule, one row a head
