@@ -529,7 +529,7 @@ def run_eagle3(args, ctx: dict) -> list[dict]:
             rows.append(ours_row("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
                                  changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
             for variant in ablations if e == epochs[0] else ():
-                extra = {**ours_extra, **eagle3_ablation(variant)}
+                extra = {**ours_extra, **eagle3_ablation(variant, budget)}
                 rows.append(ours_row("eagle3", budget, extra, args.eagle_tree, args, ctx, seed, variant,
                                      changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
     return rows
@@ -677,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         "--eagle3-ablations",
         default="",
         help=f"ours at the largest EAGLE-3 budget with modelopt's settings: comma-separated, each one or "
-        f"several of {list(EAGLE3_ABLATIONS)} joined by '+'",
+        f"several of {list(EAGLE3_ABLATIONS)} joined by '+'".replace("%", "%%"),
     )
     p.add_argument("--seed", type=int, default=0, help="the data's")
     p.add_argument("--overwrite", action="store_true")
@@ -710,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     for v in args.modelopt_variants.split(","):
         modelopt_variant(v, eagle3_budget(1, 1, 1))
     for v in filter(None, args.eagle3_ablations.split(",")):
-        eagle3_ablation(v)
+        eagle3_ablation(v, eagle3_budget(1, 1, 1))
     if args.out.exists():
         if not args.overwrite:
             raise SystemExit(f"{args.out} exists: --overwrite to replace it")
