@@ -526,8 +526,9 @@ def run_eagle3(args, ctx: dict) -> list[dict]:
                 rows.append(modelopt_row(budget, seed, variant, vocab, args, ctx))
             if seed not in ints(args.seeds):
                 continue
-            rows.append(ours_row("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
-                                 changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
+            if not (args.eagle3_ablations_only and ablations and e == epochs[0]):
+                rows.append(ours_row("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
+                                     changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
             for variant in ablations if e == epochs[0] else ():
                 extra = {**ours_extra, **eagle3_ablation(variant, budget)}
                 rows.append(ours_row("eagle3", budget, extra, args.eagle_tree, args, ctx, seed, variant,
@@ -678,6 +679,11 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help=f"ours at the largest EAGLE-3 budget with modelopt's settings: comma-separated, each one or "
         f"several of {list(EAGLE3_ABLATIONS)} joined by '+'".replace("%", "%%"),
+    )
+    p.add_argument(
+        "--eagle3-ablations-only",
+        action="store_true",
+        help="at the largest EAGLE-3 budget, ours with --eagle3-ablations only, not the recipe as it is",
     )
     p.add_argument("--seed", type=int, default=0, help="the data's")
     p.add_argument("--overwrite", action="store_true")
