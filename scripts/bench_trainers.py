@@ -439,7 +439,7 @@ def ours_row(
     """Train ours at `budget` (recipe overrides `extra`, the schedule scaled to the budget, `seed`), decode
     with `tree`, and give its table row; `variant` names an ablation (its overrides in `extra`)."""
     out = args.out
-    extra = {**extra, "eval_batches": args.our_eval_batches, "seed": seed}
+    extra = {"eval_batches": args.our_eval_batches, "seed": seed, **extra}  # an ablation may set its seeds
     name = f"ours-{method}-e{budget['epochs']}-s{seed}" + (f"-{variant}" if variant else "")
     load = load_average()
     got = train_ours(method, ctx["rows_path"], budget, out / name, extra)
@@ -530,7 +530,7 @@ def run_eagle3(args, ctx: dict) -> list[dict]:
                 rows.append(ours_row("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
                                      changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
             for variant in ablations if e == epochs[0] else ():
-                extra = {**ours_extra, **eagle3_ablation(variant, budget)}
+                extra = {**ours_extra, **eagle3_ablation(variant, budget, seed)}
                 rows.append(ours_row("eagle3", budget, extra, args.eagle_tree, args, ctx, seed, variant,
                                      changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
     return rows

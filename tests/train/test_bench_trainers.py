@@ -298,6 +298,8 @@ def test_eagle3_ablations_are_modelopts_settings_as_our_recipe_overrides():
     # modelopt's HF Trainer schedule: warm-up ceil(10% of the steps), then linear to 0
     got = modelopt.eagle3_ablation("linear+warmup 10%", budget)
     assert got == {"lr_schedule": "linear", "warmup_steps": 24}
+    # its seeding: the draft's initial weights drawn with seed 0 whatever the run's seed, which orders the rows
+    assert modelopt.eagle3_ablation("init seed 0", budget, seed=2) == {"seed": 0, "data_seed": 2}
     try:
         modelopt.eagle3_ablation("ttt 7", budget)
     except SystemExit as e:
