@@ -118,6 +118,7 @@ EAGLE3_ABLATIONS = {
     "ttt 4": lambda b, s: {"ttt_steps": 4},
     "decay 1": lambda b, s: {"decay": 1.0},
     "lr 2e-3": lambda b, s: {"lr": 2e-3},
+    "lr 3e-3": lambda b, s: {"lr": 3e-3},
     "lr 5e-4": lambda b, s: {"lr": 5e-4},
     # the initial weights drawn with seed s, the rows in one order whatever s
     "data seed 0": lambda b, s: {"data_seed": 0},
