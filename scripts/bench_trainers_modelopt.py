@@ -32,6 +32,7 @@ MODELOPT_CPU = {
 # budget (its warm-up of 1000 steps at lr 1e-4 never ends here): recipe overrides at a budget.
 MODELOPT_VARIANTS = {
     "lr 1e-3": lambda b: {"training.learning_rate": 1e-3},  # ours
+    "lr 2e-3": lambda b: {"training.learning_rate": 2e-3},  # ours' best at 240 steps (--eagle3-ablations)
     # the HF Trainer's warm-up for a ratio, ceil(0.1 * steps), as medusa-llm's; its recipe: 1000 steps
     "warmup 10%": lambda b: {"training.warmup_steps": max(1, math.ceil(0.1 * b["steps"]))},
 }
