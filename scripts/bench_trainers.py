@@ -439,7 +439,7 @@ def ours_row(
     """Train ours at `budget` (recipe overrides `extra`, the schedule scaled to the budget, `seed`), decode
     with `tree`, and give its table row; `variant` names an ablation (its overrides in `extra`)."""
     out = args.out
-    extra = {**extra, "eval_batches": args.our_eval_batches, "seed": seed}
+    extra = {"eval_batches": args.our_eval_batches, "seed": seed, **extra}  # an ablation may set its seeds
     name = f"ours-{method}-e{budget['epochs']}-s{seed}" + (f"-{variant}" if variant else "")
     load = load_average()
     got = train_ours(method, ctx["rows_path"], budget, out / name, extra)
@@ -526,10 +526,11 @@ def run_eagle3(args, ctx: dict) -> list[dict]:
                 rows.append(modelopt_row(budget, seed, variant, vocab, args, ctx))
             if seed not in ints(args.seeds):
                 continue
-            rows.append(ours_row("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
-                                 changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
+            if not (args.eagle3_ablations_only and ablations and e == epochs[0]):
+                rows.append(ours_row("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
+                                     changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
             for variant in ablations if e == epochs[0] else ():
-                extra = {**ours_extra, **eagle3_ablation(variant)}
+                extra = {**ours_extra, **eagle3_ablation(variant, budget, seed)}
                 rows.append(ours_row("eagle3", budget, extra, args.eagle_tree, args, ctx, seed, variant,
                                      changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
     return rows
@@ -677,7 +678,12 @@ def main(argv: list[str] | None = None) -> int:
         "--eagle3-ablations",
         default="",
         help=f"ours at the largest EAGLE-3 budget with modelopt's settings: comma-separated, each one or "
-        f"several of {list(EAGLE3_ABLATIONS)} joined by '+'",
+        f"several of {list(EAGLE3_ABLATIONS)} joined by '+'".replace("%", "%%"),
+    )
+    p.add_argument(
+        "--eagle3-ablations-only",
+        action="store_true",
+        help="at the largest EAGLE-3 budget, ours with --eagle3-ablations only, not the recipe as it is",
     )
     p.add_argument("--seed", type=int, default=0, help="the data's")
     p.add_argument("--overwrite", action="store_true")
@@ -710,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     for v in args.modelopt_variants.split(","):
         modelopt_variant(v, eagle3_budget(1, 1, 1))
     for v in filter(None, args.eagle3_ablations.split(",")):
-        eagle3_ablation(v)
+        eagle3_ablation(v, eagle3_budget(1, 1, 1))
     if args.out.exists():
         if not args.overwrite:
             raise SystemExit(f"{args.out} exists: --overwrite to replace it")

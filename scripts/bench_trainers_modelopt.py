@@ -32,6 +32,7 @@ MODELOPT_CPU = {
 # budget (its warm-up of 1000 steps at lr 1e-4 never ends here): recipe overrides at a budget.
 MODELOPT_VARIANTS = {
     "lr 1e-3": lambda b: {"training.learning_rate": 1e-3},  # ours
+    "lr 2e-3": lambda b: {"training.learning_rate": 2e-3},  # ours' best at 240 steps (--eagle3-ablations)
     # the HF Trainer's warm-up for a ratio, ceil(0.1 * steps), as medusa-llm's; its recipe: 1000 steps
     "warmup 10%": lambda b: {"training.warmup_steps": max(1, math.ceil(0.1 * b["steps"]))},
 }
@@ -105,19 +106,35 @@ def modelopt_variant(names: str, budget: dict) -> dict:
 
 
 # Ours at an EAGLE-3 budget with one (or several, '+'-joined) of modelopt's recipe settings in place of our
-# recipe's: what each difference buys in tau (recipe overrides; --eagle3-ablations).
+# recipe's: what each difference buys in tau (recipe overrides at a budget b for a run's seed s;
+# --eagle3-ablations). The last ones are not modelopt's settings: ours tuned further, and the seeds apart.
 EAGLE3_ABLATIONS = {
-    "loss all": {"loss_on": "all"},  # its answer_only_loss false: every token of the chat; ours the answer's
-    "ttt 3": {"ttt_steps": 3},  # its eagle_ttt_steps; ours 5
-    "decay 0.9": {"decay": 0.9},  # its eagle_loss_decay_factor; ours 0.8
+    "loss all": lambda b, s: {"loss_on": "all"},  # its answer_only_loss false: every token of the chat
+    "ttt 3": lambda b, s: {"ttt_steps": 3},  # its eagle_ttt_steps; ours 5
+    "decay 0.9": lambda b, s: {"decay": 0.9},  # its eagle_loss_decay_factor; ours 0.8
+    "linear": lambda b, s: {"lr_schedule": "linear"},  # its Trainer's lr_scheduler_type; ours cosine to 0.1
+    # the warm-up of modelopt's variant "warmup 10%" (ceil(0.1 * steps)); ours 20 steps
+    "warmup 10%": lambda b, s: {"warmup_steps": max(1, math.ceil(0.1 * b["steps"]))},
+    "ttt 2": lambda b, s: {"ttt_steps": 2},
+    "ttt 4": lambda b, s: {"ttt_steps": 4},
+    "decay 1": lambda b, s: {"decay": 1.0},
+    "lr 2e-3": lambda b, s: {"lr": 2e-3},
+    "lr 3e-3": lambda b, s: {"lr": 3e-3},
+    "lr 5e-4": lambda b, s: {"lr": 5e-4},
+    # the initial weights drawn with seed s, the rows in one order whatever s
+    "data seed 0": lambda b, s: {"data_seed": 0},
+    # modelopt's seeding: main.py draws the draft's initial weights with seed 0 whatever its training.seed,
+    # which orders the rows only
+    "init seed 0": lambda b, s: {"seed": 0, "data_seed": s},
 }
 
 
-def eagle3_ablation(names: str) -> dict:
-    """The recipe overrides of a '+'-joined list of EAGLE3_ABLATIONS names."""
+def eagle3_ablation(names: str, budget: dict, seed: int = 0) -> dict:
+    """The recipe overrides of a '+'-joined list of EAGLE3_ABLATIONS names at `budget`, for the run of
+    `seed` (an override of `seed` itself replaces the run's)."""
     out = {}
     for name in names.split("+"):
         if name not in EAGLE3_ABLATIONS:
             raise SystemExit(f"--eagle3-ablations: {name!r} is not one of {list(EAGLE3_ABLATIONS)}")
-        out |= EAGLE3_ABLATIONS[name]
+        out |= EAGLE3_ABLATIONS[name](budget, seed)
     return out

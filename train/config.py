@@ -22,6 +22,7 @@ from specheads.train.data.readers import check_max_bad_rows
 from specheads.train.medusa2 import LORA_TARGET_MODULES
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
+LR_SCHEDULES = ("cosine", "linear")
 MODES = ("online", "offline")
 REPORT_TO = ("wandb", "none")
 
@@ -90,10 +91,14 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     warmup_steps: int = 50
+    # after the warm-up: "cosine" to a tenth of lr at max_steps, or "linear" to 0 at max_steps (the HF
+    # Trainer's `linear`, Model Optimizer's and medusa-llm's recipes' schedule)
+    lr_schedule: str = "cosine"
     max_steps: int = 1000  # optimizer steps
     max_grad_norm: float = 1.0
     mixed_precision: str = "no"
-    seed: int = 0
+    seed: int = 0  # draws the heads' initial weights, and orders the training rows unless data_seed does
+    data_seed: int = -1  # orders the training rows (each epoch's shuffle); -1: seed's (HF's data_seed)
     # evaluation, logging, checkpoints
     topk: int = 5
     eval_every: int = 200
@@ -123,6 +128,11 @@ class TrainConfig:
                 f"loss_on must be 'assistant', 'last_assistant' or 'all', got {self.loss_on!r}",
             ),
             (self.mixed_precision in MIXED_PRECISION, f"mixed_precision must be one of {MIXED_PRECISION}"),
+            (
+                self.lr_schedule in LR_SCHEDULES,
+                f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}",
+            ),
+            (self.data_seed >= -1, f"data_seed must be >= 0, or -1 for seed's, got {self.data_seed}"),
             (self.mode in MODES, f"mode must be one of {MODES}, got {self.mode!r}"),
             (
                 self.mode != "offline" or bool(self.cache_dir),

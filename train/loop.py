@@ -101,11 +101,19 @@ def build_heads(cfg: TrainConfig, target: FrozenTarget, train_rows=None) -> tupl
 
 
 def lr_lambda(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to 1, then cosine decay to 0.1 at max_steps."""
+    """The lr factor of optimizer step `step` (0-based): linear warm-up to 1 over warmup_steps, then
+    `cfg.lr_schedule`: cosine decay to 0.1 at max_steps, or linear decay to 0 at max_steps."""
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    if cfg.lr_schedule == "linear":
+        return 1.0 - progress
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def data_seed(cfg: TrainConfig) -> int:
+    """The seed of the training rows' order: data_seed, or seed when it is -1."""
+    return cfg.seed if cfg.data_seed < 0 else cfg.data_seed
 
 
 def make_data(cfg: TrainConfig, tokenizer, target: TargetRecord | None = None, verify: bool = True) -> tuple:
@@ -152,7 +160,7 @@ def train_batches(cfg: TrainConfig, dataset, collate, accelerator, start: int) -
         cfg.batch_size,
         num_processes=accelerator.num_processes,
         rank=accelerator.process_index,
-        seed=cfg.seed,
+        seed=data_seed(cfg),
         start=start,
     )
     # The generator only seeds worker processes; without one the loader would draw on the global RNG.
@@ -161,7 +169,7 @@ def train_batches(cfg: TrainConfig, dataset, collate, accelerator, start: int) -
         batch_sampler=sampler,
         collate_fn=collate,
         num_workers=cfg.num_workers,
-        generator=torch.Generator().manual_seed(cfg.seed),
+        generator=torch.Generator().manual_seed(data_seed(cfg)),
     )
     for batch in loader:
         yield {k: v.to(accelerator.device) for k, v in batch.items()}

@@ -292,10 +292,16 @@ def test_an_eagle3_run_carries_the_eagle_and_medusa_rows(tmp_path):
 
 
 def test_eagle3_ablations_are_modelopts_settings_as_our_recipe_overrides():
-    assert modelopt.eagle3_ablation("loss all") == {"loss_on": "all"}
-    assert modelopt.eagle3_ablation("ttt 3+decay 0.9") == {"ttt_steps": 3, "decay": 0.9}
+    budget = modelopt.eagle3_budget(32, 30, 4)  # 240 steps
+    assert modelopt.eagle3_ablation("loss all", budget) == {"loss_on": "all"}
+    assert modelopt.eagle3_ablation("ttt 3+decay 0.9", budget) == {"ttt_steps": 3, "decay": 0.9}
+    # modelopt's HF Trainer schedule: warm-up ceil(10% of the steps), then linear to 0
+    got = modelopt.eagle3_ablation("linear+warmup 10%", budget)
+    assert got == {"lr_schedule": "linear", "warmup_steps": 24}
+    # its seeding: the draft's initial weights drawn with seed 0 whatever the run's seed, which orders the rows
+    assert modelopt.eagle3_ablation("init seed 0", budget, seed=2) == {"seed": 0, "data_seed": 2}
     try:
-        modelopt.eagle3_ablation("ttt 7")
+        modelopt.eagle3_ablation("ttt 7", budget)
     except SystemExit as e:
         assert "ttt 7" in str(e)
     else:

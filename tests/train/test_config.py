@@ -43,6 +43,8 @@ def test_unknown_keys_are_rejected_with_a_suggestion(tmp_path):
         ("lambda0_schedule=cosine", "lambda0_schedule must be one of .'sine', 'linear', 'constant'."),
         ("lambda0_warmup=0", r"lambda0_warmup must be in \(0, 1\], got 0.0"),
         ("lora_r=0", "lora_r must be >= 1"),
+        ("lr_schedule=step", r"lr_schedule must be one of \('cosine', 'linear'\), got 'step'"),
+        ("data_seed=-2", "data_seed must be >= 0, or -1 for seed's, got -2"),
         ("lora_dropout=1", r"lora_dropout must be in \[0, 1\)"),
         ("max_bad_rows=2.5", r"a float max_bad_rows is a fraction of the rows, in \[0, 1\]; got 2.5"),
         ("max_bad_rows=-1", "max_bad_rows must be a count"),

@@ -1,0 +1,53 @@
+"""The learning-rate schedule (warm-up, then cosine or linear decay) and the data order's seed."""
+
+from itertools import islice
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specheads.train.config import TrainConfig, load_config
+from specheads.train.loop import lr_lambda, train_batches
+
+
+def factors(cfg: TrainConfig) -> list[float]:
+    return [lr_lambda(step, cfg) for step in range(cfg.max_steps)]
+
+
+def test_defaults_are_cosine_and_the_seed_orders_the_data():
+    cfg = TrainConfig()
+    assert (cfg.lr_schedule, cfg.data_seed) == ("cosine", -1)
+
+
+def test_cosine_warms_up_then_decays_to_a_tenth():
+    cfg = load_config(None, ["warmup_steps=4", "max_steps=20"])
+    f = factors(cfg)
+    assert f[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert f[4] == pytest.approx(1.0) and lr_lambda(20, cfg) == pytest.approx(0.1)
+    assert f[12] == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the decay
+    assert all(a >= b for a, b in zip(f[3:], f[4:]))
+
+
+def test_linear_decays_to_zero_as_the_hf_trainers_linear():
+    """After the warm-up, the HF Trainer's `linear` (get_linear_schedule_with_warmup), step for step."""
+    from transformers import get_linear_schedule_with_warmup
+
+    cfg = load_config(None, ["lr_schedule=linear", "warmup_steps=24", "max_steps=240"])
+    f = factors(cfg)
+    assert f[:24] == factors(load_config(None, ["warmup_steps=24", "max_steps=240"]))[:24]  # the same warm-up
+    assert f[24] == 1.0 and f[132] == pytest.approx(0.5) and lr_lambda(240, cfg) == 0.0
+    hf = get_linear_schedule_with_warmup(torch.optim.SGD([torch.zeros(1)], lr=1.0), 24, 240).lr_lambdas[0]
+    assert f[24:] == pytest.approx([hf(step) for step in range(24, 240)])
+
+
+def order(cfg: TrainConfig, batches: int = 6) -> list[list[int]]:
+    rows = [{"i": i} for i in range(10)]
+    one = SimpleNamespace(num_processes=1, process_index=0, device="cpu")
+    collate = lambda b: {"i": torch.tensor([r["i"] for r in b])}  # noqa: E731
+    return [b["i"].tolist() for b in islice(train_batches(cfg, rows, collate, one, start=0), batches)]
+
+
+def test_data_seed_orders_the_rows_apart_from_seed():
+    seeded = order(load_config(None, ["batch_size=3", "seed=1"]))
+    assert order(load_config(None, ["batch_size=3", "seed=5", "data_seed=1"])) == seeded
+    assert order(load_config(None, ["batch_size=3", "seed=1", "data_seed=2"])) != seeded
