@@ -83,8 +83,11 @@ from bench_trainers_modelopt import (
     MODELOPT_VARIANTS,
     eagle3_ablation,
     eagle3_budget,
+    joined_help,
+    joined_overrides,
     modelopt_job,
     modelopt_variant,
+    warmup_like_hf,
 )
 from bench_trainers_report import plot, render, render_table
 
@@ -153,19 +156,9 @@ MEDUSA_ABLATIONS = {
 }
 
 
-def warmup_like_hf(steps: int, ratio: float) -> int:
-    """The HF Trainer's warm-up steps for a ratio: ceil(ratio * steps)."""
-    return max(1, math.ceil(ratio * steps))
-
-
 def ablation_overrides(names: str, budget: dict) -> dict:
     """The overrides of a '+'-joined list of MEDUSA_ABLATIONS names at `budget`."""
-    out = {}
-    for name in names.split("+"):
-        if name not in MEDUSA_ABLATIONS:
-            raise SystemExit(f"--medusa-ablations: {name!r} is not one of {list(MEDUSA_ABLATIONS)}")
-        out |= MEDUSA_ABLATIONS[name](budget)
-    return out
+    return joined_overrides(names, MEDUSA_ABLATIONS, "--medusa-ablations", budget)
 
 
 # -- budgets (pure) -----------------------------------------------------------------------------------
@@ -650,8 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--modelopt-variants",
         default="defaults,lr 1e-3+warmup 10%",
-        help=f"modelopt's recipe ('defaults') and with some of our settings: comma-separated, each one or "
-        f"several of {list(MODELOPT_VARIANTS)} joined by '+'".replace("%", "%%"),
+        help=joined_help("modelopt's recipe ('defaults') and with some of our settings", MODELOPT_VARIANTS),
     )
     p.add_argument(
         "--eagle-lrs", default=f"{EAGLE_LR:g},1e-3", help="eagle-llm --lr values (its default first)"
@@ -671,14 +663,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--medusa-ablations",
         default="",
-        help=f"ours at the largest Medusa budget with medusa-llm's settings: comma-separated, each one or "
-        f"several of {list(MEDUSA_ABLATIONS)} joined by '+'".replace("%", "%%"),  # argparse formats help
+        help=joined_help("ours at the largest Medusa budget with medusa-llm's settings", MEDUSA_ABLATIONS),
     )
     p.add_argument(
         "--eagle3-ablations",
         default="",
-        help=f"ours at the largest EAGLE-3 budget with modelopt's settings: comma-separated, each one or "
-        f"several of {list(EAGLE3_ABLATIONS)} joined by '+'".replace("%", "%%"),
+        help=joined_help("ours at the largest EAGLE-3 budget with modelopt's settings", EAGLE3_ABLATIONS),
     )
     p.add_argument(
         "--eagle3-ablations-only",

@@ -28,13 +28,39 @@ MODELOPT_CPU = {
     "training.logging_steps": 1,
     "eagle.eagle_use_torch_compile": False,
 }
+
+
+def warmup_like_hf(steps: int, ratio: float) -> int:
+    """The HF Trainer's warm-up steps for a ratio: ceil(ratio * steps)."""
+    return max(1, math.ceil(ratio * steps))
+
+
+def joined_overrides(names: str, table: dict, flag: str, *args, nothing: tuple[str, ...] = ()) -> dict:
+    """The overrides of a '+'-joined list of `table`'s names, each entry called with `args` (a budget, and
+    for some tables a seed); a name not in `table` (nor in `nothing`, which adds none) stops the bench,
+    naming `flag`."""
+    out = {}
+    for name in names.split("+"):
+        if name in nothing:
+            continue
+        if name not in table:
+            raise SystemExit(f"{flag}: {name!r} is not one of {list(table)}")
+        out |= table[name](*args)
+    return out
+
+
+def joined_help(what: str, table: dict) -> str:
+    """argparse help for a flag taking comma-separated lists of '+'-joined `table` names."""
+    return f"{what}: comma-separated, each one or several of {list(table)} joined by '+'".replace("%", "%%")
+
+
 # modelopt with one or more ('+'-joined) of our recipe's settings, to see what its defaults cost in this
 # budget (its warm-up of 1000 steps at lr 1e-4 never ends here): recipe overrides at a budget.
 MODELOPT_VARIANTS = {
     "lr 1e-3": lambda b: {"training.learning_rate": 1e-3},  # ours
     "lr 2e-3": lambda b: {"training.learning_rate": 2e-3},  # ours' best at 240 steps (--eagle3-ablations)
     # the HF Trainer's warm-up for a ratio, ceil(0.1 * steps), as medusa-llm's; its recipe: 1000 steps
-    "warmup 10%": lambda b: {"training.warmup_steps": max(1, math.ceil(0.1 * b["steps"]))},
+    "warmup 10%": lambda b: {"training.warmup_steps": warmup_like_hf(b["steps"], 0.1)},
 }
 MODELOPT_CHANGES = [
     "the steps of its examples/speculative_decoding (calibrate_draft_vocab.py, main.py, export_hf_checkpoint.py) "
@@ -95,14 +121,7 @@ def modelopt_job(ctx: dict, work: Path, budget: dict, seed: int, variant: str, d
 
 def modelopt_variant(names: str, budget: dict) -> dict:
     """The recipe overrides of a '+'-joined list of MODELOPT_VARIANTS names ("defaults": none)."""
-    out = {}
-    for name in names.split("+"):
-        if name in ("", "defaults"):
-            continue
-        if name not in MODELOPT_VARIANTS:
-            raise SystemExit(f"--modelopt-variants: {name!r} is not one of {list(MODELOPT_VARIANTS)}")
-        out |= MODELOPT_VARIANTS[name](budget)
-    return out
+    return joined_overrides(names, MODELOPT_VARIANTS, "--modelopt-variants", budget, nothing=("", "defaults"))
 
 
 # Ours at an EAGLE-3 budget with one (or several, '+'-joined) of modelopt's recipe settings in place of our
@@ -114,7 +133,7 @@ EAGLE3_ABLATIONS = {
     "decay 0.9": lambda b, s: {"decay": 0.9},  # its eagle_loss_decay_factor; ours 0.8
     "linear": lambda b, s: {"lr_schedule": "linear"},  # its Trainer's lr_scheduler_type; ours cosine to 0.1
     # the warm-up of modelopt's variant "warmup 10%" (ceil(0.1 * steps)); ours 20 steps
-    "warmup 10%": lambda b, s: {"warmup_steps": max(1, math.ceil(0.1 * b["steps"]))},
+    "warmup 10%": lambda b, s: {"warmup_steps": warmup_like_hf(b["steps"], 0.1)},
     "ttt 2": lambda b, s: {"ttt_steps": 2},
     "ttt 4": lambda b, s: {"ttt_steps": 4},
     "decay 1": lambda b, s: {"decay": 1.0},
@@ -132,9 +151,4 @@ EAGLE3_ABLATIONS = {
 def eagle3_ablation(names: str, budget: dict, seed: int = 0) -> dict:
     """The recipe overrides of a '+'-joined list of EAGLE3_ABLATIONS names at `budget`, for the run of
     `seed` (an override of `seed` itself replaces the run's)."""
-    out = {}
-    for name in names.split("+"):
-        if name not in EAGLE3_ABLATIONS:
-            raise SystemExit(f"--eagle3-ablations: {name!r} is not one of {list(EAGLE3_ABLATIONS)}")
-        out |= EAGLE3_ABLATIONS[name](budget, seed)
-    return out
+    return joined_overrides(names, EAGLE3_ABLATIONS, "--eagle3-ablations", budget, seed)
