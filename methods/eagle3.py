@@ -15,6 +15,9 @@ from specheads.heads import (
 from specheads.heads.methods import Method
 from specheads.train.eagle_losses import DraftMetrics, count_label_tokens, eagle3_loss
 
+# draft_head_init (train/config.py): the draft's lm_head and norm drawn at random, or copied from the target
+DRAFT_HEAD_INITS = ("random", "target")
+
 
 def build_heads(cfg, target, train_rows) -> tuple[Eagle3Head, dict]:
     """An EAGLE-3 head whose draft vocabulary is the most frequent label tokens of `train_rows`."""
@@ -28,6 +31,8 @@ def build_heads(cfg, target, train_rows) -> tuple[Eagle3Head, dict]:
     draft_vocab = draft_vocab_from_counts(counts, size)
     coverage = counts[draft_vocab].sum().item() / max(counts.sum().item(), 1)
     head = Eagle3Head(config).set_draft_vocab(draft_vocab)
+    if cfg.draft_head_init == "target":
+        head.init_from_target(target.lm_head, target.norm)
     return head.to(target.device), {"draft_vocab_size": size, "draft_vocab_label_coverage": coverage}
 
 
@@ -73,6 +78,10 @@ def check_recipe(cfg) -> list[tuple[bool, str]]:
         ),
         (cfg.draft_vocab_size >= 1, f"draft_vocab_size must be >= 1, got {cfg.draft_vocab_size}"),
         (cfg.ttt_steps >= 1, f"ttt_steps must be >= 1, got {cfg.ttt_steps}"),
+        (
+            cfg.draft_head_init in DRAFT_HEAD_INITS,
+            f"draft_head_init must be one of {DRAFT_HEAD_INITS}, got {cfg.draft_head_init!r}",
+        ),
     ]
 
 
@@ -88,7 +97,7 @@ EAGLE3 = Method(
     summarise=lambda cfg, sums: DraftMetrics.summarise(
         sums, [cfg.decay**i for i in range(cfg.ttt_steps)], cfg.topk
     ),
-    recipe_keys=("eagle3_layers", "draft_vocab_size", "ttt_steps", "decay"),
+    recipe_keys=("eagle3_layers", "draft_vocab_size", "ttt_steps", "decay", "draft_head_init"),
     check_recipe=check_recipe,
     drafter=eagle_drafter_for,
     calibrate=calibrate_eagle,

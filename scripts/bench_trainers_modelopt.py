@@ -145,6 +145,8 @@ EAGLE3_ABLATIONS = {
     # modelopt's seeding: main.py draws the draft's initial weights with seed 0 whatever its training.seed,
     # which orders the rows only
     "init seed 0": lambda b, s: {"seed": 0, "data_seed": s},
+    # ours only: the draft's lm_head and norm start from the target's (neither peer does)
+    "head init target": lambda b, s: {"draft_head_init": "target"},
 }
 
 

@@ -85,6 +85,9 @@ class TrainConfig:
     )  # target layers fused, HF hidden_states indexing, ascending; empty: (2, L//2, L-3), (1, L//2, L-1) for L < 7
     draft_vocab_size: int = 32000  # most frequent label tokens of the data; capped at the target's vocab
     ttt_steps: int = 7  # training-time-test steps
+    # the draft's lm_head and final norm at the start: "random" (the layer's own init, as SpecForge and Model
+    # Optimizer start), or "target": the target's lm_head rows of the draft vocabulary and its final norm
+    draft_head_init: str = "random"
     # optimisation
     batch_size: int = 8  # per process, per micro-step
     grad_accum: int = 1

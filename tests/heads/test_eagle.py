@@ -18,6 +18,8 @@ from specheads.heads import (
     vocab_maps,
 )
 from specheads.heads.checkpoint import read_head_config
+from specheads.methods.eagle3 import build_heads
+from specheads.train.config import load_config
 
 from helpers import causal_mask, tiny_config, tiny_model
 
@@ -148,6 +150,30 @@ def test_draft_vocabulary_round_trips():
         vocab_maps(torch.tensor([3, 1]), V)
     with pytest.raises(ValueError, match="has 3 ids, the head predicts 6"):
         head.set_draft_vocab(torch.tensor([1, 2, 3]))
+
+
+def test_eagle3_head_starts_from_the_targets_lm_head_rows_and_norm():
+    """draft_head_init: target (train/config.py): lm_head row i is the target's row d2t-mapped from i, the
+    norm is the target's final norm; through the recipe, `build_heads` does it only when asked."""
+    target = FrozenTarget(tiny_model("llama", vocab_size=V))
+    with torch.no_grad():
+        target.norm.weight.uniform_(0.5, 1.5)  # a norm the fresh draft's (all ones) is not
+    ids = torch.tensor([3, 7, 40, 41, 200, 263])
+    head = eagle3_head(vd=6).set_draft_vocab(ids).init_from_target(target.lm_head, target.norm)
+    assert torch.equal(head.lm_head.weight, target.lm_head.weight[ids])
+    assert torch.equal(head.norm.weight, target.norm.weight)
+    # so the draft's logits over its vocabulary start as the target's lm_head applied after its norm
+    h = torch.randn(2, 64)
+    torch.testing.assert_close(head.logits(h), target.lm_head(target.norm(h))[:, ids])
+
+    rows = [{"input_ids": list(range(10, 30)), "loss_mask": [1] * 20}]
+    for init, same in (("target", True), ("random", False)):
+        cfg = load_config(None, {"method": "eagle3", "draft_vocab_size": 6, "draft_head_init": init})
+        built, _ = build_heads(cfg, target, rows)
+        rows_of_target = target.lm_head.weight[built.to_target_ids(torch.arange(6))]
+        assert torch.equal(built.lm_head.weight, rows_of_target) is same
+    with pytest.raises(ValueError, match="draft_head_init must be one of"):
+        load_config(None, {"method": "eagle3", "draft_head_init": "zeros"})
 
 
 # -- checkpoints --------------------------------------------------------------------------------------
