@@ -1,4 +1,4 @@
-"""scripts/bench_trainers.py's pure parts: the budgets matched to the peers', and the table (no training here:
+"""scripts/bench_trainers.py's (and its modules') pure parts: the budgets matched to the peers', and the table (no training here:
 tests/consumers/test_consumer_trainers.py runs the peers' trainers)."""
 
 import importlib.util
@@ -14,16 +14,17 @@ bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 report = sys.modules["bench_trainers_report"]
 modelopt = sys.modules["bench_trainers_modelopt"]
+jobs = sys.modules["bench_trainers_jobs"]
 
 
 def test_eagle_budget_follows_main_py_split_epochs_and_batch():
     """main.py trains on int(0.95 N) files at --bs 4; ours takes the same optimizer steps and batch."""
-    b = bench.eagle_budget(40, 21)
+    b = jobs.eagle_budget(40, 21)
     assert (b["peer_rows"], b["batch"], b["grad_accum"]) == (38, 4, 1)
     assert b["steps"] == 21 * 10  # ceil(38 / 4) batches an epoch, the last one short
     assert b["rows_seen"] == 21 * 38
-    assert bench.eagle_budget(40, 6)["steps"] == 60
-    assert bench.eagle_budget(20, 21)["peer_rows"] == 19
+    assert jobs.eagle_budget(40, 6)["steps"] == 60
+    assert jobs.eagle_budget(20, 21)["peer_rows"] == 19
 
 
 def test_eagle_budgets_are_states_main_py_saves():
@@ -34,20 +35,20 @@ def test_eagle_budgets_are_states_main_py_saves():
 
 
 def test_medusa_budget_counts_optimizer_steps_of_batch_times_accumulation():
-    b = bench.medusa_budget(40, 21)
+    b = jobs.medusa_budget(40, 21)
     assert (b["batch"], b["grad_accum"]) == (8, 4)
     assert b["steps"] == 21 * 2  # ceil(40 / 32)
     assert b["rows_seen"] == 21 * 40
-    assert bench.medusa_budget(64, 3)["steps"] == 6
+    assert jobs.medusa_budget(64, 3)["steps"] == 6
     # fewer micro-batches an epoch than the accumulation: the Trainer steps at the epoch's end
-    small = bench.medusa_budget(16, 4)
+    small = jobs.medusa_budget(16, 4)
     assert (small["steps"], small["grad_accum"], small["rows_seen"]) == (4, 2, 64)
-    assert bench.medusa_budget(40, 1)["steps"] == 2  # 5 micro-batches: one step of 4, one of 1
-    assert bench.tokens_seen(b, 100.5) == round(21 * 40 * 100.5)
+    assert jobs.medusa_budget(40, 1)["steps"] == 2  # 5 micro-batches: one step of 4, one of 1
+    assert jobs.tokens_seen(b, 100.5) == round(21 * 40 * 100.5)
 
 
 def row(method, trainer, epochs, tau, **kw):
-    budget = bench.medusa_budget(40, epochs)
+    budget = jobs.medusa_budget(40, epochs)
     return {"method": method, "trainer": trainer, "budget": budget, "tokens_seen": 1000 * epochs, "tau": tau,
             "identical": "8/8", **kw}  # fmt: skip
 
@@ -81,7 +82,7 @@ def test_table_has_a_line_per_trainer_and_budget_with_the_range_and_runs_and_say
     )
     assert "6 epochs of 40 rows: ours" not in table
     # the same epochs over other rows are another budget: another line, and the verdict at the larger
-    more = [{**r, "budget": bench.medusa_budget(128, 6)} for r in rows[:2]]
+    more = [{**r, "budget": jobs.medusa_budget(128, 6)} for r in rows[:2]]
     table = report.render_table(rows[:2] + more)
     assert len([line for line in table.splitlines() if line.startswith("| Medusa")]) == 4
     assert "Medusa, 6 epochs of 128 rows: ours LOSES" in table and "of 40 rows" not in table
@@ -113,7 +114,7 @@ def test_repeated_runs_give_one_line_with_mean_min_max_and_n_and_overlapping_ran
 
 
 def test_ablations_are_medusa_llms_settings_as_our_recipe_overrides():
-    budget = bench.medusa_budget(128, 6)  # 24 steps
+    budget = jobs.medusa_budget(128, 6)  # 24 steps
     assert bench.ablation_overrides("warmup 10%", budget) == {"warmup_steps": 3}  # HF: ceil(0.1 * 24)
     assert bench.ablation_overrides("decay 1+data labels", budget) == {"decay": 1.0, "labels": "data"}
     assert bench.warmup_like_hf(5, 0.1) == 1
@@ -133,8 +134,8 @@ def test_rows_of_methods_not_run_are_carried_from_the_report_with_their_command(
 
 
 def test_vicuna_text_is_fastchats_one_turn_prompt():
-    text = bench.vicuna_text("def f():", "    return 1")
-    assert text == bench.VICUNA_SYSTEM + " USER: def f(): ASSISTANT:     return 1</s>"
+    text = jobs.vicuna_text("def f():", "    return 1")
+    assert text == jobs.VICUNA_SYSTEM + " USER: def f(): ASSISTANT:     return 1</s>"
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -1,0 +1,229 @@
+"""scripts/bench_trainers.py's shared parts: the budgets matched to the peers', the data both sides train
+on, and the runs (our trainer, imports, evaluation, one child process measured), with the row each run
+gives. The per-method jobs and the command line stay in bench_trainers.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+EAGLE_TRAIN_FRACTION = 0.95  # eagle-llm's main.py: datapath[:int(len(datapath) * 0.95)]
+EAGLE_BS = 4  # main.py's --bs default
+
+
+# -- budgets (pure) -----------------------------------------------------------------------------------
+
+
+def eagle_budget(rows: int, epochs: int, bs: int = EAGLE_BS) -> dict:
+    """eagle-llm's main.py over `rows` data files for `epochs` epochs, and ours matched to it: the same
+    batch and optimizer steps (main.py's last batch of an epoch may be short: ours sees the same rows)."""
+    n_train = int(rows * EAGLE_TRAIN_FRACTION)
+    steps = epochs * math.ceil(n_train / bs)
+    return {"peer_rows": n_train, "epochs": epochs, "batch": bs, "grad_accum": 1, "steps": steps,
+            "rows_seen": epochs * n_train}  # fmt: skip
+
+
+def medusa_budget(rows: int, epochs: int, batch: int = 8, grad_accum: int = 4) -> dict:
+    """medusa-llm's train.py (HF Trainer) for `epochs` epochs over `rows`, and ours at its optimizer steps.
+    The Trainer steps at each epoch's end with what it accumulated: with fewer micro-batches an epoch than
+    `grad_accum`, a step holds one epoch's rows, and ours accumulates that many micro-batches."""
+    micro = math.ceil(rows / batch)
+    steps = epochs * math.ceil(micro / grad_accum)
+    return {"peer_rows": rows, "epochs": epochs, "batch": batch, "grad_accum": min(grad_accum, micro),
+            "steps": steps, "rows_seen": epochs * rows}  # fmt: skip
+
+
+def tokens_seen(budget: dict, mean_row_tokens: float) -> int:
+    return round(budget["rows_seen"] * mean_row_tokens)
+
+
+# -- the data -----------------------------------------------------------------------------------------
+
+
+def make_conversations(target_dir: Path, n: int, prompt_tokens: int, answer_tokens: int, seed: int) -> list:
+    """[(prompt text, answer text)]: windows of the training files, the target's greedy continuation."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specheads.train.data.sources import stdlib_rows
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    texts = stdlib_rows(heldout=False)["text"]
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        text = texts[rng.randrange(len(texts))]
+        lines = text.splitlines(keepends=True)
+        if len(lines) < 8:
+            continue
+        start = rng.randrange(len(lines) - 4)
+        ids = tok("".join(lines[start : start + 40]), add_special_tokens=False).input_ids[:prompt_tokens]
+        if len(ids) < prompt_tokens:
+            continue
+        prompt = tok.decode(ids)
+        ids = tok(prompt, add_special_tokens=False).input_ids
+        with torch.no_grad():
+            gen = model.generate(
+                torch.tensor([[tok.bos_token_id, *ids]]), max_new_tokens=answer_tokens, do_sample=False
+            )[0, len(ids) + 1 :].tolist()
+        if tok.eos_token_id in gen:
+            gen = gen[: gen.index(tok.eos_token_id)]
+        answer = tok.decode(gen, skip_special_tokens=True)
+        if answer.strip():
+            out.append((prompt, answer))
+    return out
+
+
+def sharegpt_rows(conversations: list) -> list[dict]:
+    return [
+        {"id": f"tiny_{i}", "conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": a}]}
+        for i, (p, a) in enumerate(conversations)
+    ]
+
+
+def message_rows(conversations: list) -> list[dict]:
+    return [
+        {"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": a}]}
+        for p, a in conversations
+    ]
+
+
+def peer_target(source: Path, out: Path, max_length: int) -> Path:
+    """The tiny target as the peers' Vicuna code reads it: the same weights and token ids; the tokenizer
+    adds its BOS in front, its EOS is spelt `</s>` (the Vicuna template ends each answer with that
+    text), and `<|pad|>` is also its unk token (medusa pads with the unk token). Plus an index file."""
+    from safetensors import safe_open
+
+    out.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        shutil.copy(source / name, out / name)
+    tj = json.loads((source / "tokenizer.json").read_text())
+    cfg = json.loads((source / "tokenizer_config.json").read_text())
+    eos, bos = cfg["eos_token"], cfg["bos_token"]
+    for t in tj["added_tokens"]:
+        if t["content"] == eos:
+            t["content"] = "</s>"
+    vocab = tj["model"]["vocab"]
+    if eos in vocab:
+        vocab["</s>"] = vocab.pop(eos)
+    bos_id = next(t["id"] for t in tj["added_tokens"] if t["content"] == bos)
+    tj["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
+    }  # fmt: skip
+    (out / "tokenizer.json").write_text(json.dumps(tj))
+    cfg.update(eos_token="</s>", unk_token=cfg["pad_token"], model_max_length=max_length)
+    cfg["extra_special_tokens"] = [t for t in cfg.get("extra_special_tokens", []) if t != eos]
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = sorted(f.keys())
+    index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in names}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    return out
+
+
+def mean_tokens(tokenizer, texts: list[str]) -> float:
+    return sum(len(tokenizer(t).input_ids) for t in texts) / len(texts)
+
+
+# -- runs ---------------------------------------------------------------------------------------------
+
+
+def specheads_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "specheads", *args]
+
+
+def run_measured(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float, float]:
+    """(wall s, peak RSS MiB) of one child process (os.wait4: its own rusage, not all children's)."""
+    start = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{log.read_text()[-4000:]}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def train_ours(method: str, data: Path, budget: dict, out: Path, extra: dict) -> dict:
+    overrides = {
+        "data": f"[{data}]",
+        "max_steps": budget["steps"],
+        "batch_size": budget["batch"],
+        "grad_accum": budget["grad_accum"],
+        "eval_every": budget["steps"],
+        "loss_on": "assistant",
+        "report_to": "none",
+        "output_dir": str(out),
+        **extra,
+    }
+    recipe = ROOT / "recipes" / "tiny" / f"{method}.yaml"
+    args = ["train", str(recipe), *(f"{k}={v}" for k, v in overrides.items()), "--no-progress", "--overwrite"]
+    wall, rss = run_measured(specheads_cmd(*args), out.parent / f"{out.name}.log")
+    return {
+        "wall_s": wall,
+        "peak_rss_mib": rss,
+        "heads": str(out),
+        "overrides": {k: str(v) for k, v in overrides.items()},
+    }
+
+
+def import_heads(fmt: str, checkpoint: Path, target: Path, out: Path) -> Path:
+    args = ["import-heads", "--format", fmt, "--checkpoint", str(checkpoint), "--target", str(target)]
+    run_measured(specheads_cmd(*args, "--out", str(out)), out.parent / f"{out.name}.log")
+    return out
+
+
+def evaluate(heads: Path, tree: str, out: Path, prompts: int, new_tokens: int) -> dict:
+    args = ["eval", "--target", "tiny", "--heads", str(heads), "--prompts", "heldout", "--tree", tree]
+    args += ["--num-prompts", str(prompts), "--max-new-tokens", str(new_tokens), "--out", str(out)]
+    run_measured(specheads_cmd(*args, "--no-progress", "--overwrite"), out.parent / f"{out.name}.log")
+    return json.loads((out / "results.json").read_text())
+
+
+VICUNA_SYSTEM = (  # fastchat's "vicuna_v1.1" template, which both peers apply
+    "A chat between a curious user and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the user's questions."
+)
+
+
+def vicuna_text(prompt: str, answer: str) -> str:
+    return f"{VICUNA_SYSTEM} USER: {prompt} ASSISTANT: {answer}</s>"
+
+
+def row_result(
+    method, trainer, budget, mean_row_tokens, ev, wall=None, rss=None, changes=(), **extra
+) -> dict:
+    seen = tokens_seen(budget, mean_row_tokens)
+    return {
+        "method": method,
+        "trainer": trainer,
+        "budget": budget,
+        "tokens_seen": seen,
+        "tau": ev["mean_accept_length"],
+        "identical": ev["identical_to_baseline"],
+        "accept_rate_per_depth": ev.get("accept_rate_per_depth"),
+        "wall_s": wall,
+        "peak_rss_mib": rss,
+        "tokens_per_s": None if wall is None else seen / wall,
+        "changes": list(changes),
+        **extra,
+    }
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
