@@ -147,6 +147,7 @@ EAGLE3_ABLATIONS = {
     "init seed 0": lambda b, s: {"seed": 0, "data_seed": s},
     # ours only: the draft's lm_head and norm start from the target's (neither peer does)
     "head init target": lambda b, s: {"draft_head_init": "target"},
+    "beta2 0.95": lambda b, s: {"adam_beta2": 0.95},  # EAGLE's main.py; ours and modelopt's 0.999
 }
 
 

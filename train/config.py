@@ -93,6 +93,8 @@ class TrainConfig:
     grad_accum: int = 1
     lr: float = 1e-3
     weight_decay: float = 0.0
+    # AdamW's beta2: PyTorch's and the HF Trainer's 0.999 (Model Optimizer, medusa-llm); EAGLE's main.py 0.95
+    adam_beta2: float = 0.999
     warmup_steps: int = 50
     # after the warm-up: "cosine" to a tenth of lr at max_steps, or "linear" to 0 at max_steps (the HF
     # Trainer's `linear`, Model Optimizer's and medusa-llm's recipes' schedule)
@@ -175,6 +177,7 @@ class TrainConfig:
             "min_label_tokens_per_row",
         ):
             checks.append((getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}"))
+        checks.append((0 <= self.adam_beta2 < 1, f"adam_beta2 must be in [0, 1), got {self.adam_beta2}"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad recipe value: {message}")

@@ -325,7 +325,10 @@ def build_objective(
         noise=cfg.noise,
         ttt_steps=cfg.ttt_steps,
     )
-    return model, torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay), target
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay
+    )
+    return model, optimizer, target
 
 
 def set_up(cfg: TrainConfig, accelerator) -> Run:

@@ -1,4 +1,4 @@
-"""The learning-rate schedule (warm-up, then cosine or linear decay) and the data order's seed."""
+"""The learning-rate schedule (warm-up, then cosine or linear decay), the data order's seed, and AdamW's beta2."""
 
 from itertools import islice
 from types import SimpleNamespace
@@ -6,8 +6,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from specheads.heads import FrozenTarget
+from specheads.heads.methods import methods
 from specheads.train.config import TrainConfig, load_config
-from specheads.train.loop import lr_lambda, train_batches
+from specheads.train.loop import build_objective, lr_lambda, train_batches
+
+from helpers import tiny_model
 
 
 def factors(cfg: TrainConfig) -> list[float]:
@@ -51,3 +55,18 @@ def test_data_seed_orders_the_rows_apart_from_seed():
     seeded = order(load_config(None, ["batch_size=3", "seed=1"]))
     assert order(load_config(None, ["batch_size=3", "seed=5", "data_seed=1"])) == seeded
     assert order(load_config(None, ["batch_size=3", "seed=1", "data_seed=2"])) != seeded
+
+
+@pytest.mark.parametrize("method", ["medusa", "medusa2"])
+def test_adam_beta2_reaches_the_optimizer(method):
+    """adam_beta2 (default PyTorch's and the HF Trainer's 0.999; EAGLE's main.py 0.95) is the AdamW the loop
+    steps with, for the plain objective and Medusa-2's own; a value outside [0, 1) is refused by name."""
+    for overrides, betas in (([], (0.9, 0.999)), (["adam_beta2=0.95"], (0.9, 0.95))):
+        target = FrozenTarget(tiny_model("llama", vocab_size=264))
+        cfg = load_config(None, [f"method={method}", *overrides])
+        entry = methods()[cfg.method]
+        heads, _ = entry.build_heads(cfg, target, [])
+        _, optimizer, _ = build_objective(cfg, entry, target, heads)
+        assert {g["betas"] for g in optimizer.param_groups} == {betas}
+    with pytest.raises(ValueError, match="adam_beta2 must be in"):
+        load_config(None, ["adam_beta2=1.0"])
