@@ -15,6 +15,7 @@ from functools import cache
 from torch import nn
 
 NEW, OLD = "cache", "past_key_values"
+_MISSING = object()
 
 
 @cache
@@ -47,5 +48,7 @@ def cache_kwargs(module: nn.Module, cache_object) -> dict:
 
 def output_cache(output):
     """The cache a model output carries (`cache` from transformers 5.x, `past_key_values` before), or None."""
-    found = getattr(output, NEW, None)
-    return found if found is not None else getattr(output, OLD, None)
+    # An output that has the new field answers by it, None included: reading the old name of such an
+    # output goes through transformers' backward-compatibility property, which logs a deprecation warning.
+    found = getattr(output, NEW, _MISSING)
+    return getattr(output, OLD, None) if found is _MISSING else found

@@ -85,3 +85,16 @@ def test_the_draft_layer_fills_the_cache_it_is_given(method):
             hidden[:, -1:], embeds[:, -1:], positions[:, -1:], causal_mask(1, past=T - 1), cache=cache
         )
     torch.testing.assert_close(last[:, -1], whole[:, -1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_forward_without_a_cache_reads_no_deprecated_field(monkeypatch):
+    """A forward with no cache (training's) returns none, and reads no `past_key_values` of the output:
+    transformers 5.x answers that old name through a property that logs a deprecation warning."""
+    import transformers.utils.generic as generic
+
+    logged = []
+    monkeypatch.setattr(generic.logger, "warning_once", lambda message, *a, **k: logged.append(message))
+    target = FrozenTarget(tiny_model("llama", vocab_size=264))
+    out = target(torch.randint(0, 264, (B, T), generator=torch.Generator().manual_seed(0)))
+    assert out.past_key_values is None
+    assert not [m for m in logged if "past_key_values" in str(m)]
