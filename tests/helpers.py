@@ -137,3 +137,14 @@ def edit_weights(path: Path, edit) -> None:
     tensors = load_file(str(path / "model.safetensors"))
     edit(tensors)
     save_file(tensors, str(path / "model.safetensors"))
+
+
+class FakeTimer:
+    """Injected timings: a target step over N nodes costs `step(N)`, every draft 0.1 ms; records what it timed."""
+
+    def __init__(self, step):
+        self.step, self.nodes, self.drafters = step, [], []
+
+    def measure(self, nodes, drafters):
+        self.nodes, self.drafters = list(nodes), list(drafters)
+        return [self.step(n) for n in nodes], [1e-4] * len(drafters)

@@ -1,17 +1,13 @@
 """Calibrated trees (`specheads eval --tree auto`): the acceptance estimates, their replay, the choice, and
-the command end to end. Timings are injected where a choice is checked; none is asserted."""
+the command end to end (test_tree_auto_cli.py). Timings are injected where a choice is checked; none is
+asserted."""
 
-import dataclasses
-import json
-import shlex
-import shutil
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
-from specheads.cli import main as cli
 from specheads.decode import (
     DraftTree,
     MedusaDrafter,
@@ -22,8 +18,6 @@ from specheads.decode import (
     new_cache,
 )
 from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.evaluate import calibrate as calibrate_module
-from specheads.evaluate import evaluate as evaluate_module
 from specheads.evaluate.calibrate import (
     MEDUSA_RANKS,
     CalibrationSettings,
@@ -32,7 +26,6 @@ from specheads.evaluate.calibrate import (
     choose,
     decode_accept_length,
     greedy_sequence,
-    holds_out,
     medusa_candidates,
     medusa_ranks,
     rank_accuracies,
@@ -48,7 +41,6 @@ from specheads.evaluate.calibrate_dynamic import (
     node_depths,
     record_dynamic_steps,
 )
-from specheads.evaluate.eval_drafters import tree_by_default, trees_for
 from specheads.evaluate.step_timing import MeasuredTimer, same_work
 from specheads.heads import (
     EagleConfig,
@@ -57,12 +49,10 @@ from specheads.heads import (
     MedusaConfig,
     MedusaHeads,
     layer_config_from,
-    save_heads,
 )
-from specheads.heads.methods import methods, register
 from specheads.train.eagle_losses import eagle_loss
 
-from helpers import tiny_model
+from helpers import FakeTimer, tiny_model
 
 VOCAB = 264
 
@@ -80,17 +70,6 @@ def medusa_heads(target: FrozenTarget, num_heads: int = 3) -> MedusaHeads:
 def eagle_head(target: FrozenTarget) -> EagleHead:
     torch.manual_seed(0)
     return EagleHead(EagleConfig(layer_config_from(target.config))).eval()
-
-
-class FakeTimer:
-    """Injected timings: a target step over N nodes costs `step(N)`, every draft 0.1 ms; records what it timed."""
-
-    def __init__(self, step):
-        self.step, self.nodes, self.drafters = step, [], []
-
-    def measure(self, nodes, drafters):
-        self.nodes, self.drafters = list(nodes), list(drafters)
-        return [self.step(n) for n in nodes], [1e-4] * len(drafters)
 
 
 # -- Medusa: acceptance ------------------------------------------------------------------------------------
@@ -371,234 +350,3 @@ def test_eagle_calibration_with_injected_timings(target):
     assert tree == record["chosen"] and tree["name"] == best["name"]
     assert (drafter.depth, drafter.total_tokens, drafter.top_k) == (tree["depth"], tree["nodes"], 3)
     assert record["prompts"]["ids"] == ["a"] and record["settings"]["sizes"] == [2, 4, 8, 16]
-
-
-# -- `specheads eval --tree auto` --------------------------------------------------------------------------------
-
-QUESTIONS = [
-    {"question_id": 1, "category": "writing", "turns": ["Write a haiku about rivers."]},
-    {"question_id": 2, "category": "writing", "turns": ["Describe a lighthouse in two lines."]},
-    {"question_id": 3, "category": "coding", "turns": ["What does a Python dict do?"]},
-]
-
-
-@pytest.fixture(scope="module")
-def setup(tiny_target_dirs, tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("calibrate")
-    shutil.copytree(tiny_target_dirs["llama"], root / "target")
-    loaded = FrozenTarget.from_pretrained(str(root / "target"))
-    save_heads(medusa_heads(loaded), root / "medusa", loaded.record())
-    save_heads(eagle_head(loaded), root / "eagle", loaded.record())
-    (root / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-    return {"root": root, "target": root / "target", "questions": root / "questions.jsonl", "loaded": loaded}
-
-
-def eval_args(setup, out, heads="medusa", *extra):
-    return [
-        "eval", "--target", str(setup["target"]), "--heads", str(setup["root"] / heads),
-        "--prompts", str(setup["questions"]), "--out", str(out), "--max-new-tokens", "12", "--warmup", "0",
-        "--no-progress", *extra,
-    ]  # fmt: skip
-
-
-@pytest.mark.parametrize("heads", ["medusa", "eagle"])
-def test_eval_tree_auto_end_to_end(setup, tmp_path, heads):
-    out = tmp_path / "out"
-    assert cli(eval_args(setup, out, heads, "--tree", "auto", "--calibration-prompts", "1")) == 0
-    results = json.loads((out / "results.json").read_text())
-    calibration = results["calibration"]
-
-    # the last question calibrates; the others are evaluated, greedily identical to generate()
-    assert calibration["prompts"]["ids"] == ["3"] and [r["id"] for r in results["per_prompt"]] == ["1", "2"]
-    assert results["identical_to_baseline"] == "2/2"
-    assert results["tree"] == calibration["chosen"] and results["tree"]["name"].startswith("auto-")
-    rows = calibration["candidates"]
-    assert calibration["settings"]["sizes"] == list(CalibrationSettings().sizes)
-    for r in rows:
-        assert r["tokens_per_second"] == pytest.approx(
-            r["accept_length"] / (r["step_seconds"] + r["draft_seconds"])
-        )
-        assert 1.0 <= r["accept_length"] <= r["depth"] + 1 and r["step_seconds"] > 0
-    best = max(rows, key=lambda r: (r["tokens_per_second"], -r["nodes"], -r["depth"]))
-    assert best["name"] == results["tree"]["name"] and best["nodes"] == results["tree"]["nodes"]
-    assert len(results["accept_rate_per_depth"]) == results["tree"]["depth"]
-    if heads == "medusa":
-        assert [r["nodes"] for r in rows] == list(CalibrationSettings().sizes)
-        per_head_rank = calibration["acceptance"]["per_head_rank"]
-        assert len(per_head_rank) == 3 and all(
-            len(row) == 10 and sum(row) <= 1 + 1e-9 for row in per_head_rank
-        )
-    assert calibration["timing"]["cache_length"] > 0
-    report = (out / "report.md").read_text()
-    assert f"tree `{results['tree']['name']}` chosen by `--tree auto`" in report
-    # the command reproduces the run: it calibrates again rather than naming the chosen tree
-    command = shlex.split(results["command"])
-    assert command[command.index("--tree") + 1] == "auto" and "--calibration-prompts" in command
-
-
-@pytest.mark.parametrize(
-    "extra, message",
-    [
-        (["--calibration-prompts", "2"], "--calibration-prompts must be >= 1, with --tree auto"),
-        (["--tree", "auto", "--calibration-prompts", "0"], "--calibration-prompts must be >= 1"),
-        (["--tree", "auto", "--batch-size", "2"], "not with --batch-size > 1"),
-        (["--tree", "auto", "--temperature", "0.7"], "or --temperature > 0"),
-        (
-            ["--tree", "auto", "--calibration-prompts", "3"],
-            "gives 3: at least one must be calibrated and one",
-        ),
-    ],
-)
-def test_tree_auto_errors_before_any_work(setup, tmp_path, extra, message):
-    with pytest.raises(ValueError, match=message):
-        cli(eval_args(setup, tmp_path / "out", "medusa", *extra))
-    assert not (tmp_path / "out").exists()
-
-
-# -- stopped and resumed: the calibrated tree is kept, not measured again -----------------------------------
-
-
-def timings_favouring(monkeypatch, largest: bool) -> FakeTimer:
-    """Calibrations from now on time a step over N nodes so that the largest tree wins (`largest`), or the
-    smallest: two timings of one machine that choose different trees."""
-    fake = FakeTimer((lambda n: 1e-3 / n) if largest else (lambda n: 1e-3 * n))
-    monkeypatch.setattr(calibrate_module, "measured_timer", lambda *args: fake)
-    return fake
-
-
-@pytest.mark.parametrize("heads", ["medusa", "eagle"])
-def test_a_stopped_tree_auto_eval_resumes_with_its_calibrated_tree(
-    setup, tmp_path, monkeypatch, capsys, heads
-):
-    args = ["--tree", "auto", "--calibration-prompts", "1"]
-    whole = tmp_path / "whole"
-    timings_favouring(monkeypatch, largest=True)
-    assert cli(eval_args(setup, whole, heads, *args)) == 0
-    reference = json.loads((whole / "results.json").read_text())
-    assert reference["tree"]["nodes"] > 2  # a second calibration, timed as below, chooses another tree
-
-    out = tmp_path / "stopped"
-    real, calls = evaluate_module.decode_prompt, []
-
-    def stopping(*a, **k):  # the second evaluated prompt is stopped
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(evaluate_module, "decode_prompt", stopping)
-    with pytest.raises(KeyboardInterrupt):
-        cli(eval_args(setup, out, heads, *args))
-    assert "stopped after 1 of 2 prompts" in capsys.readouterr().out
-    header = json.loads((out / "progress.jsonl").read_text().splitlines()[0])
-    assert header["settings"]["tree"] == "auto" and header["settings"]["calibration_prompts"] == ["3"]
-    assert header["kept"]["calibration"]["chosen"] == reference["tree"]
-
-    monkeypatch.undo()
-    second = timings_favouring(monkeypatch, largest=False)
-    assert cli(eval_args(setup, out, heads, *args, "--resume")) == 0
-    assert second.nodes == []  # nothing was timed again
-    resumed = json.loads((out / "results.json").read_text())
-    assert resumed["tree"] == reference["tree"]
-    calibrations = [
-        {k: v for k, v in r["calibration"].items() if k != "seconds"} for r in (resumed, reference)
-    ]
-    assert calibrations[0] == calibrations[1]  # measured once, by the first part
-    timings = {"seconds", "baseline_seconds"}
-    assert [{k: v for k, v in r.items() if k not in timings} for r in resumed["per_prompt"]] == [
-        {k: v for k, v in r.items() if k not in timings} for r in reference["per_prompt"]
-    ]
-    for key in (
-        "new_tokens",
-        "steps",
-        "mean_accept_length",
-        "accept_rate_per_depth",
-        "identical_to_baseline",
-    ):
-        assert resumed[key] == reference[key]
-
-
-# -- the default tree: the method's `default_tree`, auto only where the run can calibrate ----------------------
-
-
-@pytest.fixture
-def eagle_calibrates_by_default():
-    """EAGLE's entry with default_tree "auto" for the test (the built-in entries keep their fixed trees)."""
-    entry = methods()["eagle"]
-    register(dataclasses.replace(entry, default_tree="auto"), replace=True)
-    yield
-    register(entry, replace=True)
-
-
-def test_tree_by_default_only_where_the_run_can_calibrate(eagle_calibrates_by_default):
-    assert tree_by_default("eagle", calibrates=True) == "auto"
-    assert tree_by_default("eagle", calibrates=False) is None  # sampling, batches: the fixed default
-    assert tree_by_default("medusa", calibrates=True) is None and tree_by_default("hydra", True) is None
-    assert trees_for(None, ["medusa", "eagle"], calibrates=True) == [None, "auto"]
-    assert trees_for(["chain-4"], ["medusa", "eagle"], calibrates=True) == ["chain-4", "chain-4"]  # named
-    assert holds_out(5, None, None) and not holds_out(4, None, None)  # 4 held out by default, 1 evaluated
-    assert holds_out(6, 2, 4) and not holds_out(6, 2, 5)
-
-
-SIX = QUESTIONS + [
-    {"question_id": 4, "category": "coding", "turns": ["What is a list comprehension?"]},
-    {"question_id": 5, "category": "writing", "turns": ["Name three rivers."]},
-    {"question_id": 6, "category": "coding", "turns": ["Why use a set?"]},
-]
-
-
-def test_eval_takes_the_default_tree_and_a_named_one_over_it(setup, tmp_path, eagle_calibrates_by_default):
-    questions = tmp_path / "six.jsonl"
-    questions.write_text("".join(json.dumps(q) + "\n" for q in SIX))
-
-    def results(out, *extra):
-        args = eval_args(setup, tmp_path / out, "eagle", *extra)
-        args[args.index("--prompts") + 1] = str(questions)
-        assert cli(args) == 0
-        return json.loads((tmp_path / out / "results.json").read_text())
-
-    # no --tree: calibrated on the last 4 prompts, the others evaluated; recorded as `--tree auto` records it
-    auto = results("auto")
-    assert auto["tree"] == auto["calibration"]["chosen"] and auto["tree"]["name"].startswith("auto-")
-    assert auto["calibration"]["prompts"]["ids"] == ["3", "4", "5", "6"]
-    assert [r["id"] for r in auto["per_prompt"]] == ["1", "2"] and auto["identical_to_baseline"] == "2/2"
-    command = shlex.split(auto["command"])
-    assert command[command.index("--tree") + 1] == "auto"
-    # --calibration-prompts without --tree: the default calibrates on that many
-    assert results("one", "--calibration-prompts", "1")["calibration"]["prompts"]["ids"] == ["6"]
-    # a named tree wins over the default; too few prompts to hold 4 out and evaluate 3, or sampling: the
-    # fixed default. Nothing is held out: the first prompts are evaluated
-    for out, extra, tree in [
-        ("named", ["--tree", "dynamic-12", "--num-prompts", "3"], "dynamic-12"),
-        ("few", ["--num-prompts", "3"], "dynamic-32"),
-        ("sampled", ["--temperature", "0.7", "--num-prompts", "2"], "dynamic-32"),
-    ]:
-        fixed = results(out, *extra)
-        assert fixed["tree"]["name"] == tree and "calibration" not in fixed, out
-        assert [r["id"] for r in fixed["per_prompt"]] == ["1", "2", "3"][: 2 if out == "sampled" else 3], out
-
-
-def test_compare_takes_each_heads_default_tree(setup, tmp_path, eagle_calibrates_by_default):
-    questions = tmp_path / "six.jsonl"
-    questions.write_text("".join(json.dumps(q) + "\n" for q in SIX))
-    out = tmp_path / "out"
-    args = ["compare", "--target", str(setup["target"]), "--prompts", str(questions), "--out", str(out)]
-    args += ["--heads", str(setup["root"] / "medusa"), str(setup["root"] / "eagle"), "--peers", "generate"]
-    args += ["--max-new-tokens", "12", "--warmup", "0", "--no-plots", "--no-progress"]
-    assert cli(args) == 0
-    results = json.loads((out / "results.json").read_text())
-    medusa, eagle = (m["settings"] for m in results["methods"][1:])
-    assert medusa["tree"]["name"] == "medusa-31" and "calibration" not in medusa  # Medusa's fixed default
-    assert eagle["tree"] == eagle["calibration"]["chosen"] and eagle["tree"]["name"].startswith("auto-")
-    assert results["prompts"]["calibration"] == ["3", "4", "5", "6"] and len(results["order"]) == 2
-    assert "--tree" not in shlex.split(results["command"])  # the same defaults reproduce it
-
-
-def test_calibration_prompts_without_tree_need_a_default_auto(setup, tmp_path):
-    """Medusa's default tree is fixed: --calibration-prompts without --tree is refused, as with a named tree."""
-    with pytest.raises(ValueError, match="--calibration-prompts must be >= 1, with --tree auto"):
-        cli(eval_args(setup, tmp_path / "eval", "medusa", "--calibration-prompts", "1"))
-    args = ["compare", "--target", str(setup["target"]), "--prompts", str(setup["questions"]), "--out"]
-    args += [str(tmp_path / "compare"), "--heads", str(setup["root"] / "medusa"), "--peers", "generate"]
-    with pytest.raises(ValueError, match="no heads directory's default tree is auto"):
-        cli([*args, "--calibration-prompts", "1", "--no-plots"])
