@@ -192,18 +192,19 @@ class Eagle3Head(nn.Module):
         """Start the draft's lm_head from the target's rows of the draft vocabulary (d2t: set it first) and
         its final norm from the target's: the draft then begins by reading its layer's output as the target
         reads its last hidden state, instead of through a random projection."""
-        rows = self.to_target_ids(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
         weight = lm_head.weight
         if weight.shape[1] != self.lm_head.in_features or getattr(lm_head, "bias", None) is not None:
             raise ValueError(
                 f"the target's lm_head {tuple(weight.shape)} (bias: {getattr(lm_head, 'bias', None) is not None}) "
                 f"cannot start a draft lm_head of hidden size {self.lm_head.in_features} without a bias"
             )
-        self.lm_head.weight.copy_(weight[rows.to(weight.device)])
         if type(norm) is not type(self.norm):
             raise ValueError(
                 f"the target's final norm is a {type(norm).__name__}; the draft's a {type(self.norm).__name__}"
             )
+        # both checked before either is written: a refused target leaves the head as it was
+        rows = self.to_target_ids(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
+        self.lm_head.weight.copy_(weight[rows.to(weight.device)])
         self.norm.load_state_dict(norm.state_dict())
         return self
 

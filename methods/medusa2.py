@@ -37,7 +37,7 @@ def objective(cfg, target, heads) -> tuple[Medusa2WithLoss, torch.optim.Optimize
     )
     model = Medusa2WithLoss(heads, target, decay=cfg.decay, topk=cfg.topk, labels=cfg.labels)
     groups = param_groups(heads, target, cfg.lr, cfg.lr_adapter, cfg.weight_decay)
-    return model, torch.optim.AdamW(groups, betas=(0.9, cfg.adam_beta2)), target
+    return model, torch.optim.AdamW(groups, betas=cfg.adam_betas), target
 
 
 def heads_weight(cfg, step: int) -> float:

@@ -189,6 +189,11 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def adam_betas(self) -> tuple[float, float]:
+        """AdamW's betas for every objective: PyTorch's beta1, the recipe's beta2."""
+        return (0.9, self.adam_beta2)
+
 
 def _coerce(name: str, value: Any, annotation: Any) -> Any:
     """Convert a YAML or command-line value to the field's type, or raise naming the key."""

@@ -326,7 +326,7 @@ def build_objective(
         ttt_steps=cfg.ttt_steps,
     )
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay
+        model.parameters(), lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay
     )
     return model, optimizer, target
 
