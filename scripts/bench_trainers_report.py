@@ -123,7 +123,8 @@ def verdicts(rows: list[dict]) -> list[str]:
         if not mine:
             continue
         top = max((budget_key(r) for r in mine), key=lambda k: (k[2], k[1]))  # most rows seen
-        ours = tau_range([r for r in mine if budget_key(r) == top])
+        mine_top = [r for r in mine if budget_key(r) == top]
+        ours = tau_range(mine_top)
         where = f"{top[1]} epochs of {top[0]} rows"
         if ours["n"] == 0:
             continue
@@ -132,34 +133,55 @@ def verdicts(rows: list[dict]) -> list[str]:
             r = runs[0]
             if r["method"] != method or r["trainer"] == "specheads" or budget_key(r) != top:
                 continue
-            other = tau_range(runs)
-            if other["n"] == 0:
+            if tau_range(runs)["n"] == 0:
                 continue
+            lead = f"\n{method}, {where}: "
+            mine_m, runs_m, on = common_seeds(mine_top, runs)
             if r["trainer"].startswith("specheads ("):
+                if not {x.get("seed") for x in runs} & {x.get("seed") for x in mine_top}:
+                    out.append(
+                        f"{lead}{r['trainer']}: tau {fmt_range(tau_range(runs))}; no seed in common with ours, "
+                        "not compared."
+                    )
+                    continue
+                other, base = tau_range(runs_m), tau_range(mine_m)
                 out.append(
-                    f"\n{method}, {where}: {r['trainer']}: tau {fmt_range(other)} vs ours "
-                    f"{fmt_range(ours)}: {other['mean'] - ours['mean']:+.3f} ({other['n']} and {ours['n']} runs)."
+                    f"{lead}{r['trainer']}: tau {fmt_range(other)} vs ours {fmt_range(base)}{on}: "
+                    f"{other['mean'] - base['mean']:+.3f} ({other['n']} and {base['n']} runs)."
                 )
                 continue
+            other, base = tau_range(runs_m), tau_range(mine_m)
             out.append(
-                f"\n{method}, {where}: ours {verdict_word(ours, other)} against {r['trainer']}: tau "
-                f"{fmt_range(ours)} vs {fmt_range(other)} ({(ours['mean'] / other['mean'] - 1) * 100:+.1f}% "
-                f"in the mean; {ours['n']} and {other['n']} runs)."
+                f"{lead}ours {verdict_word(base, other)} against {r['trainer']}: tau "
+                f"{fmt_range(base)} vs {fmt_range(other)} ({(base['mean'] / other['mean'] - 1) * 100:+.1f}% "
+                f"in the mean; {base['n']} and {other['n']} runs{on})."
             )
-            peers.append((other, r["trainer"]))
+            peers.append((base, other, r["trainer"], on))
         if method in GOALS and peers:
-            out.append(goal_line(method, where, ours, *max(peers, key=lambda p: p[0]["mean"])))
+            out.append(goal_line(method, where, *max(peers, key=lambda p: p[1]["mean"])))
     return out
 
 
-def goal_line(method: str, where: str, ours: dict, best: dict, trainer: str) -> str:
+def common_seeds(mine: list[dict], runs: list[dict]) -> tuple[list[dict], list[dict], str]:
+    """Both sides' runs on the seeds both ran, and ' on seeds a, b' naming them. Seed-to-seed spread is
+    larger than most differences measured here, so runs on other seeds are left out; sides sharing no
+    seed (a peer run once, unseeded) are kept whole, with '' for the seeds."""
+    seeds = {r.get("seed") for r in mine} & {r.get("seed") for r in runs}
+    if not seeds:
+        return mine, runs, ""
+    named = sorted(s for s in seeds if s is not None)
+    on = f" on seed{'s' if len(named) > 1 else ''} {', '.join(map(str, named))}" if named else ""
+    return [r for r in mine if r.get("seed") in seeds], [r for r in runs if r.get("seed") in seeds], on
+
+
+def goal_line(method: str, where: str, ours: dict, best: dict, trainer: str, on: str = "") -> str:
     """Whether ours' mean tau clears the best peer's by GOALS[method], and whether the ranges do too."""
     need = 1 + GOALS[method]
     met = ours["mean"] >= need * best["mean"]
     apart = ours["min"] >= need * best["max"]
     return (
         f"\n{method}, {where}: the goal (ours {GOALS[method]:.0%} above the best peer, {trainer}: tau "
-        f"{need * best['mean']:.2f} or more) is {'met' if met else 'NOT met'}: ours {ours['mean']:.2f}, "
+        f"{need * best['mean']:.2f} or more{on}) is {'met' if met else 'NOT met'}: ours {ours['mean']:.2f}, "
         f"{(ours['mean'] / best['mean'] - 1) * 100:+.1f}% in the mean; "
         f"{'and' if apart == met else 'but'} ours' lowest run {'clears' if apart else 'does not clear'} "
         f"{need:.2f} x its highest ({need * best['max']:.2f})."

@@ -113,6 +113,39 @@ def test_repeated_runs_give_one_line_with_mean_min_max_and_n_and_overlapping_ran
     assert report.tau_range([row("Medusa", "x", 6, None)])["n"] == 0
 
 
+def test_an_ablation_is_measured_against_ours_on_the_seeds_both_ran():
+    """Seed-to-seed spread outweighs most ablations: ours on seeds 0-2 and 10-11, an ablation on 10 and 11
+    only, compares against ours' runs on 10 and 11; an ablation on seeds ours never ran is not compared."""
+    ours = [
+        row("EAGLE-3", "specheads", 30, t, seed=s)
+        for s, t in ((0, 3.2), (1, 3.2), (2, 3.1), (10, 2.4), (11, 3.0))
+    ]
+    screened = [row("EAGLE-3", "specheads (ttt 4)", 30, t, seed=s) for s, t in ((10, 2.5), (11, 3.0))]
+    elsewhere = [row("EAGLE-3", "specheads (decay 1)", 30, 2.9, seed=20)]
+    table = report.render_table(ours + screened + elsewhere)
+    assert (
+        "specheads (ttt 4): tau 2.75 [2.50-3.00] vs ours 2.70 [2.40-3.00] on seeds 10, 11: +0.050 (2 and 2 runs)."
+        in table
+    )
+    assert "specheads (decay 1): tau 2.90; no seed in common with ours, not compared." in table
+    assert "vs ours 2.98" not in table  # never against all five of ours
+    # a peer too: its runs on 10 and 11 are left out against ours on 0-2 alone, in the verdict and the goal
+    peer = [row("EAGLE-3", "modelopt", 30, t, seed=s) for s, t in ((0, 3.0), (1, 3.0), (2, 3.0), (10, 1.0))]
+    table = report.render_table(ours[:3] + peer)
+    assert (
+        "ours wins against modelopt: tau 3.17 [3.10-3.20] vs 3.00 [3.00-3.00] (+5.6% in the mean; " in table
+    )
+    assert "3 and 3 runs on seeds 0, 1, 2)." in table
+    assert (
+        "the goal (ours 5% above the best peer, modelopt: tau 3.15 or more on seeds 0, 1, 2) is met" in table
+    )
+    # a peer run once without a seed is compared with all of ours
+    once = report.render_table(ours[:3] + [row("EAGLE-3", "modelopt", 30, 3.0)])
+    assert (
+        "ours wins against modelopt: tau 3.17 [3.10-3.20] vs 3.00 (+5.6% in the mean; 3 and 1 runs)." in once
+    )
+
+
 def test_ablations_are_medusa_llms_settings_as_our_recipe_overrides():
     budget = jobs.medusa_budget(128, 6)  # 24 steps
     assert bench.ablation_overrides("warmup 10%", budget) == {"warmup_steps": 3}  # HF: ceil(0.1 * 24)
