@@ -115,16 +115,22 @@ def loader(dataset, collate_fn, packing, pad_token_id, seed=3):
         ("medusa", False, {"labels": "target", "num_heads": 3}),
         ("eagle", False, {}),
         ("eagle3", True, {"eagle3_layers": [1, 2, 3], "ttt_steps": 3, "draft_vocab_size": 100}),
+        # one cache built for EAGLE-3 (its three layers and the last) serves Medusa and EAGLE as well
+        ("medusa", False, {"labels": "target", "num_heads": 3, "cache_of": "eagle3"}),
+        ("eagle", False, {"cache_of": "eagle3"}),
     ],
 )
 def test_offline_loss_equals_online(method, packing, extra, llama_dir, rows, tmp_path):
+    extra = dict(extra)
+    cache_of = extra.pop("cache_of", method)
     cfg = load_config(None, {"method": method, "packing": packing, "max_length": MAX_LENGTH, **extra})
     online = FrozenTarget.from_pretrained(str(llama_dir), dtype="float32")
     torch.manual_seed(0)
     heads, _ = loop.build_heads(cfg, online, rows)
     heads.eval()  # EAGLE's input noise is random in training mode
-    layers = cache_layers(method, online.num_layers, cfg.eagle3_layers)
+    layers = cache_layers(cache_of, online.num_layers, cfg.eagle3_layers)
     build(online, rows, tmp_path / "cache", layers)
+    assert set(cache_layers(method, online.num_layers, cfg.eagle3_layers)) <= set(layers)
 
     offline = OfflineTarget.from_pretrained(str(llama_dir), dtype="float32")
     cached = CachedRows(tmp_path / "cache", expected=rows, target=offline.record())
