@@ -68,6 +68,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "not compared (default 4); --num-prompts counts the rest",
     )
     p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="EAGLE-1/2 and Medusa heads propose from the N tokens that were labels most often in their "
+        "training (its label_counts.safetensors; FR-Spec), each level projecting onto N rows of the "
+        "lm_head; lossless as ever (default: the whole vocabulary; EAGLE-3 heads keep their own)",
+    )
+    p.add_argument(
         "--prompt-lookup-tokens",
         type=int,
         default=CompareOptions.prompt_lookup_tokens,

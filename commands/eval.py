@@ -39,7 +39,7 @@ from specheads.evaluate.progress import PROGRESS_FILE, Progress, stop_on_sigterm
 from specheads.evaluate.prompts import check_prompt_lengths, encode_prompts, read_prompts
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.atomic import write_text
-from specheads.heads.checkpoint import target_for_heads
+from specheads.heads.checkpoint import draft_vocab_ids, target_for_heads
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import claim_results_folder, clear, hold_folder
 from specheads.heads.target import DTYPES
@@ -91,6 +91,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default 4); --num-prompts counts the rest",
     )
     p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="EAGLE-1/2 and Medusa heads propose from the N tokens that were labels most often in their "
+        "training (its label_counts.safetensors; FR-Spec), each level projecting onto N rows of the "
+        "lm_head; lossless as ever (default: the whole vocabulary; not for EAGLE-3 heads or --tree auto)",
+    )
+    p.add_argument(
         "--temperature",
         type=float,
         default=0.0,
@@ -139,6 +147,11 @@ def run(args: argparse.Namespace) -> int:
     if args.overwrite:
         clear(args.out, [PROGRESS_FILE])  # a stopped run's progress is replaced too
     check_tree_for_method(head_config["method"], None if args.tree == "auto" else args.tree)
+    if args.draft_vocab is not None and (head_config["method"] == "eagle3" or args.draft_vocab < 1):
+        raise ValueError(
+            f"--draft-vocab {args.draft_vocab}: a count >= 1, for EAGLE-1/2 and Medusa heads (these are "
+            f"{head_config['method']}; EAGLE-3 heads draft over the vocabulary they were trained on)"
+        )
     target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
     texts = read_prompts(args.prompts, target_path, args.category)
     if default_auto and (
@@ -166,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
     prompts, templated = encode_prompts(
         texts, target.tokenizer, not args.no_chat_template, args.prompt_tokens
     )
+    if args.tree == "auto" and args.draft_vocab is not None:
+        raise ValueError("--draft-vocab with --tree auto: the calibration drafts over the whole vocabulary")
     if args.tree == "auto":  # evaluate/calibrate.py, once the progress file is open (a resume reuses it)
         held_out, _ = encode_prompts(
             held_out, target.tokenizer, not args.no_chat_template, args.prompt_tokens
@@ -175,7 +190,10 @@ def run(args: argparse.Namespace) -> int:
         check_prompt_lengths(prompts + held_out, target.config, args.max_new_tokens, depth)
         tree = "auto"
     else:
-        drafter, tree = drafter_for(heads, head_config, target, args.tree)
+        vocab = None
+        if args.draft_vocab is not None:
+            vocab = draft_vocab_ids(args.heads, args.draft_vocab, target.vocab_size)
+        drafter, tree = drafter_for(heads, head_config, target, args.tree, vocab)
         check_prompt_lengths(prompts, target.config, args.max_new_tokens, tree["depth"])
     with hold_folder(args.out):  # a second eval or compare on --out stops at once
         sampling = sampling_params(args)
@@ -239,6 +257,7 @@ def progress_settings(args, head_config, target, tree, templated, prompts, held_
         "heads": str(Path(args.heads).resolve()),
         "method": head_config["method"],
         "tree": tree,
+        "draft_vocab": args.draft_vocab,
         "prompts": {
             "source": args.prompts,
             "category": args.category,

@@ -176,7 +176,13 @@ class MedusaDrafter:
     capture_layers = (-1,)
 
     def __init__(
-        self, heads: nn.Module, tree: StaticTree, lm_head: nn.Module | None = None, *, children: str = "top-k"
+        self,
+        heads: nn.Module,
+        tree: StaticTree,
+        lm_head: nn.Module | None = None,
+        *,
+        children: str = "top-k",
+        vocab: torch.Tensor | None = None,
     ):
         """
         Args:
@@ -184,11 +190,20 @@ class MedusaDrafter:
             tree: the static tree; no path may be deeper than K.
             lm_head: the target's lm_head, required when the heads share it.
             children: how children are picked when sampling (CHILDREN); greedy decoding always takes top-k.
+            vocab: ascending target ids the heads propose from (a frequency-ranked draft vocabulary,
+                `heads.checkpoint.draft_vocab_ids`): the projections keep those rows only. None: the whole
+                vocabulary. The target verifies every draft, so the output is the same either way.
         """
-        StaticTree.from_choices(tree.choices, num_heads=heads.num_heads, topk=heads.config.vocab_size)
+        if vocab is not None and (vocab.ndim != 1 or not 1 <= vocab.numel() <= heads.config.vocab_size):
+            raise ValueError(
+                f"vocab must be 1..{heads.config.vocab_size} target ids, got shape {tuple(vocab.shape)}"
+            )
+        draft_size = heads.config.vocab_size if vocab is None else vocab.numel()
+        StaticTree.from_choices(tree.choices, num_heads=heads.num_heads, topk=draft_size)
         if heads.lm_heads is None and lm_head is None:
             raise ValueError("these Medusa heads share the target's lm_head: pass it as `lm_head`")
         self.heads, self.tree, self.lm_head = heads, tree, lm_head
+        self.vocab = None if vocab is None else vocab.to(torch.long)
         self.children = check_children(children)
         # (N-1,) which head fills each candidate, and which of its top-k guesses
         self._head = torch.tensor(tree.depths[1:], dtype=torch.long) - 1
@@ -197,6 +212,8 @@ class MedusaDrafter:
         self._node_head = torch.tensor(tree.depths, dtype=torch.long).clamp(max=heads.num_heads - 1)
         self._kids = tree_children(tree.parents)
         self._projection = _projection_t(heads, lm_head)
+        if self._projection is not None and self.vocab is not None:  # (K or 1, H, Vd)
+            self._projection = self._projection[:, :, self.vocab.to(self._projection.device)].contiguous()
 
     @torch.no_grad()
     def propose(self, context: DraftContext) -> DraftTree:
@@ -205,14 +222,22 @@ class MedusaDrafter:
         feature = context.hidden[-1][:, -1:].to(weight.device, weight.dtype)
         if self._projection is None:
             logits = self.heads(feature, self.lm_head)[:, :, 0]  # (K, B, V)
-        else:  # (K, B, H) @ (K or 1, H, V): every head's projection in one matmul
+            if self.vocab is not None:
+                logits = logits[..., self.vocab.to(logits.device)]  # (K, B, Vd)
+        else:  # (K, B, H) @ (K or 1, H, V or Vd): every head's projection in one matmul
             logits = self.heads.features(feature)[:, :, 0] @ self._projection
         device = logits.device
-        q = None if context.sampling is None else draft_probs(logits, context.sampling)  # (K, B, V)
+        q = None if context.sampling is None else draft_probs(logits, context.sampling)  # (K, B, V or Vd)
+        if q is not None and self.vocab is not None:  # q over the target's vocabulary, 0 off the draft's
+            q = q.new_zeros(*q.shape[:-1], self.heads.config.vocab_size).index_copy_(
+                -1, self.vocab.to(device), q
+            )
         if q is not None and self.children != "top-k":
             candidates = self._drawn(q, context.generator)  # (B, N-1)
         else:
             guesses = logits.topk(self.tree.topk, dim=-1).indices  # (K, B, topk)
+            if self.vocab is not None:
+                guesses = self.vocab.to(device)[guesses]
             candidates = guesses[self._head.to(device), :, self._rank.to(device)].T  # (B, N-1)
         root = context.tokens[:, -1:].to(device)  # (B, 1)
         tokens = torch.cat([root, candidates], dim=1)  # (B, N)

@@ -63,6 +63,7 @@ class EagleDrafter:
         depth: int = 6,
         total_tokens: int = 60,
         children: str = "top-k",
+        vocab: torch.Tensor | None = None,
     ):
         """
         Args:
@@ -73,10 +74,27 @@ class EagleDrafter:
                 expanded per level, tree levels below the root, and nodes including the root.
             children: how children are picked when sampling (drafters.CHILDREN); drawn children need a
                 static tree. Greedy decoding always takes the top-k.
+            vocab: EAGLE-1/2 only: ascending target ids the draft proposes from (a frequency-ranked draft
+                vocabulary, `heads.checkpoint.draft_vocab_ids`); each level then projects onto these rows of
+                the lm_head alone. None: the whole vocabulary. The target verifies every draft, so the
+                output is the same either way; only which tokens are proposed changes.
         """
-        if tree is not None and tree.topk > head.draft_vocab_size:
+        if vocab is not None:
+            if head.method == "eagle3":
+                raise ValueError(
+                    "EAGLE-3 heads draft over their own vocabulary; `vocab` is for EAGLE-1/2 heads"
+                )
+            if vocab.ndim != 1 or not 1 <= vocab.numel() <= target.vocab_size:
+                raise ValueError(
+                    f"vocab must be 1..{target.vocab_size} target ids, got shape {tuple(vocab.shape)}"
+                )
+        self.vocab = (
+            None if vocab is None else vocab.to(device=target.lm_head.weight.device, dtype=torch.long)
+        )
+        draft_size = head.draft_vocab_size if vocab is None else vocab.numel()
+        if tree is not None and tree.topk > draft_size:
             raise ValueError(
-                f"the static tree reads top-{tree.topk} guesses; the draft has {head.draft_vocab_size} tokens"
+                f"the static tree reads top-{tree.topk} guesses; the draft has {draft_size} tokens"
             )
         if tree is None and (top_k < 1 or depth < 1 or total_tokens < 1):
             raise ValueError(
@@ -90,6 +108,11 @@ class EagleDrafter:
         self.head, self.tree, self.children = head.eval(), tree, children
         self.vocab_size = target.vocab_size
         self.embed_tokens, self.lm_head = target.embed_tokens, target.lm_head
+        # the lm_head's rows of the draft vocabulary, taken once (vocab only)
+        self._vocab_weight = None if self.vocab is None else self.lm_head.weight.detach()[self.vocab]
+        self._vocab_bias = None
+        if self.vocab is not None and getattr(self.lm_head, "bias", None) is not None:
+            self._vocab_bias = self.lm_head.bias.detach()[self.vocab]
         self.capture_layers = tuple(head.capture_layers)
         self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
         # the head's layer in fewer kernels on the CPU (draft_layer.py); None keeps the head's own forward
@@ -161,7 +184,7 @@ class EagleDrafter:
         logprobs = torch.cat([root_logprobs[:, None], *self._fed_logprobs], dim=1)  # (B, 1 + F, V_draft)
         q_draft = draft_probs(logprobs, rows.sampling)
         at_node = q_draft.gather(1, source.clamp(min=0)[:, :, None].expand(-1, -1, q_draft.shape[-1]))
-        target_ids = self.head.to_target_ids(torch.arange(q_draft.shape[-1], device=q_draft.device))
+        target_ids = self.to_target_ids(torch.arange(q_draft.shape[-1], device=q_draft.device))
         q = torch.zeros(*source.shape, self.vocab_size, device=q_draft.device)
         q[:, :, target_ids] = at_node * (source >= 0)[:, :, None]
         return q
@@ -224,7 +247,21 @@ class EagleDrafter:
 
     def _logprobs(self, out: torch.Tensor) -> torch.Tensor:
         """(..., H) outputs -> (..., V) log-probabilities over the draft's vocabulary."""
+        if self.vocab is not None:
+            w = self._vocab_weight
+            return nn.functional.linear(out.to(w.dtype), w, self._vocab_bias).float().log_softmax(-1)
         return self.head.logits(out, self.lm_head).float().log_softmax(-1)
+
+    @property
+    def draft_vocab_size(self) -> int:
+        """Tokens the draft proposes from: the head's draft vocabulary, or `vocab`."""
+        return self.head.draft_vocab_size if self.vocab is None else self.vocab.numel()
+
+    def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids -> target ids (the head's map; with `vocab`, its entries)."""
+        if self.vocab is None:
+            return self.head.to_target_ids(ids)
+        return self.vocab[ids.to(self.vocab.device)].to(ids.device)
 
     def _feed(
         self,
@@ -300,7 +337,7 @@ class EagleDrafter:
         for d in range(1, tree.max_depth + 1):
             level = [i for i in range(1, tree.num_nodes) if tree.depths[i] == d]
             for i in level:
-                tokens.append(self.head.to_target_ids(guesses[tree.parents[i]][:, pick[i]]))
+                tokens.append(self.to_target_ids(guesses[tree.parents[i]][:, pick[i]]))
             expand = [i for i in level if num_children[i] > 0]
             if expand:
                 parents = torch.tensor([fed_index[tree.parents[i]] for i in expand], device=device)
@@ -337,7 +374,7 @@ class EagleDrafter:
                 frontier_parents >= 0, fed_of.gather(1, frontier_parents.clamp(min=0)), -1
             )
             first, k = self._fed_out.shape[1], frontier.shape[1]
-            tokens = self.head.to_target_ids(candidates.tokens.gather(1, frontier))
+            tokens = self.to_target_ids(candidates.tokens.gather(1, frontier))
             logprobs = self._feed(tokens, parent_fed, depth, root_hidden, layout)  # (B, k, V)
             fed_of.scatter_(1, frontier, first + torch.arange(k, device=device).expand(b, k))
             return logprobs
@@ -348,7 +385,7 @@ class EagleDrafter:
         for r in range(b):
             row = candidates.row(r)
             kept = rerank(row, self.total_tokens - 1)
-            trees.append(candidates_to_tree(roots[r], row, kept, self.head.to_target_ids))
+            trees.append(candidates_to_tree(roots[r], row, kept, self.to_target_ids))
             fed = fed_of[r, kept]  # node i >= 1 is candidate kept[i-1]
             sources.append(torch.cat([fed.new_zeros(1), torch.where(fed >= 0, fed + 1, -1)]))
         draft = DraftTree(

@@ -88,7 +88,7 @@ from specheads.evaluate.report import (
 )
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.atomic import write_text
-from specheads.heads.checkpoint import heads_adapter
+from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import claim_results_folder, clear, hold_folder
 
@@ -283,7 +283,7 @@ def _check_args(args: argparse.Namespace) -> None:
     for flag in ("max_new_tokens", "prompt_tokens", "prompt_lookup_tokens", "assistant_tokens"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    for flag in ("num_prompts", "max_turns", "threads", "prompt_lookup_ngram"):
+    for flag in ("num_prompts", "max_turns", "threads", "prompt_lookup_ngram", "draft_vocab"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.warmup < 0:
@@ -335,11 +335,19 @@ def build_methods(
         record = {"path": str(Path(path).resolve()), "head_config": config["head_config"]}
         if (adapter := heads_adapter(path)) is not None:
             record["adapter"] = str(adapter.resolve())  # merged into the target every method decodes
+        vocab = None
+        if args.draft_vocab is not None and config["method"] != "eagle3":  # EAGLE-3 keeps its own
+            if tree == "auto":
+                raise ValueError(
+                    f"--draft-vocab with --tree auto ({path}): calibrate over the whole vocabulary"
+                )
+            vocab = draft_vocab_ids(path, args.draft_vocab, target.vocab_size)
+            record["draft_vocab"] = args.draft_vocab
         if tree == "auto":  # calibrated once the progress file is open (`calibrate_heads`)
             depth = max_tree_depth(heads, config, calibration_settings(args))
             methods[name] = (config["method"], CalibratedHeads(target, heads, config, record, depth))
         else:
-            drafter, tree_record = drafter_for(heads, config, target, tree)
+            drafter, tree_record = drafter_for(heads, config, target, tree, vocab)
             methods[name] = (config["method"], HeadsMethod(target, drafter, tree_record, record))
     return methods
 
@@ -369,7 +377,16 @@ def command_line(args: argparse.Namespace, peers: list[str]) -> str:
     parts += ["--assistant-tokens", str(args.assistant_tokens)]
     parts += ["--assistant-confidence", str(args.assistant_confidence), "--warmup", str(args.warmup)]
     parts += ["--dtype", args.dtype, "--device", args.device, "--attn", args.attn]
-    for flag in ("draft_model", "num_prompts", "category", "max_turns", "threads", "prompt_lookup_ngram"):
+    flags = (
+        "draft_model",
+        "num_prompts",
+        "category",
+        "max_turns",
+        "threads",
+        "prompt_lookup_ngram",
+        "draft_vocab",
+    )
+    for flag in flags:
         if getattr(args, flag) is not None:
             parts += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     if args.tree:
@@ -459,6 +476,7 @@ class CompareOptions:
     max_new_tokens: int = 128  # per turn
     tree: list[str] | None = None  # one name for every heads directory, or one each; auto: calibrated
     calibration_prompts: int | None = None  # --tree auto: the last K prompts calibrate, not compared
+    draft_vocab: int | None = None  # EAGLE-1/2 and Medusa heads propose from their N most frequent labels
     prompt_lookup_tokens: int = 10
     prompt_lookup_ngram: int | None = None
     assistant_tokens: int = 20  # transformers' default

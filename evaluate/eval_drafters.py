@@ -86,18 +86,30 @@ def static_record(name: str, tree: StaticTree) -> dict[str, Any]:
 
 
 def medusa_drafter(
-    heads: torch.nn.Module, target: FrozenTarget, tree: StaticTree, name: str
+    heads: torch.nn.Module,
+    target: FrozenTarget,
+    tree: StaticTree,
+    name: str,
+    vocab: torch.Tensor | None = None,
 ) -> tuple[MedusaDrafter, dict[str, Any]]:
-    """Medusa heads over a static tree, and results.json's record of the tree."""
+    """Medusa heads over a static tree (proposing from `vocab` when given), and results.json's record of the
+    tree."""
     lm_head = target.lm_head if heads.config.share_lm_head else None
-    return MedusaDrafter(heads, tree, lm_head=lm_head), static_record(name, tree)
+    return MedusaDrafter(heads, tree, lm_head=lm_head, vocab=vocab), static_record(name, tree)
 
 
 def dynamic_drafter(
-    head: torch.nn.Module, target: FrozenTarget, *, top_k: int, depth: int, total_tokens: int, name: str
+    head: torch.nn.Module,
+    target: FrozenTarget,
+    *,
+    top_k: int,
+    depth: int,
+    total_tokens: int,
+    name: str,
+    vocab: torch.Tensor | None = None,
 ) -> tuple[EagleDrafter, dict[str, Any]]:
-    """An EAGLE head growing EAGLE-2 dynamic trees, and results.json's record of them."""
-    drafter = EagleDrafter(head, target, top_k=top_k, depth=depth, total_tokens=total_tokens)
+    """An EAGLE head growing EAGLE-2 dynamic trees (from `vocab` when given), and results.json's record."""
+    drafter = EagleDrafter(head, target, top_k=top_k, depth=depth, total_tokens=total_tokens, vocab=vocab)
     return drafter, {"name": name, "nodes": total_tokens, "depth": depth, "top_k": top_k}
 
 
@@ -118,7 +130,11 @@ def static_tree_only(tree: str) -> None:
 
 
 def drafter_for(
-    heads: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | dict[str, Any] | None
+    heads: torch.nn.Module,
+    config: dict[str, Any],
+    target: FrozenTarget,
+    tree: str | dict[str, Any] | None,
+    vocab: torch.Tensor | None = None,
 ) -> tuple[Drafter, dict[str, Any]]:
     """The drafter for a checkpoint's heads and a tree: its method's `drafter` (the method table).
 
@@ -128,6 +144,8 @@ def drafter_for(
         target: the frozen target the heads read.
         tree: the `--tree` name, None for the method's default, or a tree as the returned record describes
             it (`--tree auto`'s choice, rebuilt on resume).
+        vocab: the draft vocabulary (`--draft-vocab`, `draft_vocab_ids`) for EAGLE-1/2 and Medusa heads;
+            None: the whole vocabulary (EAGLE-3 heads always draft over their own).
 
     Returns:
         The drafter, and what results.json records of its trees: at least "name", "nodes" and
@@ -144,22 +162,36 @@ def drafter_for(
         )
     if isinstance(tree, str):
         method.check_tree(tree)
-    return method.drafter(heads, config, target, tree)
+    if vocab is None:
+        return method.drafter(heads, config, target, tree)
+    if heads.method == "eagle3":
+        raise ValueError("--draft-vocab: EAGLE-3 heads draft over the vocabulary they were trained on")
+    return method.drafter(heads, config, target, tree, vocab=vocab)
 
 
 def medusa_drafter_for(
-    heads: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | None
+    heads: torch.nn.Module,
+    config: dict[str, Any],
+    target: FrozenTarget,
+    tree: str | None,
+    vocab: torch.Tensor | None = None,
 ):
     """Medusa's `Method.drafter`: its heads over a static tree (`--tree`, a recorded tree, or one sized to
     the heads)."""
     if isinstance(tree, dict):  # a tree as results.json records it (a calibrated one, kept for a resume)
         static = StaticTree.from_choices(tree["choices"], num_heads=heads.num_heads)
-        return medusa_drafter(heads, target, static, tree["name"])
+        return medusa_drafter(heads, target, static, tree["name"], vocab)
     name = tree or default_tree_name(heads.num_heads)
-    return medusa_drafter(heads, target, default_tree(name, num_heads=heads.num_heads), name)
+    return medusa_drafter(heads, target, default_tree(name, num_heads=heads.num_heads), name, vocab)
 
 
-def eagle_drafter_for(head: torch.nn.Module, config: dict[str, Any], target: FrozenTarget, tree: str | None):
+def eagle_drafter_for(
+    head: torch.nn.Module,
+    config: dict[str, Any],
+    target: FrozenTarget,
+    tree: str | None,
+    vocab: torch.Tensor | None = None,
+):
     """EAGLE's and EAGLE-3's `Method.drafter`: a static EAGLE-1 tree when `--tree` names one, else EAGLE-2
     dynamic trees (`dynamic-N`: N nodes verified a step), or the tree a record describes."""
     if isinstance(tree, dict) and "top_k" in tree:  # a recorded EAGLE-2 tree (a calibrated one)
@@ -170,14 +202,21 @@ def eagle_drafter_for(head: torch.nn.Module, config: dict[str, Any], target: Fro
             depth=tree["depth"],
             total_tokens=tree["nodes"],
             name=tree["name"],
+            vocab=vocab,
         )
     if isinstance(tree, dict):  # a recorded static tree
         static = StaticTree.from_choices(tree["choices"])
-        return EagleDrafter(head, target, static), static_record(tree["name"], static)
+        return EagleDrafter(head, target, static, vocab=vocab), static_record(tree["name"], static)
     if tree is not None and dynamic_size(tree) is None:
         static = default_tree(tree)  # an EAGLE-1 static tree: ranks of the head's own top-k per depth
-        return EagleDrafter(head, target, static), static_record(tree, static)
+        return EagleDrafter(head, target, static, vocab=vocab), static_record(tree, static)
     total = dynamic_size(tree) or EAGLE_TOTAL_TOKENS
     return dynamic_drafter(
-        head, target, top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, total_tokens=total, name=f"dynamic-{total}"
+        head,
+        target,
+        top_k=EAGLE_TOP_K,
+        depth=EAGLE_DEPTH,
+        total_tokens=total,
+        name=f"dynamic-{total}",
+        vocab=vocab,
     )

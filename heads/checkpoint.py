@@ -1,4 +1,6 @@
-"""The native head checkpoint: `config.json` + `model.safetensors` in one directory.
+"""The native head checkpoint: `config.json` + `model.safetensors` in one directory, and, from training,
+`label_counts.safetensors` (one int64 tensor "counts" (V,): how often each target token is a label in the
+training rows; decoding reads it for a frequency-ranked draft vocabulary, `draft_vocab_ids`).
 
 config.json:
     format             "specheads"
@@ -24,12 +26,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specheads.heads.atomic import write_file, write_json
+from specheads.heads.eagle3 import draft_vocab_from_counts
 from specheads.heads.methods import methods
 from specheads.heads.target import ADAPTER_CONFIG, FrozenTarget, TargetRecord
 from specheads.version import __version__
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+LABEL_COUNTS_FILE = "label_counts.safetensors"
 ADAPTER_DIR = "adapter"  # Medusa-2: the peft adapter trained with the heads (train/medusa2.py)
 CAPTURE_LAYERS_INDEXING = (
     "Hugging Face hidden_states indexing: 0 = the embeddings, i = the output of decoder layer i-1, "
@@ -39,9 +43,14 @@ CAPTURE_LAYERS_INDEXING = (
 
 
 def save_heads(
-    heads: nn.Module, path: str | Path, target: TargetRecord, training: dict[str, Any] | None = None
+    heads: nn.Module,
+    path: str | Path,
+    target: TargetRecord,
+    training: dict[str, Any] | None = None,
+    label_counts: torch.Tensor | None = None,
 ) -> Path:
-    """Write `heads` into the directory `path` (other files there are left alone).
+    """Write `heads` into the directory `path` (other files there are left alone), with the training
+    rows' `label_counts` (V,) when given.
 
     Never half-written: config.json is removed first and written last, each file is written to a
     temporary name and renamed, so a folder with a config.json always holds a whole checkpoint.
@@ -67,8 +76,44 @@ def save_heads(
     # either order and the same weights in different bytes (runs are compared by sha256). The method is
     # in config.json.
     write_file(path / WEIGHTS_FILE, lambda f: save_file(state, f, metadata={"format": "pt"}))
+    if label_counts is not None:
+        if label_counts.shape != (target.vocab_size,):
+            raise ValueError(
+                f"label_counts has shape {tuple(label_counts.shape)}; the target's vocabulary is "
+                f"{target.vocab_size}"
+            )
+        counts = {"counts": label_counts.detach().to("cpu", torch.int64).contiguous()}
+        write_file(path / LABEL_COUNTS_FILE, lambda f: save_file(counts, f, metadata={"format": "pt"}))
     write_json(path / CONFIG_FILE, config)
     return path
+
+
+def read_label_counts(path: str | Path) -> torch.Tensor | None:
+    """(V,) int64 label counts of the heads' training rows, or None for a checkpoint without them."""
+    file = Path(path) / LABEL_COUNTS_FILE
+    return read_weights(file)["counts"] if file.is_file() else None
+
+
+def draft_vocab_ids(path: str | Path, size: int, vocab_size: int) -> torch.Tensor:
+    """The `size` target ids that were labels most often in the training of the heads in `path`,
+    ascending: the draft vocabulary EAGLE-1/2 and Medusa heads can decode over (FR-Spec's frequency-ranked
+    vocabulary; EAGLE-3 builds its own the same way at training, `draft_vocab_from_counts`).
+
+    Raises:
+        ValueError: when `path` holds no label counts (trained before they were saved) or `size` is out
+            of range.
+    """
+    counts = read_label_counts(path)
+    if counts is None:
+        raise ValueError(
+            f"{path} has no {LABEL_COUNTS_FILE} (heads trained before specheads saved their label counts): "
+            "a draft vocabulary needs them; retrain, or decode over the whole vocabulary"
+        )
+    if counts.numel() != vocab_size:
+        raise ValueError(
+            f"{path / LABEL_COUNTS_FILE} counts {counts.numel()} tokens; the target has {vocab_size}"
+        )
+    return draft_vocab_from_counts(counts, size)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 24) -> str:

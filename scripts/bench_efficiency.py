@@ -44,6 +44,7 @@ from specheads.evaluate.eval_drafters import drafter_for
 from specheads.evaluate.prompts import encode_prompts, read_prompts
 from specheads.heads import FrozenTarget, load_heads
 from specheads.heads.atomic import write_json, write_text
+from specheads.heads.checkpoint import draft_vocab_ids
 from specheads.heads.named_targets import resolve_target
 
 
@@ -168,8 +169,9 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         n = str(r["tree"]["nodes"])
         ratio = r["forward_cost_seconds"][n] / r["forward_cost_seconds"]["1"]
+        vocab = r["tree"].get("draft_vocab")
         lines.append(
-            f"| {r['method']} | {r['tree']['name']} ({n}) | {r['tau']:.2f} | {ratio:.2f} | "
+            f"| {r['method']}{f' (draft vocabulary {vocab})' if vocab else ''} | {r['tree']['name']} ({n}) | {r['tau']:.2f} | {ratio:.2f} | "
             f"{r['ideal_speedup']:.2f}x | {r['measured_speedup']:.2f}x | {r['efficiency']:.2f} | "
             f"{r['outside_forward_fraction']:.0%} | {r['phase_fraction']['draft']:.0%} | "
             f"{r['identical_to_generate']} |"
@@ -182,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", required=True, help="HF directory, hub id, or a named target (tiny, smollm2)")
     p.add_argument("--heads", nargs="+", required=True, help="native head checkpoints")
     p.add_argument("--tree", nargs="*", default=None, help="one tree name for all heads, or one each")
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        nargs="*",
+        default=None,
+        help="as `specheads eval --draft-vocab`, one for all heads or one each (0: the whole vocabulary), so "
+        "one heads folder can be timed both ways in one run",
+    )
     p.add_argument("--prompts", default="heldout", help="as `specheads eval --prompts`")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=64)
@@ -200,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(trees) not in (1, len(args.heads)):
         p.error("--tree takes one name for all heads or one each")
     trees = trees * len(args.heads) if len(trees) == 1 else trees
+    vocabs = args.draft_vocab or [0]
+    if len(vocabs) not in (1, len(args.heads)) or min(vocabs) < 0:
+        p.error("--draft-vocab takes one count >= 0 for all heads or one each")
+    vocabs = vocabs * len(args.heads) if len(vocabs) == 1 else vocabs
 
     path = resolve_target(args.target)
     target = FrozenTarget.from_pretrained(path, dtype=args.dtype)
@@ -210,9 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     past = int(statistics.mean(q.shape[1] for q in prompts)) + args.max_new_tokens // 2
     load = os.getloadavg()[0]
     loaded = []
-    for heads_dir, tree_name in zip(args.heads, trees):
+    for heads_dir, tree_name, size in zip(args.heads, trees, vocabs):
         heads, config = load_heads(heads_dir, target=target, device=target.device)
-        drafter, tree = drafter_for(heads, config, target, tree_name)
+        vocab = draft_vocab_ids(heads_dir, size, target.vocab_size) if size else None
+        drafter, tree = drafter_for(heads, config, target, tree_name, vocab)
+        tree = {**tree, "draft_vocab": size or None}
         loaded.append((heads_dir, config, tree, SpeculativeDecoder(target, drafter)))
     decoders = [d for *_, d in loaded]
     sizes = [1, *args.sizes, *(int(tree["nodes"]) for _, _, tree, _ in loaded)]

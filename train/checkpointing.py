@@ -224,9 +224,16 @@ def register_state_hooks(accelerator) -> None:
 
 
 def save_checkpoint(
-    accelerator, model, output_dir: str | Path, state: dict, record: TargetRecord, training: dict
+    accelerator,
+    model,
+    output_dir: str | Path,
+    state: dict,
+    record: TargetRecord,
+    training: dict,
+    label_counts: torch.Tensor | None = None,
 ) -> Path:
-    """Write checkpoints/step-{state['step']} atomically; every process must call it."""
+    """Write checkpoints/step-{state['step']} atomically (the heads with the rows' `label_counts`); every
+    process must call it."""
     root = Path(output_dir) / CHECKPOINTS
     final, tmp = root / f"step-{state['step']}", root / f".tmp-step-{state['step']}"
     if accelerator.is_main_process:
@@ -236,7 +243,7 @@ def save_checkpoint(
     accelerator.save_state(str(tmp / ACCELERATE_STATE), **_save_state_options(accelerator))
     heads = heads_for_saving(accelerator, model)
     if accelerator.is_main_process:
-        save_heads(heads, tmp, record, training)
+        save_heads(heads, tmp, record, training, label_counts=label_counts)
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:

@@ -66,6 +66,7 @@ from specheads.train.distributed import (
     shard_target,
     target_parameter_counts,
 )
+from specheads.train.eagle_losses import count_label_tokens
 from specheads.train.hidden_cache import CachedRows, cache_layers, collate_cached
 from specheads.train.objective import HeadsWithLoss
 from specheads.train.offline_target import OfflineTarget, target_output
@@ -299,6 +300,7 @@ class Run:
     collate: object
     eval_loader: DataLoader | None
     training: dict  # what the heads' checkpoints record of the run
+    label_counts: torch.Tensor  # (V,) how often each token is a label in the training rows, saved beside
     target_engine: object = None  # the ZeRO-3 engine that holds the sharded target
 
 
@@ -346,6 +348,8 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
         )
     with gathered_lm_head(target):
         heads, notes = build_heads(cfg, target, train_rows)
+    tokens = train_rows.expected if isinstance(train_rows, CachedRows) else train_rows
+    label_counts = count_label_tokens(tokens, target.vocab_size)  # saved with the heads (checkpoint.py)
     model, optimizer, target = build_objective(cfg, method, target, heads)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, cfg=cfg))
     fill_deepspeed_config(accelerator, cfg)
@@ -366,6 +370,7 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
         collate,
         eval_loader,
         training,
+        label_counts,
         engine,
     )
 
@@ -431,7 +436,13 @@ def run_training(cfg: TrainConfig, accelerator, progress: bool) -> dict:
                 everyone = accelerator.reduce(window.to(accelerator.device).clone(), "sum").cpu()
                 state.update(step=step, global_batches=step * cfg.grad_accum, window=everyone.tolist())
                 save_checkpoint(
-                    accelerator, run.model, out_dir, state, run.record, {**run.training, "step": step}
+                    accelerator,
+                    run.model,
+                    out_dir,
+                    state,
+                    run.record,
+                    {**run.training, "step": step},
+                    label_counts=run.label_counts,
                 )
                 if main:
                     prune_checkpoints(out_dir, cfg.keep_checkpoints)
@@ -485,7 +496,8 @@ def finish(
         run.method.save_extra(accelerator, run.target, out_dir)
     if accelerator.is_main_process:
         if completed:
-            save_heads(heads, out_dir, run.record, {**run.training, "step": cfg.max_steps, "eval": last_eval})
+            training = {**run.training, "step": cfg.max_steps, "eval": last_eval}
+            save_heads(heads, out_dir, run.record, training, label_counts=run.label_counts)
         write_json(out_dir / "train_summary.json", summary)
     # Every process tears its process group down together, once the files are written. Twice in one
     # session a second process that left while the main one still wrote aborted at exit ("terminate

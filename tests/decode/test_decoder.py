@@ -75,6 +75,47 @@ def test_medusa_drafter_equals_generate(family, tree_name):
         check_accounting(out, 24)
 
 
+class RecordingMedusa(MedusaDrafter):
+    """Keeps every tree it proposes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.trees = []
+
+    def propose(self, context):
+        self.trees.append(super().propose(context))
+        return self.trees[-1]
+
+
+def test_medusa_over_a_draft_vocabulary_proposes_from_it_and_equals_generate():
+    """`vocab`: the heads propose their top-k among those ids only (the whole vocabulary named drafts the
+    same trees as none), and the output is generate()'s either way."""
+    model = tiny_model("llama", vocab_size=VOCAB)
+    target = FrozenTarget(model)
+    heads = random_medusa(target)
+    tree = default_tree("medusa-63")
+    prompt = random_prompts(1, seed=5)[0]
+    runs = {}
+    for name, vocab in (("none", None), ("all", torch.arange(VOCAB)), ("thirds", torch.arange(0, VOCAB, 3))):
+        drafter = RecordingMedusa(heads, tree, vocab=vocab)
+        out = SpeculativeDecoder(target, drafter).generate(prompt, 24)
+        assert torch.equal(out.tokens, reference_generate(model, prompt, 24)), name
+        runs[name] = drafter.trees
+    assert [t.tokens.tolist() for t in runs["none"]] == [t.tokens.tolist() for t in runs["all"]]
+    drafted = torch.cat([t.tokens[:, 1:] for t in runs["thirds"]])
+    assert drafted.numel() > 0 and (drafted % 3 == 0).all()
+    with torch.no_grad():  # the first step's depth-1 guesses: head 0's top ranks among the thirds
+        context = torch.cat([prompt, runs["thirds"][0].tokens[:, :1]], 1)
+        feature = target(context[:, :-1], capture=(-1,)).hidden[target.layer_id(-1)][:, -1:]
+        logits = heads(feature)[0, 0, 0]
+    thirds = torch.arange(0, VOCAB, 3)
+    expected = thirds[logits[thirds].topk(10).indices]
+    depth1 = [i for i, d in enumerate(tree.depths) if d == 1]
+    assert runs["thirds"][0].tokens[0, depth1].tolist() == expected[[tree.ranks[i] for i in depth1]].tolist()
+    with pytest.raises(ValueError, match="vocab must be 1..264 target ids"):
+        MedusaDrafter(heads, tree, vocab=torch.arange(0))
+
+
 def test_medusa_drafter_with_shared_lm_head_and_fewer_heads():
     model = tiny_model("qwen2", vocab_size=VOCAB)
     target = FrozenTarget(model)

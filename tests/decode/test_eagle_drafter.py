@@ -76,7 +76,7 @@ class CheckedDrafter(EagleDrafter):
     def __init__(self, head, target, *args, **kwargs):
         super().__init__(head, target, *args, **kwargs)
         self.target, self.checked = target, 0
-        to_target = head.to_target_ids(torch.arange(head.draft_vocab_size))
+        to_target = self.to_target_ids(torch.arange(self.draft_vocab_size))
         self.draft_ids = {int(t): i for i, t in enumerate(to_target)}
 
     def propose(self, context):
@@ -86,6 +86,8 @@ class CheckedDrafter(EagleDrafter):
         for node in range(1, len(tokens)):
             path = node_path(parents, tokens, parents[node])
             ref = reference_logprobs(self.head, self.target, context.tokens, path)
+            if self.vocab is not None:  # an EAGLE-1 head over a draft vocabulary: its logits there
+                ref = ref[..., self.vocab]
             if self.tree is not None:  # static: exactly the rank-r token at the parent
                 rank = self.tree.ranks[node]
                 assert draft_ids[tokens[node]] == int(ref.topk(rank + 1).indices[rank]), (node, context.step)
@@ -133,20 +135,21 @@ def test_random_heads_equal_generate(family, method, tree):
 
 
 @pytest.mark.parametrize("tree", ["static", "dynamic"])
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "eagle-vocab"])
 def test_drafted_tokens_are_the_heads_own_from_scratch(method, tree):
     """Drafting with the cache (kept in step across steps) proposes exactly what the head computes
-    from scratch at each node; EAGLE-3 over a sparse draft vocabulary (ids mapped through d2t)."""
+    from scratch at each node; EAGLE-3 over a sparse draft vocabulary (ids mapped through d2t); an EAGLE-1
+    head decoded over one ("eagle-vocab": the drafter's `vocab`, its logits at those ids)."""
     model = tiny_model("llama", vocab_size=VOCAB)
     target = FrozenTarget(model)
     vocab = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[:150].sort().values
-    head = make_head(method, target, draft_vocab=vocab if method == "eagle3" else None)
+    head = make_head(method.removesuffix("-vocab"), target, draft_vocab=vocab if method == "eagle3" else None)
+    restrict = vocab if method == "eagle-vocab" else None
     if tree == "dynamic":
-        drafter = CheckedDrafter(head, target, top_k=3, depth=3, total_tokens=10)
+        drafter = CheckedDrafter(head, target, top_k=3, depth=3, total_tokens=10, vocab=restrict)
     else:
-        drafter = CheckedDrafter(
-            head, target, StaticTree.from_choices([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
-        )
+        static = StaticTree.from_choices([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+        drafter = CheckedDrafter(head, target, static, vocab=restrict)
     prompt = random_prompts(1, seed=2)[0]
     out = SpeculativeDecoder(target, drafter).generate(prompt, 8)
     assert torch.equal(out.tokens, reference_generate(model, prompt, 8))
@@ -173,6 +176,40 @@ def test_eagle3_proposals_are_in_the_draft_vocabulary():
     assert torch.equal(out.tokens, reference_generate(model, prompt, 12))
     drafted = torch.cat(seen)
     assert drafted.numel() == 11 * len(seen) and (drafted % 3 == 0).all()
+
+
+class Recording(EagleDrafter):
+    """Keeps every tree it proposes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.trees = []
+
+    def propose(self, context):
+        self.trees.append(super().propose(context))
+        return self.trees[-1]
+
+
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_a_draft_vocabulary_of_every_token_drafts_the_same_trees(tree):
+    model = tiny_model("llama", vocab_size=VOCAB)
+    target = FrozenTarget(model)
+    head = make_head("eagle", target)
+    static = STATIC if tree == "static" else None
+    prompt = random_prompts(1, seed=4)[0]
+    runs = []
+    for vocab in (None, torch.arange(VOCAB)):
+        drafter = Recording(head, target, static, top_k=4, depth=4, total_tokens=16, vocab=vocab)
+        out = SpeculativeDecoder(target, drafter).generate(prompt, 16)
+        assert torch.equal(out.tokens, reference_generate(model, prompt, 16))
+        runs.append(drafter.trees)
+    assert len(runs[0]) == len(runs[1]) > 1
+    for whole, named in zip(*runs):
+        assert torch.equal(whole.tokens, named.tokens) and torch.equal(whole.parents, named.parents)
+    with pytest.raises(ValueError, match="EAGLE-3 heads draft over their own vocabulary"):
+        EagleDrafter(make_head("eagle3", target), target, STATIC, vocab=torch.arange(10))
+    with pytest.raises(ValueError, match="static tree reads top-6 guesses; the draft has 5 tokens"):
+        EagleDrafter(head, target, STATIC, vocab=torch.arange(5))
 
 
 def test_out_of_step_context_is_an_error():

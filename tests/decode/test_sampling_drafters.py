@@ -55,14 +55,23 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(torch.special.gammaincc(dof, statistic / 2))
 
 
+@pytest.mark.parametrize("restricted", [False, True])
 @pytest.mark.parametrize("children", ["iid", "without-replacement"])
-def test_medusa_children_are_drawn_from_the_q_it_reports(target, children):
+def test_medusa_children_are_drawn_from_the_q_it_reports(target, children, restricted):
+    """`restricted`: the heads propose from a draft vocabulary (every other id), q is their distribution
+    over it, zero elsewhere, and the children are drawn from that."""
     heads = medusa_heads(target)
-    drafter = MedusaDrafter(heads, TREE, children=children)
+    vocab = torch.arange(1, VOCAB, 2) if restricted else None
+    drafter = MedusaDrafter(heads, TREE, children=children, vocab=vocab)
     context = context_for(target, drafter)
     feature = context.hidden[-1][:, -1:]
     with torch.no_grad():
-        q_heads = torch.softmax(heads(feature)[:, 0, 0] / PARAMS.temperature, -1)  # (K, V)
+        logits = heads(feature)[:, 0, 0]  # (K, V)
+        if restricted:
+            q_heads = torch.zeros_like(logits)
+            q_heads[:, vocab] = torch.softmax(logits[:, vocab] / PARAMS.temperature, -1)
+        else:
+            q_heads = torch.softmax(logits / PARAMS.temperature, -1)
     kids = {a: [i for i, p in enumerate(TREE.parents) if p == a] for a in range(TREE.num_nodes)}
     first_child = {a: torch.zeros(VOCAB, dtype=torch.float64) for a, k in kids.items() if k}
     context.generator.manual_seed(1)
@@ -80,23 +89,29 @@ def test_medusa_children_are_drawn_from_the_q_it_reports(target, children):
 
 
 @pytest.mark.parametrize("tree", ["static", "dynamic"])
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "eagle-vocab"])
 def test_eagle_q_is_the_heads_own_distribution_at_each_node(target, method, tree):
     """q at every node with children equals the head's distribution there computed from scratch, at the
-    sampling temperature, scattered into the target's vocabulary (EAGLE-3's draft vocabulary is sparse)."""
-    vocab = torch.arange(0, VOCAB, 2) if method == "eagle3" else None
-    head = make_head(method, target, draft_vocab=vocab)
+    sampling temperature, scattered into the target's vocabulary (EAGLE-3's draft vocabulary is sparse;
+    "eagle-vocab": an EAGLE-1 head decoded over a draft vocabulary, its distribution over those ids)."""
+    vocab = torch.arange(0, VOCAB, 2) if method != "eagle" else None
+    head = make_head(method.removesuffix("-vocab"), target, draft_vocab=vocab if method == "eagle3" else None)
     static = TREE if tree == "static" else None
-    drafter = EagleDrafter(head, target, static, top_k=3, depth=3, total_tokens=10)
+    restrict = vocab if method == "eagle-vocab" else None
+    drafter = EagleDrafter(head, target, static, top_k=3, depth=3, total_tokens=10, vocab=restrict)
     context = context_for(target, drafter)
     proposed = drafter.propose(context)
     tokens, parents = proposed.tokens[0].tolist(), proposed.parents[0].tolist()
-    target_ids = head.to_target_ids(torch.arange(head.draft_vocab_size))
+    target_ids = drafter.to_target_ids(torch.arange(drafter.draft_vocab_size))
+    if restrict is not None:
+        assert set(tokens[1:]) <= set(restrict.tolist())
     checked = 0
     for node in range(proposed.num_nodes):
         if node not in parents:  # a leaf: its row is unused
             continue
         ref = reference_logprobs(head, target, context.tokens, node_path(parents, tokens, node))
+        if restrict is not None:
+            ref = ref[..., restrict]
         expected = torch.zeros(VOCAB)
         expected[target_ids] = torch.softmax(ref / PARAMS.temperature, -1)
         torch.testing.assert_close(proposed.draft_probs[0, node], expected, atol=1e-5, rtol=1e-4)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from specheads.heads import (
     EagleConfig,
@@ -31,7 +32,9 @@ def test_bench_efficiency_reports_the_ideal_and_the_measured_speedup(tmp_path):
     target = FrozenTarget.from_pretrained(str(target_dir))
     medusa = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=2))
     save_heads(medusa.init_lm_heads_from(target.lm_head), tmp_path / "medusa", target.record())
-    save_heads(EagleHead(EagleConfig(layer_config_from(target.config))), tmp_path / "eagle", target.record())
+    counts = torch.arange(target.vocab_size)  # EAGLE decodes over the 20 last ids (--draft-vocab 0 20)
+    eagle = EagleHead(EagleConfig(layer_config_from(target.config)))
+    save_heads(eagle, tmp_path / "eagle", target.record(), label_counts=counts)
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
 
@@ -41,6 +44,7 @@ def test_bench_efficiency_reports_the_ideal_and_the_measured_speedup(tmp_path):
     out = tmp_path / "eff.json"
     argv = ["--target", str(target_dir), "--heads", str(tmp_path / "medusa"), str(tmp_path / "eagle")]
     argv += ["--tree", "medusa-15", "dynamic-8", "--prompts", str(questions), "--max-new-tokens", "10"]
+    argv += ["--draft-vocab", "0", "20"]
     assert bench.main([*argv, "--sizes", "1", "4", "--repeats", "2", "--out", str(out)]) == 0
 
     report = json.loads(out.read_text())
@@ -63,3 +67,5 @@ def test_bench_efficiency_reports_the_ideal_and_the_measured_speedup(tmp_path):
     assert medusa_row["forward_cost_sweeps"] == 2 * len(QUESTIONS)
     assert medusa_row["generate_tokens_per_second"] == eagle_row["generate_tokens_per_second"]
     assert out.with_suffix(".md").read_text().count("\n") == 4  # header, rule, one row a head
+    assert medusa_row["tree"]["draft_vocab"] is None and eagle_row["tree"]["draft_vocab"] == 20
+    assert "| eagle (draft vocabulary 20) |" in out.with_suffix(".md").read_text()

@@ -560,3 +560,31 @@ def test_compare_calibration_prompts_need_tree_auto(setup, tmp_path):
     with pytest.raises(ValueError, match="--calibration-prompts must be >= 1, with --tree auto"):
         compare_cli(compare_args(setup, tmp_path / "out", setup["questions"], *heads, "--no-plots"))
     assert not (tmp_path / "out").exists()
+
+
+def test_draft_vocab_decodes_medusa_and_eagle_over_their_most_frequent_labels(setup, tmp_path):
+    """--draft-vocab N: Medusa and EAGLE heads propose from the N tokens their label counts rank first;
+    output stays identical to generate(); the settings and the command record N; heads saved without
+    counts are refused by name."""
+    target = FrozenTarget.from_pretrained(str(setup["target"]))
+    counts = torch.zeros(target.vocab_size, dtype=torch.long)
+    counts[torch.arange(0, target.vocab_size, 5)] = 1  # every fifth token, the most frequent
+    heads = {}
+    for name in ("medusa", "eagle"):
+        loaded, config = compare.load_heads(setup["root"] / name, target)
+        heads[name] = tmp_path / f"{name}-counted"
+        save_heads(loaded, heads[name], target.record(), label_counts=counts)
+    out = tmp_path / "out"
+    argv = compare_args(setup, out, setup["questions"], "--heads", *map(str, heads.values()))
+    argv += ["--peers", "generate", "--warmup", "0", "--no-plots", "--draft-vocab", "20"]
+    assert compare_cli(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    for entry in results["methods"][1:]:
+        check_entry(entry, results["methods"][0]["per_prompt"])
+        assert entry["settings"]["heads"]["draft_vocab"] == 20
+    assert "--draft-vocab 20" in results["command"]
+    argv = compare_args(
+        setup, tmp_path / "none", setup["questions"], "--heads", str(setup["root"] / "medusa")
+    )
+    with pytest.raises(ValueError, match="has no label_counts.safetensors"):
+        compare_cli([*argv, "--peers", "generate", "--draft-vocab", "20", "--debug"])

@@ -20,7 +20,14 @@ from specheads.decode import DecodeOutput
 from specheads.evaluate import evaluate
 from specheads.evaluate import prompts as prompt_io
 from specheads.evaluate.report import summarize
-from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads, TargetMismatchError, save_heads
+from specheads.heads import (
+    FrozenTarget,
+    MedusaConfig,
+    MedusaHeads,
+    TargetMismatchError,
+    load_heads,
+    save_heads,
+)
 
 # A small subset in the MT-Bench format (questions 81, 101, 121 of MT-Bench; two categories).
 QUESTIONS = [
@@ -316,6 +323,29 @@ def test_eval_takes_eagle_heads_with_the_same_flags(setup, tmp_path, method, tre
     assert results["method"] == method
     assert results["tree"]["name"] == (tree or f"dynamic-{evaluate.EAGLE_TOTAL_TOKENS}")
     check_figures(results, results["tree"]["depth"])
+
+
+def test_eval_draft_vocab_records_it_and_refuses_eagle3_heads(setup, tmp_path):
+    from specheads.heads import Eagle3Config, Eagle3Head, layer_config_from
+
+    target = FrozenTarget.from_pretrained(str(setup["target"]))
+    heads, _ = load_heads(setup["heads"], target)
+    counts = torch.arange(target.vocab_size, dtype=torch.long)  # the last ids, the most frequent
+    save_heads(heads, tmp_path / "counted", target.record(), label_counts=counts)
+    args = eval_args(setup, tmp_path / "out", setup["questions"], "--draft-vocab", "30")
+    args[args.index("--heads") + 1] = str(tmp_path / "counted")
+    assert cli(args) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["heads"]["draft_vocab"] == 30 and "--draft-vocab 30" in results["command"]
+    check_figures(results, results["tree"]["depth"])
+    head = Eagle3Head(
+        Eagle3Config(layer_config_from(target.config), draft_vocab_size=50, target_layers=(1, 2, 3))
+    )
+    save_heads(head, tmp_path / "eagle3", target.record(), label_counts=counts)
+    args = eval_args(setup, tmp_path / "out3", setup["questions"], "--draft-vocab", "30", "--debug")
+    args[args.index("--heads") + 1] = str(tmp_path / "eagle3")
+    with pytest.raises(ValueError, match="these are eagle3; EAGLE-3 heads draft over the vocabulary"):
+        cli(args)
 
 
 def test_order_alternates_and_warmup_is_untimed(monkeypatch):

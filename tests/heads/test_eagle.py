@@ -17,7 +17,7 @@ from specheads.heads import (
     save_heads,
     vocab_maps,
 )
-from specheads.heads.checkpoint import read_head_config
+from specheads.heads.checkpoint import draft_vocab_ids, read_head_config, read_label_counts
 from specheads.methods.eagle3 import build_heads
 from specheads.train.config import load_config
 
@@ -198,3 +198,24 @@ def test_checkpoint_round_trip_is_bit_equal(method, tmp_path):
     other = FrozenTarget(tiny_model("qwen2", vocab_size=V, hidden_size=32))
     with pytest.raises(TargetMismatchError, match="hidden_size: heads in .* trained for 64, target has 32"):
         load_heads(tmp_path, other)
+
+
+def test_label_counts_travel_with_the_checkpoint_and_rank_a_draft_vocabulary(tmp_path):
+    """save_heads(label_counts=) writes label_counts.safetensors; draft_vocab_ids takes the most frequent
+    ids, ascending (ties to the smaller id); a checkpoint without counts, or of another size, is refused."""
+    target = FrozenTarget(tiny_model("qwen2", vocab_size=V))
+    head = EagleHead(EagleConfig(layer_config_from(target.config)))
+    counts = torch.zeros(V, dtype=torch.long)
+    counts[[7, 3, 90, 12]] = torch.tensor([5, 9, 5, 1])
+    save_heads(head, tmp_path / "with", target.record(), label_counts=counts)
+    assert torch.equal(read_label_counts(tmp_path / "with"), counts)
+    assert draft_vocab_ids(tmp_path / "with", 3, V).tolist() == [3, 7, 90]
+    assert draft_vocab_ids(tmp_path / "with", 5, V).tolist() == [0, 3, 7, 12, 90]  # unseen fill in id order
+    save_heads(head, tmp_path / "without", target.record())
+    assert read_label_counts(tmp_path / "without") is None
+    with pytest.raises(ValueError, match="has no label_counts.safetensors"):
+        draft_vocab_ids(tmp_path / "without", 3, V)
+    with pytest.raises(ValueError, match=f"counts {V} tokens; the target has {V + 1}"):
+        draft_vocab_ids(tmp_path / "with", 3, V + 1)
+    with pytest.raises(ValueError, match=f"label_counts has shape \\(3,\\); the target's vocabulary is {V}"):
+        save_heads(head, tmp_path / "bad", target.record(), label_counts=torch.ones(3, dtype=torch.long))

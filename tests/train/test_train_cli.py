@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from specheads.cli import main as cli_main
 from specheads.heads import FrozenTarget, load_heads
+from specheads.heads.checkpoint import draft_vocab_ids, read_label_counts
 from specheads.train.provenance import PACKAGES
 from specheads.version import __version__
 
@@ -70,6 +72,21 @@ def test_train_cli_learns_and_writes_a_whole_checkpoint(tiny_target_dirs, text_d
     # the step-20 checkpoint is a head checkpoint and a resumable training state
     state = json.loads((out / "checkpoints" / "step-20" / "trainer_state.json").read_text())
     assert state["step"] == 20 and state["global_batches"] == 20 and state["num_processes"] == 1
+    # beside the heads: how often each token was a label in the training rows (decoding's --draft-vocab)
+    from specheads.train import loop
+    from specheads.train.config import load_config
+    from specheads.train.eagle_losses import count_label_tokens
+
+    cfg = load_config(RECIPE, args(target_dir, text_data, out)[1:])
+    train_rows, _, _ = loop.make_data(cfg, target.tokenizer)
+    counts = count_label_tokens(train_rows, target.vocab_size)
+    assert counts.sum() > 0
+    for folder in (out, out / "checkpoints" / "step-20"):
+        assert torch.equal(read_label_counts(folder), counts), folder
+    top = draft_vocab_ids(out, 16, target.vocab_size)
+    assert (
+        top.tolist() == sorted(top.tolist()) and counts[top].min() >= counts.sort(descending=True).values[15]
+    )
 
 
 def test_same_seed_gives_the_same_heads(tiny_target_dirs, text_data, tmp_path):
