@@ -20,6 +20,7 @@ from specheads.evaluate.calibrate import (
     max_tree_depth,
 )
 from specheads.evaluate.eval_drafters import (
+    add_draft_vocab_argument,
     add_tree_argument,
     check_tree_for_method,
     drafter_for,
@@ -90,14 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="--tree auto: calibrate on the last K prompts of --prompts, which are then not evaluated "
         "(default 4); --num-prompts counts the rest",
     )
-    p.add_argument(
-        "--draft-vocab",
-        type=int,
-        default=None,
-        help="EAGLE-1/2 and Medusa heads propose from the N tokens that were labels most often in their "
-        "training (its label_counts.safetensors; FR-Spec), each level projecting onto N rows of the "
-        "lm_head; lossless as ever (default: the whole vocabulary; not for EAGLE-3 heads or --tree auto)",
-    )
+    add_draft_vocab_argument(p)
     p.add_argument(
         "--temperature",
         type=float,

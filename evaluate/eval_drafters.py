@@ -57,6 +57,19 @@ def add_tree_argument(parser, *, per_heads: bool = False, auto: bool = False) ->
     parser.add_argument("--tree", nargs="*" if per_heads else None, default=None, help=help)
 
 
+def add_draft_vocab_argument(parser) -> None:
+    """`--draft-vocab N`, as `eval` and `compare` take it (`draft_vocab_ids`, the drafters' `vocab`)."""
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="EAGLE-1/2 and Medusa heads propose from the N tokens that were labels most often in their "
+        "training (its label_counts.safetensors; FR-Spec), each level projecting onto N rows of the "
+        "lm_head; lossless as ever (default: the whole vocabulary; EAGLE-3 heads keep their own; not with "
+        "--tree auto)",
+    )
+
+
 def tree_by_default(method: str | None, calibrates: bool) -> str | None:
     """The tree of a run whose `--tree` names none: its method's `default_tree` (the method table), its
     "auto" only where the run can calibrate (`calibrates`: greedy, one prompt at a time, prompts enough to

@@ -81,3 +81,18 @@ def random_prompts(n: int, seed: int = 0, low: int = 2, high: int = 24) -> list[
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(low, high, (n,), generator=g).tolist()
     return [torch.randint(0, 256, (1, t), generator=g) for t in lengths]
+
+
+def recording(drafter_class: type) -> type:
+    """A subclass of `drafter_class` whose instances keep every tree they propose (`.trees`)."""
+
+    class Recording(drafter_class):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.trees = []
+
+        def propose(self, context):
+            self.trees.append(super().propose(context))
+            return self.trees[-1]
+
+    return Recording

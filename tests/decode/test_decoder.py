@@ -16,7 +16,7 @@ from specheads.decode import (
 from specheads.decode.decoder import PHASES
 from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads
 
-from decode_helpers import greedy_continuation, random_prompts, reference_generate
+from decode_helpers import greedy_continuation, random_prompts, recording, reference_generate
 from helpers import tiny_model
 
 VOCAB = 264
@@ -75,16 +75,7 @@ def test_medusa_drafter_equals_generate(family, tree_name):
         check_accounting(out, 24)
 
 
-class RecordingMedusa(MedusaDrafter):
-    """Keeps every tree it proposes."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.trees = []
-
-    def propose(self, context):
-        self.trees.append(super().propose(context))
-        return self.trees[-1]
+RecordingMedusa = recording(MedusaDrafter)
 
 
 def test_medusa_over_a_draft_vocabulary_proposes_from_it_and_equals_generate():

@@ -10,7 +10,7 @@ from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, FrozenTarget, layer_config_from
 from specheads.train.eagle_losses import eagle3_loss, eagle_loss
 
-from decode_helpers import greedy_continuation, random_prompts, reference_generate
+from decode_helpers import greedy_continuation, random_prompts, recording, reference_generate
 from helpers import FAMILIES, tiny_model
 
 VOCAB = 264
@@ -178,16 +178,7 @@ def test_eagle3_proposals_are_in_the_draft_vocabulary():
     assert drafted.numel() == 11 * len(seen) and (drafted % 3 == 0).all()
 
 
-class Recording(EagleDrafter):
-    """Keeps every tree it proposes."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.trees = []
-
-    def propose(self, context):
-        self.trees.append(super().propose(context))
-        return self.trees[-1]
+Recording = recording(EagleDrafter)
 
 
 @pytest.mark.parametrize("tree", ["static", "dynamic"])
