@@ -41,6 +41,7 @@ from specheads.evaluate.prompts import check_prompt_lengths, encode_prompts, rea
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.atomic import write_text
 from specheads.heads.checkpoint import draft_vocab_ids, target_for_heads
+from specheads.heads.methods import method_named
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import claim_results_folder, clear, hold_folder
 from specheads.heads.target import DTYPES
@@ -141,11 +142,13 @@ def run(args: argparse.Namespace) -> int:
     if args.overwrite:
         clear(args.out, [PROGRESS_FILE])  # a stopped run's progress is replaced too
     check_tree_for_method(head_config["method"], None if args.tree == "auto" else args.tree)
-    if args.draft_vocab is not None and (head_config["method"] == "eagle3" or args.draft_vocab < 1):
-        raise ValueError(
-            f"--draft-vocab {args.draft_vocab}: a count >= 1, for EAGLE-1/2 and Medusa heads (these are "
-            f"{head_config['method']}; EAGLE-3 heads draft over the vocabulary they were trained on)"
-        )
+    if args.draft_vocab is not None:
+        why = method_named(head_config["method"]).draft_vocab
+        if why or args.draft_vocab < 1:
+            raise ValueError(
+                f"--draft-vocab {args.draft_vocab}: a count >= 1, for heads whose drafter takes one "
+                f"({head_config['method']}: {why or 'it does'})"
+            )
     target_path = resolve_target(args.target)  # a named target (tiny, smollm2) is found or built here
     texts = read_prompts(args.prompts, target_path, args.category)
     if default_auto and (

@@ -89,6 +89,7 @@ from specheads.evaluate.report import (
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.atomic import write_text
 from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter
+from specheads.heads.methods import method_named
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import claim_results_folder, clear, hold_folder
 
@@ -336,7 +337,7 @@ def build_methods(
         if (adapter := heads_adapter(path)) is not None:
             record["adapter"] = str(adapter.resolve())  # merged into the target every method decodes
         vocab = None
-        if args.draft_vocab is not None and config["method"] != "eagle3":  # EAGLE-3 keeps its own
+        if args.draft_vocab is not None and not method_named(config["method"]).draft_vocab:  # else its own
             if tree == "auto":
                 raise ValueError(
                     f"--draft-vocab with --tree auto ({path}): calibrate over the whole vocabulary"

@@ -177,8 +177,8 @@ def drafter_for(
         method.check_tree(tree)
     if vocab is None:
         return method.drafter(heads, config, target, tree)
-    if heads.method == "eagle3":
-        raise ValueError("--draft-vocab: EAGLE-3 heads draft over the vocabulary they were trained on")
+    if method.draft_vocab:
+        raise ValueError(f"--draft-vocab: {method.draft_vocab} ({method.name} heads)")
     return method.drafter(heads, config, target, tree, vocab=vocab)
 
 

@@ -48,7 +48,9 @@ class Method:
         after_prepare(accelerator, target) -> notes; save_extra(accelerator, target, out_dir): a method's
             own state beside the heads (Medusa-2's adapter).
     Decoding:
-        drafter(heads, config, target, tree) -> (drafter, results.json's record of its trees).
+        drafter(heads, config, target, tree[, vocab=ids]) -> (drafter, results.json's record of its trees);
+            `vocab` (ascending target ids, `--draft-vocab`) only where `draft_vocab` is "".
+        draft_vocab: why its drafter takes no draft vocabulary ("" = it takes one: `--draft-vocab`).
         calibrate(heads, target, prompt_ids, settings) -> (candidates, acceptance record, capture layers,
             greedy sequences) for `--tree auto`; None: the method has no calibration.
         max_tree_depth(heads, settings) -> the deepest tree a draft reaches.
@@ -70,6 +72,7 @@ class Method:
     summarise: Callable[[Any, Any], dict[str, float]]
     loss: Callable[..., tuple[Any, Any]] | None = None
     drafter: Callable[..., tuple[Any, dict[str, Any]]] | None = None
+    draft_vocab: str = "its drafter proposes from the whole vocabulary"
     needs_logits: Callable[[Any], bool] = lambda cfg: True
     metric_unit: str = "draft step"
     recipe_keys: tuple[str, ...] = ()

@@ -52,6 +52,7 @@ EAGLE = Method(
     recipe_keys=("w_feat", "w_tok", "noise", "fc_bias"),
     check_recipe=lambda cfg: [(cfg.noise >= 0, f"noise must be >= 0, got {cfg.noise}")],
     drafter=eagle_drafter_for,
+    draft_vocab="",
     calibrate=calibrate_eagle,
     export_formats=("eagle",),
     refused_formats={

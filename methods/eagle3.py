@@ -100,6 +100,7 @@ EAGLE3 = Method(
     recipe_keys=("eagle3_layers", "draft_vocab_size", "ttt_steps", "decay", "draft_head_init"),
     check_recipe=check_recipe,
     drafter=eagle_drafter_for,
+    draft_vocab="EAGLE-3 heads draft over the vocabulary they were trained on",
     calibrate=calibrate_eagle,
     export_formats=("eagle3", "speculators"),
 )

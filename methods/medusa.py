@@ -85,6 +85,7 @@ MEDUSA = Method(
     recipe_keys=RECIPE_KEYS,
     check_recipe=check_recipe,
     drafter=medusa_drafter_for,
+    draft_vocab="",
     calibrate=calibrate_medusa,
     max_tree_depth=lambda heads, settings: heads.num_heads,
     check_tree=static_tree_only,
