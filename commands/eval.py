@@ -176,8 +176,9 @@ def run(args: argparse.Namespace) -> int:
     prompts, templated = encode_prompts(
         texts, target.tokenizer, not args.no_chat_template, args.prompt_tokens
     )
-    if args.tree == "auto" and args.draft_vocab is not None:
-        raise ValueError("--draft-vocab with --tree auto: the calibration drafts over the whole vocabulary")
+    vocab = None
+    if args.draft_vocab is not None:
+        vocab = draft_vocab_ids(args.heads, args.draft_vocab, target.vocab_size)
     if args.tree == "auto":  # evaluate/calibrate.py, once the progress file is open (a resume reuses it)
         held_out, _ = encode_prompts(
             held_out, target.tokenizer, not args.no_chat_template, args.prompt_tokens
@@ -187,9 +188,6 @@ def run(args: argparse.Namespace) -> int:
         check_prompt_lengths(prompts + held_out, target.config, args.max_new_tokens, depth)
         tree = "auto"
     else:
-        vocab = None
-        if args.draft_vocab is not None:
-            vocab = draft_vocab_ids(args.heads, args.draft_vocab, target.vocab_size)
         drafter, tree = drafter_for(heads, head_config, target, args.tree, vocab)
         check_prompt_lengths(prompts, target.config, args.max_new_tokens, tree["depth"])
     with hold_folder(args.out):  # a second eval or compare on --out stops at once
@@ -204,7 +202,14 @@ def run(args: argparse.Namespace) -> int:
             with stop_on_sigterm():  # SIGTERM stops as Ctrl-C does: what is finished stays in progress.jsonl
                 if args.tree == "auto":
                     drafter, tree, calibration = calibrated_once(
-                        progress, "calibration", heads, head_config, target, held_out, calibration_settings
+                        progress,
+                        "calibration",
+                        heads,
+                        head_config,
+                        target,
+                        held_out,
+                        calibration_settings,
+                        vocab,
                     )
                 if args.batch_size > 1:
                     decoder = BatchedSpeculativeDecoder(target, drafter)

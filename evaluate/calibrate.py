@@ -215,11 +215,13 @@ def medusa_ranks(
     heads: torch.nn.Module,
     sequences: Sequence[tuple[torch.Tensor, int]],
     num_ranks: int,
+    vocab: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """Per sequence, (n - 1, K) ranks of the true tokens among each head's top `num_ranks` guesses.
 
     Args:
         sequences: (ids (1, T + n), prompt length T): a prompt and its n greedy new tokens.
+        vocab: the draft vocabulary the heads guess from (`MedusaDrafter`'s), None for the whole one.
 
     Row i has the root at generated token i (position T + i): the heads read position t = T - 1 + i and head
     k guesses token t + 2 + k. Its rank there, `num_ranks` when it is not among the guesses, -1 past the end.
@@ -237,9 +239,12 @@ def medusa_ranks(
             there = t + 2 + k < ids.shape[1]  # the true token is in the sequence
             if there.any():
                 logits = heads.head(k, hidden[there].to(weight.device, weight.dtype), lm_head)
-                hit = logits.topk(num_ranks, dim=-1).indices == ids[0, t[there] + 2 + k, None].to(
-                    weight.device
-                )
+                if vocab is not None:
+                    logits = logits[..., vocab.to(logits.device)]
+                guesses = logits.topk(num_ranks, dim=-1).indices
+                if vocab is not None:
+                    guesses = vocab.to(guesses.device)[guesses]
+                hit = guesses == ids[0, t[there] + 2 + k, None].to(weight.device)
                 ranks[there.cpu(), k] = torch.where(hit.any(-1), hit.float().argmax(-1), num_ranks).cpu()
         tables.append(ranks)
     return tables
@@ -280,8 +285,10 @@ def medusa_candidates(
     ranks: Sequence[torch.Tensor],
     num_ranks: int,
     sizes: Sequence[int],
+    vocab: torch.Tensor | None = None,
 ) -> list[Candidate]:
-    """One candidate per size N: `build_tree`'s N - 1 best paths, τ replayed on `ranks` (`medusa_ranks`)."""
+    """One candidate per size N: `build_tree`'s N - 1 best paths, τ replayed on `ranks` (`medusa_ranks`);
+    drafting over `vocab` when given."""
     acc = rank_accuracies(torch.cat(list(ranks)), num_ranks)
     available = sum(num_ranks**d for d in range(1, heads.num_heads + 1))
     sizes = [n for n in sizes if 1 <= n <= available + 1]
@@ -289,7 +296,7 @@ def medusa_candidates(
     candidates = []
     for n in sizes:
         tree = StaticTree.from_choices(order[: n - 1], num_heads=heads.num_heads)
-        drafter, record = medusa_drafter(heads, target, tree, f"auto-medusa-{n - 1}")
+        drafter, record = medusa_drafter(heads, target, tree, f"auto-medusa-{n - 1}", vocab)
         independent = expected_accept_length(tree.choices, acc)  # build_tree's own estimate
         tau = static_accept_length(tree.choices, ranks)
         candidates.append(
@@ -298,13 +305,16 @@ def medusa_candidates(
     return candidates
 
 
-def calibrate_medusa(heads, target: FrozenTarget, ids, settings: CalibrationSettings) -> tuple:
+def calibrate_medusa(
+    heads, target: FrozenTarget, ids, settings: CalibrationSettings, vocab: torch.Tensor | None = None
+) -> tuple:
     """Medusa's `Method.calibrate`: per-head rank accuracies along greedy continuations, and a static tree
-    of each size built from them. Returns (candidates, acceptance record, capture layers, sequences)."""
-    num_ranks = min(settings.medusa_ranks, heads.config.vocab_size)
+    of each size built from them; the heads guess from `vocab` (`--draft-vocab`) when given. Returns
+    (candidates, acceptance record, capture layers, sequences)."""
+    num_ranks = min(settings.medusa_ranks, heads.config.vocab_size if vocab is None else vocab.numel())
     sequences = [(greedy_sequence(target, p, settings.max_new_tokens), p.shape[1]) for p in ids]
-    ranks = medusa_ranks(target, heads, sequences, num_ranks)
-    candidates = medusa_candidates(heads, target, ranks, num_ranks, settings.sizes)
+    ranks = medusa_ranks(target, heads, sequences, num_ranks, vocab)
+    candidates = medusa_candidates(heads, target, ranks, num_ranks, settings.sizes, vocab)
     acceptance = {
         "roots": sum(len(r) for r in ranks),
         "per_head_rank": rank_accuracies(torch.cat(ranks), num_ranks).tolist(),
@@ -329,6 +339,7 @@ def calibrated_drafter(
     prompts: Sequence[Any],
     settings: CalibrationSettings,
     timer: Timer | None = None,
+    vocab: torch.Tensor | None = None,
 ) -> tuple[Drafter, dict[str, Any], dict[str, Any]]:
     """`--tree auto`: measure candidate trees on the calibration prompts, keep the fastest.
 
@@ -336,6 +347,7 @@ def calibrated_drafter(
         config: the checkpoint's config.json; its method's `calibrate` (the method table) measures.
         prompts: the calibration prompts (`hold_out`), each with an `id` and `input_ids` (1, T).
         timer: the timings; None measures them here (`step_timing.MeasuredTimer`).
+        vocab: the draft vocabulary every candidate drafts over (`--draft-vocab`), None for the heads' own.
 
     Returns:
         The chosen tree's drafter, its record (as `drafter_for` returns), and results.json's "calibration":
@@ -347,7 +359,8 @@ def calibrated_drafter(
     if method.calibrate is None:
         raise ValueError(f"--tree auto has no calibration for heads of method {method.name!r}")
     ids = [p.input_ids for p in prompts]
-    candidates, acceptance, capture_layers, sequences = method.calibrate(heads, target, ids, settings)
+    over = {} if vocab is None else {"vocab": vocab}
+    candidates, acceptance, capture_layers, sequences = method.calibrate(heads, target, ids, settings, **over)
     timer = timer or measured_timer(target, capture_layers, sequences, settings.repeats)
     best = choose(timed(candidates, timer))
     record = {
@@ -356,6 +369,7 @@ def calibrated_drafter(
             "ids": [p.id for p in prompts],
         },
         "settings": {**asdict(settings), "sizes": list(settings.sizes)},
+        "draft_vocab": None if vocab is None else vocab.numel(),
         "timing": {
             "what": "fastest seconds of one target step (tree inputs, forward, greedy verify, compact) and of "
             "one draft, interleaved over the candidates, after an untimed round",
@@ -377,6 +391,7 @@ def calibrated_once(
     target: FrozenTarget,
     prompts: Sequence[Any],
     settings: CalibrationSettings,
+    vocab: torch.Tensor | None = None,
 ) -> tuple[Drafter, dict[str, Any], dict[str, Any]]:
     """`calibrated_drafter`, once per run: the calibration is kept in the run's progress file under `key`,
     and a resumed run rebuilds the tree chosen there instead of calibrating again (timings vary, so a
@@ -384,10 +399,10 @@ def calibrated_once(
     Returns as `calibrated_drafter`."""
     calibration = progress.kept.get(key)
     if calibration is None:
-        drafter, tree, calibration = calibrated_drafter(heads, config, target, prompts, settings)
+        drafter, tree, calibration = calibrated_drafter(heads, config, target, prompts, settings, vocab=vocab)
         progress.keep(key, calibration)
         return drafter, tree, progress.kept[key]  # as it reads back on resume (tuples become lists)
-    drafter, tree = drafter_for(heads, config, target, calibration["chosen"])
+    drafter, tree = drafter_for(heads, config, target, calibration["chosen"], vocab)
     return drafter, tree, calibration
 
 

@@ -116,6 +116,7 @@ def record_dynamic_steps(
     top_k: int,
     depth: int,
     max_new_tokens: int,
+    vocab: torch.Tensor | None = None,
 ) -> tuple[list[list[DynamicStep | None]], list[tuple[torch.Tensor, int]]]:
     """Greedy decoding of each prompt (1, T), recording the trees of every candidate shape (depth, nodes) at
     each root some candidate's walk reaches (module docstring).
@@ -125,7 +126,8 @@ def record_dynamic_steps(
     (they are on the verified path: a walk moved at this root accepts a subpath of it), so a root no walk
     reaches is neither drafted nor verified.
 
-    `shapes` None: every shape of depth <= `depth` at the default sizes (`dynamic_shapes`).
+    `shapes` None: every shape of depth <= `depth` at the default sizes (`dynamic_shapes`). `vocab`: the
+    draft vocabulary the head drafts over (`EagleDrafter`'s), None for its own.
 
     Returns per prompt its steps (one per root, n - 1 for n new tokens; None at a root no walk reaches), and
     each (prompt + continuation (1, T + n), T) for the timings.
@@ -133,7 +135,9 @@ def record_dynamic_steps(
     if shapes is None:
         shapes = dynamic_shapes(CalibrationSettings(top_k=top_k, max_depth=depth), top_k)
     everything = top_k + (depth - 1) * top_k**2 + 1  # every candidate, and the root
-    recorder = _ValueRecorder(EagleDrafter(head, target, top_k=top_k, depth=depth, total_tokens=everything))
+    recorder = _ValueRecorder(
+        EagleDrafter(head, target, top_k=top_k, depth=depth, total_tokens=everything, vocab=vocab)
+    )
     largest: dict[int, int] = {}
     for d, n in shapes:
         largest[d] = max(largest.get(d, 1), n)
@@ -220,28 +224,41 @@ def dynamic_candidates(
     steps: Sequence[Sequence[DynamicStep | None]],
     shapes: Sequence[tuple[int, int]],
     top_k: int,
+    vocab: torch.Tensor | None = None,
 ) -> list[Candidate]:
-    """One candidate per (depth, nodes) shape, τ replayed on `steps`."""
+    """One candidate per (depth, nodes) shape, τ replayed on `steps`; drafting over `vocab` when given."""
     candidates = []
     for (depth, n), tau in zip(shapes, dynamic_accept_lengths(steps, shapes)):
         name = f"auto-dynamic-{n}-d{depth}"
-        drafter, record = dynamic_drafter(head, target, top_k=top_k, depth=depth, total_tokens=n, name=name)
+        drafter, record = dynamic_drafter(
+            head, target, top_k=top_k, depth=depth, total_tokens=n, name=name, vocab=vocab
+        )
         candidates.append(Candidate(record, tau, drafter))
     return candidates
 
 
-def calibrate_eagle(head, target: FrozenTarget, ids, settings: CalibrationSettings) -> tuple:
+def calibrate_eagle(
+    head, target: FrozenTarget, ids, settings: CalibrationSettings, vocab: torch.Tensor | None = None
+) -> tuple:
     """EAGLE's (and EAGLE-3's) `Method.calibrate`: the full top-k tree recorded along greedy decoding at the
-    roots the candidates reach, and the EAGLE-2 dynamic trees of each shape cut from it. Returns as
-    `calibrate_medusa`."""
-    top_k, depth = min(settings.top_k, head.draft_vocab_size), settings.max_depth
+    roots the candidates reach, and the EAGLE-2 dynamic trees of each shape cut from it; drafting over `vocab`
+    (`--draft-vocab`) when given. Returns as `calibrate_medusa`."""
+    size = head.draft_vocab_size if vocab is None else vocab.numel()
+    top_k, depth = min(settings.top_k, size), settings.max_depth
     shapes = dynamic_shapes(settings, top_k)
     if not shapes:
         raise ValueError(f"the calibration tried no tree: no size in {settings.sizes} fits an EAGLE-2 tree")
     steps, sequences = record_dynamic_steps(
-        target, head, ids, shapes, top_k=top_k, depth=depth, max_new_tokens=settings.max_new_tokens
+        target,
+        head,
+        ids,
+        shapes,
+        top_k=top_k,
+        depth=depth,
+        max_new_tokens=settings.max_new_tokens,
+        vocab=vocab,
     )
-    candidates = dynamic_candidates(head, target, steps, shapes, top_k)
+    candidates = dynamic_candidates(head, target, steps, shapes, top_k, vocab)
     acceptance = {
         "roots": sum(len(s) for s in steps),
         "verified_roots": sum(step is not None for s in steps for step in s),

@@ -338,15 +338,11 @@ def build_methods(
             record["adapter"] = str(adapter.resolve())  # merged into the target every method decodes
         vocab = None
         if args.draft_vocab is not None and not method_named(config["method"]).draft_vocab:  # else its own
-            if tree == "auto":
-                raise ValueError(
-                    f"--draft-vocab with --tree auto ({path}): calibrate over the whole vocabulary"
-                )
             vocab = draft_vocab_ids(path, args.draft_vocab, target.vocab_size)
             record["draft_vocab"] = args.draft_vocab
         if tree == "auto":  # calibrated once the progress file is open (`calibrate_heads`)
             depth = max_tree_depth(heads, config, calibration_settings(args))
-            methods[name] = (config["method"], CalibratedHeads(target, heads, config, record, depth))
+            methods[name] = (config["method"], CalibratedHeads(target, heads, config, record, depth, vocab))
         else:
             drafter, tree_record = drafter_for(heads, config, target, tree, vocab)
             methods[name] = (config["method"], HeadsMethod(target, drafter, tree_record, record))

@@ -65,8 +65,8 @@ def add_draft_vocab_argument(parser) -> None:
         default=None,
         help="EAGLE-1/2 and Medusa heads propose from the N tokens that were labels most often in their "
         "training (its label_counts.safetensors; FR-Spec), each level projecting onto N rows of the "
-        "lm_head; lossless as ever (default: the whole vocabulary; EAGLE-3 heads keep their own; not with "
-        "--tree auto)",
+        "lm_head, --tree auto's candidates too; lossless as ever (default: the whole vocabulary; EAGLE-3 "
+        "heads keep their own)",
     )
 
 

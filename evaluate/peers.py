@@ -313,6 +313,7 @@ class CalibratedHeads:
     config: dict[str, Any]
     record: dict[str, Any]  # HeadsMethod's `heads`
     max_depth: int  # the deepest tree the calibration may choose
+    vocab: torch.Tensor | None = None  # the draft vocabulary its candidates draft over (`--draft-vocab`)
 
     def settings(self) -> dict[str, Any]:
         return {"tree": "auto", "heads": self.record}
@@ -322,7 +323,7 @@ class CalibratedHeads:
     ) -> HeadsMethod:
         """Calibrate on `prompts` (or take the tree `progress` kept under `key`): our decoder with it."""
         drafter, tree, calibration = calibrated_once(
-            progress, key, self.heads, self.config, self.target, prompts, settings
+            progress, key, self.heads, self.config, self.target, prompts, settings, self.vocab
         )
         return HeadsMethod(self.target, drafter, tree, self.record, calibration)
 

@@ -51,8 +51,8 @@ class Method:
         drafter(heads, config, target, tree[, vocab=ids]) -> (drafter, results.json's record of its trees);
             `vocab` (ascending target ids, `--draft-vocab`) only where `draft_vocab` is "".
         draft_vocab: why its drafter takes no draft vocabulary ("" = it takes one: `--draft-vocab`).
-        calibrate(heads, target, prompt_ids, settings) -> (candidates, acceptance record, capture layers,
-            greedy sequences) for `--tree auto`; None: the method has no calibration.
+        calibrate(heads, target, prompt_ids, settings[, vocab=ids]) -> (candidates, acceptance record,
+            capture layers, greedy sequences) for `--tree auto`; None: the method has no calibration.
         max_tree_depth(heads, settings) -> the deepest tree a draft reaches.
         check_tree(tree): refuse a `--tree` name its drafter cannot use, before any work.
         default_tree: the `--tree` of an eval or compare that names none: "auto" (calibrated, where the run

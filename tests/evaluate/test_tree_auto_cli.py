@@ -101,6 +101,42 @@ def test_eval_tree_auto_end_to_end(setup, tmp_path, heads):
     assert command[command.index("--tree") + 1] == "auto" and "--calibration-prompts" in command
 
 
+@pytest.mark.parametrize("heads", ["medusa", "eagle"])
+def test_eval_tree_auto_over_a_draft_vocabulary(setup, tmp_path, heads):
+    """--tree auto --draft-vocab N: every candidate drafts over the N most frequent labels (the rank table of
+    Medusa's calibration counts a guess outside them as a miss), the chosen tree decodes over them, and the
+    output is still generate()'s."""
+    loaded = setup["loaded"]
+    counted = tmp_path / f"{heads}-counted"
+    shutil.copytree(setup["root"] / heads, counted)
+    counts = torch.zeros(loaded.vocab_size, dtype=torch.long)
+    counts[::3] = 1  # every third id, the most frequent
+    from safetensors.torch import save_file
+
+    save_file({"counts": counts}, str(counted / "label_counts.safetensors"))
+    out = tmp_path / "out"
+    args = eval_args(setup, out, heads, "--tree", "auto", "--calibration-prompts", "1", "--draft-vocab", "40")
+    args[args.index("--heads") + 1] = str(counted)
+    assert cli(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["calibration"]["draft_vocab"] == 40 and results["heads"]["draft_vocab"] == 40
+    assert results["identical_to_baseline"] == "2/2"
+    target, vocab = loaded, torch.arange(0, 120, 3)  # the 40 ids --draft-vocab 40 takes here
+    from specheads.heads import load_heads
+
+    medusa, _ = load_heads(setup["root"] / "medusa", target)
+    sequence = [(calibrate_module.greedy_sequence(target, torch.tensor([[5, 9, 3, 17]]), 12), 4)]
+    whole = calibrate_module.medusa_ranks(target, medusa, sequence, 5)[0]
+    named = calibrate_module.medusa_ranks(target, medusa, sequence, 5, torch.arange(loaded.vocab_size))[0]
+    assert torch.equal(named, whole)
+    restricted = calibrate_module.medusa_ranks(target, medusa, sequence, 5, vocab)[0]
+    ids = sequence[0][0][0]
+    for i, row in enumerate(restricted.tolist()):
+        for k, rank in enumerate(row):
+            if rank >= 0 and int(ids[4 - 1 + i + 2 + k]) % 3 != 0:
+                assert rank == 5  # a true token outside the draft vocabulary is never guessed
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
