@@ -151,10 +151,10 @@ def test_a_kill_mid_save_leaves_nothing_that_resume_takes(
     class Killed(Exception):
         pass
 
-    def dies_at_step_50(heads, path, *args):
+    def dies_at_step_50(heads, path, *args, **kwargs):
         if Path(path).name == ".tmp-step-50":
             raise Killed
-        return real_save_heads(heads, path, *args)
+        return real_save_heads(heads, path, *args, **kwargs)
 
     monkeypatch.setattr(checkpointing, "save_heads", dies_at_step_50)
     with pytest.raises(Killed):
