@@ -145,6 +145,16 @@ def check_children(children: str) -> str:
     return children
 
 
+def check_vocab(vocab: torch.Tensor | None, vocab_size: int, device=None) -> torch.Tensor | None:
+    """A drafter's `vocab` (the ascending target ids it proposes from; None: the whole vocabulary), checked
+    to hold 1..vocab_size ids in one dimension, as int64 on `device`."""
+    if vocab is None:
+        return None
+    if vocab.ndim != 1 or not 1 <= vocab.numel() <= vocab_size:
+        raise ValueError(f"vocab must be 1..{vocab_size} target ids, got shape {tuple(vocab.shape)}")
+    return vocab.to(device=device, dtype=torch.long)
+
+
 class Drafter(Protocol):
     """Proposes draft trees from the target's features."""
 
@@ -194,16 +204,13 @@ class MedusaDrafter:
                 `heads.checkpoint.draft_vocab_ids`): the projections keep those rows only. None: the whole
                 vocabulary. The target verifies every draft, so the output is the same either way.
         """
-        if vocab is not None and (vocab.ndim != 1 or not 1 <= vocab.numel() <= heads.config.vocab_size):
-            raise ValueError(
-                f"vocab must be 1..{heads.config.vocab_size} target ids, got shape {tuple(vocab.shape)}"
-            )
+        vocab = check_vocab(vocab, heads.config.vocab_size)
         draft_size = heads.config.vocab_size if vocab is None else vocab.numel()
         StaticTree.from_choices(tree.choices, num_heads=heads.num_heads, topk=draft_size)
         if heads.lm_heads is None and lm_head is None:
             raise ValueError("these Medusa heads share the target's lm_head: pass it as `lm_head`")
         self.heads, self.tree, self.lm_head = heads, tree, lm_head
-        self.vocab = None if vocab is None else vocab.to(torch.long)
+        self.vocab = vocab
         self.children = check_children(children)
         # (N-1,) which head fills each candidate, and which of its top-k guesses
         self._head = torch.tensor(tree.depths[1:], dtype=torch.long) - 1

@@ -42,7 +42,13 @@ from torch import nn
 
 from specheads.decode.batched_inputs import Layout, compact_rows, select_cache_rows
 from specheads.decode.draft_layer import DraftLayer
-from specheads.decode.drafters import BatchDraftContext, SampledTree, check_children, sibling_index
+from specheads.decode.drafters import (
+    BatchDraftContext,
+    SampledTree,
+    check_children,
+    check_vocab,
+    sibling_index,
+)
 from specheads.decode.dynamic_tree import Candidates, candidates_to_tree, grow_rows, rerank
 from specheads.decode.sampling import draft_probs, draw_children
 from specheads.decode.tree_inputs import additive_mask
@@ -79,18 +85,9 @@ class EagleDrafter:
                 the lm_head alone. None: the whole vocabulary. The target verifies every draft, so the
                 output is the same either way; only which tokens are proposed changes.
         """
-        if vocab is not None:
-            if head.method == "eagle3":
-                raise ValueError(
-                    "EAGLE-3 heads draft over their own vocabulary; `vocab` is for EAGLE-1/2 heads"
-                )
-            if vocab.ndim != 1 or not 1 <= vocab.numel() <= target.vocab_size:
-                raise ValueError(
-                    f"vocab must be 1..{target.vocab_size} target ids, got shape {tuple(vocab.shape)}"
-                )
-        self.vocab = (
-            None if vocab is None else vocab.to(device=target.lm_head.weight.device, dtype=torch.long)
-        )
+        if vocab is not None and head.method == "eagle3":
+            raise ValueError("EAGLE-3 heads draft over their own vocabulary; `vocab` is for EAGLE-1/2 heads")
+        self.vocab = check_vocab(vocab, target.vocab_size, target.lm_head.weight.device)
         draft_size = head.draft_vocab_size if vocab is None else vocab.numel()
         if tree is not None and tree.topk > draft_size:
             raise ValueError(
