@@ -195,7 +195,7 @@ def command_line(args: argparse.Namespace, tree_name: str) -> str:
         ("--num-prompts", args.num_prompts),
         ("--category", args.category),
         ("--calibration-prompts", args.calibration_prompts),
-        ("--draft-vocab", getattr(args, "draft_vocab", None)),
+        ("--draft-vocab", args.draft_vocab),
     ):
         if value is not None:
             parts += [flag, str(value)]
@@ -275,7 +275,7 @@ def build_results(
             "training": head_config.get("training", {}),
             "specheads_version": head_config.get("specheads_version"),
             "adapter": _path_or_none(heads_adapter(args.heads)),  # Medusa-2: merged into the target
-            "draft_vocab": getattr(args, "draft_vocab", None),  # proposed from the N most frequent labels
+            "draft_vocab": args.draft_vocab,  # proposed from the N most frequent labels
         },
         "target": {**target.record().to_dict(), "path": args.target},
         "prompts": {

@@ -93,12 +93,16 @@ def load_target(cfg: TrainConfig, path: str, device: torch.device) -> FrozenTarg
     return target
 
 
+def token_rows(rows):
+    """The tokenised rows behind `rows`: offline, the rows the cache was built from (tokens and loss
+    masks, for what reads only those: EAGLE-3's draft vocabulary, the label counts)."""
+    return rows.expected if isinstance(rows, CachedRows) else rows
+
+
 def build_heads(cfg: TrainConfig, target: FrozenTarget, train_rows=None) -> tuple[nn.Module, dict]:
     """The heads `cfg.method` builds (its entry in the method table), on the target's device, and notes
     for the training record."""
-    if isinstance(train_rows, CachedRows):  # the heads read tokens only (EAGLE-3's draft vocabulary)
-        train_rows = train_rows.expected
-    return method_named(cfg.method).build_heads(cfg, target, train_rows)
+    return method_named(cfg.method).build_heads(cfg, target, token_rows(train_rows))
 
 
 def lr_lambda(step: int, cfg: TrainConfig) -> float:
@@ -348,8 +352,8 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
         )
     with gathered_lm_head(target):
         heads, notes = build_heads(cfg, target, train_rows)
-    tokens = train_rows.expected if isinstance(train_rows, CachedRows) else train_rows
-    label_counts = count_label_tokens(tokens, target.vocab_size)  # saved with the heads (checkpoint.py)
+    # saved with the heads (checkpoint.py)
+    label_counts = count_label_tokens(token_rows(train_rows), target.vocab_size)
     model, optimizer, target = build_objective(cfg, method, target, heads)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, cfg=cfg))
     fill_deepspeed_config(accelerator, cfg)

@@ -28,7 +28,15 @@ from specheads.evaluate.conversations import (
 from specheads.evaluate.peers import AssistedPeer, Decoded, GeneratePeer, PromptLookupPeer, load_draft_model
 from specheads.evaluate.plots import PLOTS
 from specheads.evaluate.report import DRAFT_DEFINITIONS, draft_figures
-from specheads.heads import EagleConfig, EagleHead, FrozenTarget, MedusaConfig, MedusaHeads, save_heads
+from specheads.heads import (
+    EagleConfig,
+    EagleHead,
+    FrozenTarget,
+    MedusaConfig,
+    MedusaHeads,
+    load_heads,
+    save_heads,
+)
 
 from helpers import command, tiny_model, tiny_tokenizer
 
@@ -571,7 +579,7 @@ def test_draft_vocab_decodes_medusa_and_eagle_over_their_most_frequent_labels(se
     counts[torch.arange(0, target.vocab_size, 5)] = 1  # every fifth token, the most frequent
     heads = {}
     for name in ("medusa", "eagle"):
-        loaded, config = compare.load_heads(setup["root"] / name, target)
+        loaded, config = load_heads(setup["root"] / name, target)
         heads[name] = tmp_path / f"{name}-counted"
         save_heads(loaded, heads[name], target.record(), label_counts=counts)
     out = tmp_path / "out"

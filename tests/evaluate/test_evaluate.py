@@ -344,7 +344,9 @@ def test_eval_draft_vocab_records_it_and_refuses_eagle3_heads(setup, tmp_path):
     save_heads(head, tmp_path / "eagle3", target.record(), label_counts=counts)
     args = eval_args(setup, tmp_path / "out3", setup["questions"], "--draft-vocab", "30", "--debug")
     args[args.index("--heads") + 1] = str(tmp_path / "eagle3")
-    with pytest.raises(ValueError, match="eagle3: EAGLE-3 heads draft over the vocabulary they were trained on"):
+    with pytest.raises(
+        ValueError, match="eagle3: EAGLE-3 heads draft over the vocabulary they were trained on"
+    ):
         cli(args)
 
 
