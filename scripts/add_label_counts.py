@@ -9,6 +9,7 @@ must be where the record says.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import sys
 from pathlib import Path
@@ -20,22 +21,8 @@ from specheads.heads.atomic import write_file
 from specheads.heads.checkpoint import LABEL_COUNTS_FILE
 from specheads.heads.named_targets import resolve_target
 from specheads.train import loop
-from specheads.train.config import load_config
+from specheads.train.config import TrainConfig, load_config
 from specheads.train.eagle_losses import count_label_tokens
-
-# What decides a run's training rows (train/data/sources.py): the rest of the record does not.
-ROW_KEYS = (
-    "method",
-    "target",
-    "target_dtype",
-    "data",
-    "max_length",
-    "loss_on",
-    "packing",
-    "eval_fraction",
-    "seed",
-    "include_capped",
-)
 
 
 def add_label_counts(heads_dir: str | Path, out: str | Path) -> int:
@@ -44,7 +31,9 @@ def add_label_counts(heads_dir: str | Path, out: str | Path) -> int:
     if out.exists():
         raise FileExistsError(f"{out} exists; choose a new folder")
     record = read_head_config(heads_dir).get("training", {})
-    cfg = load_config(None, {k: record[k] for k in ROW_KEYS if k in record})
+    known = {f.name for f in dataclasses.fields(TrainConfig)}  # the record adds notes, step and eval
+    cfg = load_config(None, {k: v for k, v in record.items() if k in known})
+    cfg = dataclasses.replace(cfg, mode="online")  # the rows come from the data, not from a cache
     target = FrozenTarget.from_pretrained(resolve_target(cfg.target), dtype="float32")
     rows, _, _ = loop.make_data(cfg, target.tokenizer)
     counts = count_label_tokens(rows, target.vocab_size)
