@@ -16,7 +16,7 @@ ANSWERS_DIR = "answers"
 
 
 def answer_rows(model_id: str, runs: Sequence[Any], conversations: Sequence[Any]) -> list[dict[str, Any]]:
-    """Spec-Bench answer-file rows: one per question (a compare.Run and its Conversation), one choice, per
+    """Spec-Bench answer-file rows: one per question (a compare_records.Run and its Conversation), one choice, per
     turn its answer text, decoding steps, new tokens and wall time, and every step's accept length."""
     return [
         {

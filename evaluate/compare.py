@@ -37,7 +37,7 @@ import argparse
 import json
 import shlex
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,13 @@ from tqdm.auto import tqdm
 from specheads.decode.decoder import timed
 from specheads.evaluate.answers import ANSWERS_DIR, answer_file, write_answers
 from specheads.evaluate.calibrate import CalibrationSettings, hold_out, holds_out, max_tree_depth
+from specheads.evaluate.compare_records import (
+    Run,
+    conversation_record,
+    method_entry,
+    records_for,
+    run_from_dict,
+)
 from specheads.evaluate.conversations import (
     Conversation,
     TurnSettings,
@@ -64,7 +71,6 @@ from specheads.evaluate.peers import (
     PEERS,
     AssistedPeer,
     CalibratedHeads,
-    Decoded,
     GeneratePeer,
     HeadsMethod,
     Method,
@@ -80,11 +86,8 @@ from specheads.evaluate.prompts import Prompt, check_prompt_lengths
 from specheads.evaluate.report import (
     DEFINITIONS,
     DRAFT_DEFINITIONS,
-    draft_figures,
-    first_mismatch,
     render_comparison,
     run_environment,
-    summarize,
 )
 from specheads.heads import FrozenTarget, load_heads, read_head_config
 from specheads.heads.atomic import write_text
@@ -94,17 +97,6 @@ from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import claim_results_folder, clear, hold_folder
 
 # -- running ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Run:
-    """One method on one conversation: per turn, its prompt length, output, seconds and answer text."""
-
-    slot: int  # where the method ran in this prompt's order (0 = first)
-    prompt_tokens: list[int] = field(default_factory=list)
-    decoded: list[Decoded] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)
-    answers: list[str] = field(default_factory=list)
 
 
 def rotated(names: list[str], i: int) -> list[str]:
@@ -183,80 +175,6 @@ def compare(
         bar.update(1)
     bar.close()
     return runs, orders
-
-
-def conversation_record(conversation: Conversation, order: list[str], runs: dict[str, Run]) -> dict[str, Any]:
-    """One finished conversation, every method's run, as progress.jsonl keeps it."""
-    return {"id": conversation.id, "order": order, "runs": {name: asdict(run) for name, run in runs.items()}}
-
-
-def run_from_dict(d: dict[str, Any]) -> Run:
-    """A Run as `conversation_record` wrote it."""
-    return Run(
-        slot=d["slot"],
-        prompt_tokens=list(d["prompt_tokens"]),
-        decoded=[Decoded(**x) for x in d["decoded"]],
-        seconds=list(d["seconds"]),
-        answers=list(d["answers"]),
-    )
-
-
-# -- figures ----------------------------------------------------------------------------------------
-
-
-def records_for(runs: list[Run], baseline: list[Run], conversations: list[Conversation]) -> list[dict]:
-    """Per-prompt records (turns summed, steps concatenated), each beside the baseline's same prompt."""
-    records = []
-    for run, base, conversation in zip(runs, baseline, conversations):
-        mismatch = None
-        for turn, (mine, theirs) in enumerate(zip(run.decoded, base.decoded), 1):
-            index = first_mismatch(mine.tokens, theirs.tokens)
-            if index is not None:
-                mismatch = {"turn": turn, "index": index}
-                break
-        accept_lengths = [n for d in run.decoded for n in d.accept_lengths]
-        records.append(
-            {
-                "id": conversation.id,
-                "category": conversation.category,
-                "slot": run.slot,
-                "turns": len(run.decoded),
-                "prompt_tokens": run.prompt_tokens,
-                "new_tokens": sum(len(d.tokens) for d in run.decoded),
-                "turn_new_tokens": [len(d.tokens) for d in run.decoded],
-                "steps": len(accept_lengths),
-                "mean_accept_length": sum(accept_lengths) / len(accept_lengths) if accept_lengths else None,
-                "accept_lengths": accept_lengths,
-                "draft_sizes": [n for d in run.decoded for n in d.draft_sizes],
-                "draft_depths": [n for d in run.decoded for n in d.draft_depths],
-                "prefill_token": run.decoded[0].prefill_token,
-                "seconds": sum(run.seconds),
-                "turn_seconds": run.seconds,
-                "baseline_new_tokens": sum(len(d.tokens) for d in base.decoded),
-                "baseline_seconds": sum(base.seconds),
-                "identical_to_baseline": mismatch is None,
-                "first_mismatch": mismatch,  # {"turn", "index" into that turn's new tokens}; None: identical
-            }
-        )
-    return records
-
-
-def method_entry(name: str, kind: str, method: Method, records: list[dict]) -> dict[str, Any]:
-    """One results.json entry: the headline figures, draft figures, per category, settings, records."""
-    depth = method.max_depth
-
-    def figures(rows):
-        return {**summarize(rows, depth), **draft_figures(rows)}
-
-    categories = dict.fromkeys(r["category"] for r in records if r["category"] is not None)
-    return {
-        "name": name,
-        "method": kind,
-        **figures(records),
-        "per_category": {c: figures([r for r in records if r["category"] == c]) for c in categories},
-        "settings": method.settings(),
-        "per_prompt": records,
-    }
 
 
 # -- the command ------------------------------------------------------------------------------------
