@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--force", action="store_true", help="rebuild even if a valid build exists")
+    p.add_argument(
+        "--device", default="cpu", help="where a distilled draft trains: cpu (default) or cuda[:i]"
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false")
     for name, f in KNOBS.items():
         if name not in ("seed", "steps"):
@@ -75,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise SystemExit(f"error: --steps must be >= 1, got {args.steps}")
     cfg = draft_config(args)
+    if args.device != "cpu" and args.data is None:
+        raise SystemExit("error: --device is for a distilled draft (--data); the corpus draft trains on the cpu")
     target = Path(resolve_target(args.target, progress=args.progress)).expanduser()
     if args.data is None and target.is_dir() and read_target_meta(target) is None:
         raise SystemExit(
@@ -83,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             f"--target {args.target} --out DIR` output"
         )
     out, meta, reused = ensure_tiny_draft(
-        target, cfg, args.out, force=args.force, progress=args.progress, data=args.data
+        target, cfg, args.out, force=args.force, progress=args.progress, data=args.data, device=args.device
     )
     print(f"{'reused' if reused else 'built'} tiny draft: {out}")
     agreement = f", top-1 {meta['heldout_top1']:.3f}" if "heldout_top1" in meta else ""

@@ -94,7 +94,7 @@ def baseline_generate(target: FrozenTarget, prompt: torch.Tensor, n: int) -> tup
 def bench(args) -> dict:
     target = FrozenTarget.from_pretrained(args.target, dtype=args.dtype, attn_implementation=args.attn)
     target.model.to(args.device)
-    heads, head_config = load_heads(args.heads, target=target, device=target.device)
+    heads, head_config = load_heads(args.heads, target=target, device=target.device, dtype=target.dtype)
     if head_config["method"] != "medusa":
         sys.exit(f"only Medusa heads have a drafter so far; {args.heads} holds {head_config['method']!r}")
     tree = choose_tree(args, heads.num_heads)

@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     loaded = []
     for heads_dir, tree_name, size in zip(args.heads, trees, vocabs):
-        heads, config = load_heads(heads_dir, target=target, device=target.device)
+        heads, config = load_heads(heads_dir, target=target, device=target.device, dtype=target.dtype)
         vocab = draft_vocab_ids(heads_dir, size, target.vocab_size) if size else None
         drafter, tree = drafter_for(heads, config, target, tree_name, vocab)
         tree = {**tree, "draft_vocab": size or None}

