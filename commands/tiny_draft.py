@@ -79,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: --steps must be >= 1, got {args.steps}")
     cfg = draft_config(args)
     if args.device != "cpu" and args.data is None:
-        raise SystemExit("error: --device is for a distilled draft (--data); the corpus draft trains on the cpu")
+        raise SystemExit(
+            "error: --device is for a distilled draft (--data); the corpus draft trains on the cpu"
+        )
     target = Path(resolve_target(args.target, progress=args.progress)).expanduser()
     if args.data is None and target.is_dir() and read_target_meta(target) is None:
         raise SystemExit(

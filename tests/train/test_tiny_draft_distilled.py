@@ -163,5 +163,7 @@ def test_command_asks_for_data_for_a_target_that_is_not_tiny(target, tmp_path):
 
 def test_only_a_distilled_draft_trains_on_another_device(target, tmp_path):
     with pytest.raises(SystemExit, match="--device is for a distilled draft"):
-        tiny_draft_cli(["--target", str(target), "--device", "cuda", "--out", str(tmp_path / "d"), "--no-progress"])
+        tiny_draft_cli(
+            ["--target", str(target), "--device", "cuda", "--out", str(tmp_path / "d"), "--no-progress"]
+        )
     assert not (tmp_path / "d").exists()

@@ -493,6 +493,8 @@ def ensure_tiny_draft(
         what = "a draft built with other settings or for another target" if meta else "not a tiny draft"
         raise FileExistsError(f"{out} holds {what}; refusing to overwrite it (pass --force)")
     if data is not None:
-        built = build_distilled(target_dir, data, cfg, out, identity, settings, progress=progress, device=device)
+        built = build_distilled(
+            target_dir, data, cfg, out, identity, settings, progress=progress, device=device
+        )
         return out, built, False
     return out, build(target_dir, cfg, out, progress=progress), False
