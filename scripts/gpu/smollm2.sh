@@ -4,6 +4,9 @@
 # draft (tiny-draft --device cuda) beside them, then `specheads compare` on MT-Bench (one question a
 # category) in bf16, an fp32 identity check, and the decoder-efficiency benchmark.
 # BUDGET (seconds, default 540) bounds the whole script: later stages shrink or are skipped to fit.
+# Measured on an H100 (2026-11-26, BUDGET=440): build 50 s, the trainings 91 + 57 + 48 s (stopped at their
+# caps), and the bf16 compare then had 125 s, too few to finish one conversation of all six methods
+# (2 turns x 128 tokens, after a warm-up one): give it more (TURNS=1, NP, NEW, or a larger BUDGET).
 # Results: $OUT/sm.tgz and a summary at the end of the output.
 set -u
 T0=$(date +%s); BUDGET=${BUDGET:-540}
@@ -59,7 +62,7 @@ for m in medusa eagle eagle3; do
 done
 A=""; [ -f /tmp/sm/draft/config.json ] && A="--peers generate,prompt-lookup,assisted --draft-model /tmp/sm/draft"
 timeout $(cap 170 70) python3 -m specheads compare --target smollm2 --heads $H --tree $TR \
-    --prompts .gpu/c2/mt-bench-8.jsonl ${NP:+--num-prompts $NP} --max-new-tokens $NEW $A --device $DEV --dtype bfloat16 --no-plots \
+    --prompts .gpu/c2/mt-bench-8.jsonl ${NP:+--num-prompts $NP} ${TURNS:+--max-turns $TURNS} --max-new-tokens $NEW $A --device $DEV --dtype bfloat16 --no-plots \
     --no-progress --out $R/compare-bf16 > $R/compare-bf16.log 2>&1
 echo "compare bf16 rc=$? at $(( $(date +%s) - T0 ))s" | tee -a $R/summary.txt
 grep -E "^\|" $R/compare-bf16/report.md 2>/dev/null | head -14; tail -n 3 $R/compare-bf16.log; save
