@@ -69,3 +69,23 @@ def test_bench_efficiency_reports_the_ideal_and_the_measured_speedup(tmp_path):
     assert out.with_suffix(".md").read_text().count("\n") == 4  # header, rule, one row a head
     assert medusa_row["tree"]["draft_vocab"] is None and eagle_row["tree"]["draft_vocab"] == 20
     assert "| eagle (draft vocabulary 20) |" in out.with_suffix(".md").read_text()
+
+
+def test_bench_efficiency_decodes_heads_in_the_targets_dtype(tmp_path):
+    """Medusa heads sharing the target's lm_head, timed in bf16 (as on a GPU): the heads are cast to the
+    target's dtype as `eval` and `compare` cast them (they once met a bf16 projection in fp32 and failed)."""
+    target_dir = save_tiny_target("llama", tmp_path / "target")
+    target = FrozenTarget.from_pretrained(str(target_dir))
+    medusa = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=2, share_lm_head=True))
+    save_heads(medusa, tmp_path / "medusa", target.record())
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps(QUESTIONS[0]) + "\n")
+
+    spec = importlib.util.spec_from_file_location("bench_efficiency", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "eff.json"
+    argv = ["--target", str(target_dir), "--heads", str(tmp_path / "medusa"), "--tree", "medusa-15"]
+    argv += ["--prompts", str(questions), "--max-new-tokens", "6", "--sizes", "1", "--repeats", "1"]
+    assert bench.main([*argv, "--dtype", "bfloat16", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["heads"][0]["tau"] >= 1.0
