@@ -64,7 +64,14 @@ for m in medusa eagle eagle3; do
     H="$H $h"; case $m in medusa) TR="$TR medusa-63";; *) TR="$TR dynamic-60";; esac
     mkdir -p /tmp/sm/back/$m && cp $h/*.json $h/*.safetensors /tmp/sm/back/$m/
 done
-# the heads come back too, for tables on the CPU: $OUT takes files of at most 16 MB, 8 files in all
+# the heads come back too, for tables on the CPU: in bf16 (they trained under bf16 autocast), since $OUT
+# takes at most 64 MB, in files of at most 16 MB
+python3 - <<'PY'
+import glob, torch
+from safetensors.torch import load_file, save_file
+for f in glob.glob("/tmp/sm/back/*/model.safetensors"):
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(f).items()}, f)
+PY
 tar czf - -C /tmp/sm back | split -b 15M -a 1 - $OUT/heads.tgz.part-
 A=""; [ -f /tmp/sm/draft/config.json ] && A="--peers generate,prompt-lookup,assisted --draft-model /tmp/sm/draft"
 timeout $(cap 170 70) python3 -m specheads compare --target smollm2 --heads $H --tree $TR \
