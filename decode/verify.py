@@ -107,13 +107,21 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> list[Acceptance]:
         One Acceptance per batch row: the longest root-to-node path whose tokens all equal the target's
         argmax at their parent, and the bonus token (the argmax at the path's last node).
     """
-    greedy = logits.argmax(-1)  # (B, N) y_i: the target's token after node i
-    matches = tree.tokens == greedy.gather(1, tree.parents.clamp(min=0))  # (B, N) x_i == y_{par(i)}
+    parents = tree.parents.clamp(min=0)  # (B, N); the root's -1 becomes itself, which it always passes
+    # y_i is needed only where a node hangs (most of a tree's nodes are leaves) and at the last accepted
+    # node: a CPU's argmax over the vocabulary costs some 25 max-reductions, so it runs on those rows alone
+    inner = torch.zeros(parents.shape[1], dtype=torch.bool, device=parents.device)
+    inner[parents.flatten()] = True  # in any row: one set of rows for the whole batch
+    inner = inner.nonzero().squeeze(-1)
+    greedy = torch.zeros_like(tree.tokens)  # (B, N) y_i: the target's token after node i (inner nodes)
+    greedy[:, inner] = logits[:, inner].argmax(-1)
+    matches = tree.tokens == greedy.gather(1, parents)  # (B, N) x_i == y_{par(i)}
     last = _deepest_accepted(tree, matches)
     results = []
     for b in range(tree.tokens.shape[0]):
         path = tree.ancestors[b, last[b]].nonzero().squeeze(-1)  # ascending ids = root .. last
-        tokens = torch.cat([tree.tokens[b, path[1:]], greedy[b, last[b]].reshape(1)])
+        bonus = logits[b, last[b]].argmax().reshape(1)  # y at the last accepted node, a leaf or not
+        tokens = torch.cat([tree.tokens[b, path[1:]], bonus])
         results.append(Acceptance(path=path, tokens=tokens))
     return results
 

@@ -72,6 +72,33 @@ def test_argmax_ties_go_to_the_lowest_token_id_like_generate():
     assert acc.path.tolist()[:2] == [0, 2]
 
 
+def test_greedy_equals_the_whole_tree_argmax_rule_on_random_trees():
+    """verify_greedy takes the argmax only where nodes hang and at the last accepted node; on random trees
+    (batched, ties common at V = 4 in integer logits) it returns what the argmax at every node gives."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        batch, nodes = 3, int(torch.randint(1, 12, (1,), generator=gen))
+        parents = torch.full((batch, nodes), -1)
+        for i in range(1, nodes):
+            parents[:, i] = torch.randint(0, i, (batch,), generator=gen)
+        tokens = torch.randint(0, 4, (batch, nodes), generator=gen)
+        logits = torch.randint(0, 3, (batch, nodes, 4), generator=gen).float()
+        tree = DraftTree(tokens, parents)
+        greedy = logits.argmax(-1)  # the rule at every node
+        for b, acc in enumerate(verify_greedy(tree, logits)):
+            path = acc.path.tolist()
+            assert path[0] == 0 and all(parents[b, path[i + 1]] == path[i] for i in range(len(path) - 1))
+            assert all(tokens[b, n] == greedy[b, parents[b, n]] for n in path[1:])
+            kids = [n for n in range(nodes) if parents[b, n] == path[-1]]
+            assert not any(tokens[b, n] == greedy[b, path[-1]] for n in kids)  # nothing deeper matched
+            accepted = {0}  # every node whose root path matches all the way, parents before children
+            for n in range(1, nodes):
+                if int(parents[b, n]) in accepted and tokens[b, n] == greedy[b, parents[b, n]]:
+                    accepted.add(n)
+            assert len(path) - 1 == max(tree.depths[b, n] for n in accepted)  # the deepest of them
+            assert acc.tokens.tolist() == [*tokens[b, path[1:]].tolist(), int(greedy[b, path[-1]])]
+
+
 # -- sampling: the tree walk on hand-made distributions ----------------------------------------------
 
 
