@@ -26,10 +26,10 @@ from specheads.heads import FrozenTarget
 def first_answers(run: Path, method: str) -> dict[str, str]:
     """question id -> the method's first-turn answer text, from the run's answers/ folder."""
     rows = [json.loads(line) for line in (run / "answers" / f"{method}.jsonl").open()]
-    return {r["question_id"]: r["choices"][0]["turns"][0] for r in rows}
+    return {str(r["question_id"]): r["choices"][0]["turns"][0] for r in rows}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--run", type=Path, required=True, help="a `specheads compare --out` folder (answers/ in it)"
@@ -38,7 +38,7 @@ def main() -> None:
     p.add_argument("--prompts", default="heldout")
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--prompt-tokens", type=int, default=64)
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     targets = {dt: FrozenTarget.from_pretrained(args.target, dtype=dt) for dt in ("float32", "bfloat16")}
     tokenizer = targets["float32"].tokenizer
