@@ -41,6 +41,7 @@ from specheads.decode.kv_cache import new_cache
 from specheads.decode.trees import DraftTree
 from specheads.evaluate.baseline import generate_rows
 from specheads.evaluate.eval_drafters import drafter_for
+from specheads.evaluate.peers import adapted_target
 from specheads.evaluate.prompts import encode_prompts, read_prompts
 from specheads.heads import FrozenTarget, load_heads
 from specheads.heads.atomic import write_json, write_text
@@ -217,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
     path = resolve_target(args.target)
     target = FrozenTarget.from_pretrained(path, dtype=args.dtype)
+    target = adapted_target(target, args.heads)  # Medusa-2 heads: their adapted target, timed alone
     target.model.to(args.device)
     texts = read_prompts(args.prompts, path, num_prompts=args.num_prompts)
     prompts, _ = encode_prompts(texts, target.tokenizer, True, args.prompt_tokens)
