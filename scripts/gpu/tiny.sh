@@ -27,9 +27,9 @@ for m in medusa eagle eagle3 medusa2; do
     cp /tmp/runs/tiny-$m/train_summary.json $R/summary-$m.json 2>/dev/null; save
 done
 H=""; TR=""
-for m in medusa eagle eagle3 medusa2; do
+for m in medusa eagle eagle3; do  # Medusa-2's adapted target is another model: it is timed on its own below
     h=$(latest_heads /tmp/runs/tiny-$m); [ -n "$h" ] || continue
-    H="$H $h"; case $m in medusa*) TR="$TR medusa-63";; *) TR="$TR dynamic-32";; esac
+    H="$H $h"; case $m in medusa) TR="$TR medusa-63";; *) TR="$TR dynamic-32";; esac
 done
 for dt in float32 bfloat16; do
     timeout 75 python3 -m specheads compare --target tiny --heads $H --tree $TR \
@@ -43,6 +43,13 @@ timeout 60 python3 scripts/bench_efficiency.py --target tiny --heads $H --tree $
     --num-prompts ${NPE:-4} --max-new-tokens ${NEW:-96} --device $DEV --dtype float32 --out $R/efficiency-fp32.json \
     > $R/efficiency.log 2>&1
 echo "efficiency rc=$?" | tee -a $R/summary.txt
+M2=$(latest_heads /tmp/runs/tiny-medusa2)
+if [ -n "$M2" ]; then
+    timeout 45 python3 scripts/bench_efficiency.py --target tiny --heads $M2 --tree medusa-63 \
+        --num-prompts ${NPE:-4} --max-new-tokens ${NEW:-96} --device $DEV --dtype float32 \
+        --out $R/efficiency-medusa2-fp32.json > $R/efficiency-medusa2.log 2>&1
+    echo "efficiency medusa2 rc=$?" | tee -a $R/summary.txt; cat $R/efficiency-medusa2-fp32.md 2>/dev/null
+fi
 cat $R/efficiency-fp32.md 2>/dev/null | head -20; tail -n 3 $R/efficiency.log
 wait
 ls -la /tmp/keep
