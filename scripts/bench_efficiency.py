@@ -3,8 +3,10 @@
 How close each head's measured speedup comes to what its acceptance allows on this machine's
 forward-cost curve, and where the rest of a step goes:
 
-    t(N)             one target tree forward over N new nodes (a chain) after a past of P tokens (P: the
-                     mean prompt plus half the new tokens), for N in --sizes and every tree's size: the
+    t(N)             one target tree forward over N new nodes (a chain, its mask and positions built before
+                     the clock starts, as the decoder's tree-inputs phase builds them) after a past of P
+                     tokens (P: the mean prompt plus half the new tokens), for N in --sizes and every tree's
+                     size: the
                      machine's cost curve, its mean over sweeps made after every prompt (--repeats each),
                      so it sees the load the decodes saw (the fastest sweep is in the JSON too)
     ideal speedup    τ · t(1) / t(N): a step verifies N nodes in one forward and emits τ tokens, against one
@@ -74,8 +76,13 @@ class CostCurve:
             tokens = torch.randint(0, decoder.target.vocab_size, (1, n), generator=self.generator).to(device)
             parents = (torch.arange(n, device=device) - 1)[None]  # a chain: node i's parent is i - 1
             tree = DraftTree(tokens=tokens, parents=parents)
-            start = time.perf_counter()
+            # the tree's structure and inputs are the decoder's draft and tree-inputs phases, not the
+            # forward: built before the clock (a static tree's are cached; timing them here once made
+            # t(64) 15-60% dearer than the decoder's own tree forward, and efficiencies above 1)
             inputs = batched_tree_inputs(tree, self.layout, self.past, decoder.mask_dtype, decoder.window)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
             decoder.tree_forward(tree, inputs, self.cache)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

@@ -89,3 +89,33 @@ def test_bench_efficiency_decodes_heads_in_the_targets_dtype(tmp_path):
     argv += ["--prompts", str(questions), "--max-new-tokens", "6", "--sizes", "1", "--repeats", "1"]
     assert bench.main([*argv, "--dtype", "bfloat16", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["heads"][0]["tau"] >= 1.0
+
+
+def test_cost_curve_times_the_tree_forward_alone(tmp_path, monkeypatch):
+    """t(N) is the forward the decoder's tree_forward phase times: the chain's mask and positions (the
+    tree-inputs phase) are built before the clock starts. Made 0.3 s slow, they must not show in t(N)."""
+    import time
+
+    target_dir = save_tiny_target("llama", tmp_path / "target")
+    target = FrozenTarget.from_pretrained(str(target_dir))
+    medusa = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=2))
+    save_heads(medusa.init_lm_heads_from(target.lm_head), tmp_path / "medusa", target.record())
+
+    spec = importlib.util.spec_from_file_location("bench_efficiency", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    from specheads.decode import SpeculativeDecoder
+    from specheads.evaluate.eval_drafters import drafter_for
+
+    heads, config = bench.load_heads(tmp_path / "medusa", target=target)
+    drafter, _ = drafter_for(heads, config, target, "medusa-15")
+    inputs = bench.batched_tree_inputs
+
+    def slow_inputs(*args, **kwargs):
+        time.sleep(0.3)
+        return inputs(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "batched_tree_inputs", slow_inputs)
+    curve = bench.CostCurve(SpeculativeDecoder(target, drafter), past=12, sizes=[1, 8])
+    curve.sweep(0)
+    assert all(len(s) == 1 and s[0] < 0.3 for s in curve.samples.values())
