@@ -218,13 +218,17 @@ class MedusaDrafter:
         # (N,) the head whose distribution is q at each node (a leaf at depth K has no children: clamped)
         self._node_head = torch.tensor(tree.depths, dtype=torch.long).clamp(max=heads.num_heads - 1)
         self._kids = tree_children(tree.parents)
+        # where and in what dtype the heads run, fixed when the drafter is built, as the projections' copy
+        # below is (reading `next(heads.parameters())` each step walked the module tree: 10% of the tiny
+        # target's Medusa draft)
+        self._weight = next(heads.parameters())
         self._projection = _projection_t(heads, lm_head)
         if self._projection is not None and self.vocab is not None:  # (K or 1, H, Vd)
             self._projection = self._projection[:, :, self.vocab.to(self._projection.device)].contiguous()
 
     @torch.no_grad()
     def propose(self, context: DraftContext) -> DraftTree:
-        weight = next(self.heads.parameters())
+        weight = self._weight
         # (B, 1, H) at the root's predecessor
         feature = context.hidden[-1][:, -1:].to(weight.device, weight.dtype)
         if self._projection is None:
