@@ -6,9 +6,9 @@ forward-cost curve, and where the rest of a step goes:
     t(N)             one target tree forward over N new nodes (a chain, its mask and positions built before
                      the clock starts, as the decoder's tree-inputs phase builds them) after a past of P
                      tokens (P: the mean prompt plus half the new tokens), for N in --sizes and every tree's
-                     size: the
-                     machine's cost curve, its mean over sweeps made after every prompt (--repeats each),
-                     so it sees the load the decodes saw (the fastest sweep is in the JSON too)
+                     size: the machine's cost curve, its mean over sweeps made after every prompt
+                     (--repeats each), so it sees the load the decodes saw (the fastest sweep is in the
+                     JSON too)
     ideal speedup    τ · t(1) / t(N): a step verifies N nodes in one forward and emits τ tokens, against one
                      forward per token for generate() (drafting and bookkeeping free)
     measured         tokens/s of the decoder over tokens/s of the target's own generate(), all timed in

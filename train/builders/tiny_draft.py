@@ -472,8 +472,7 @@ def ensure_tiny_draft(
     Without `data` the draft is trained on the tiny target's corpus (TinyDraftConfig); with `data`, a
     `specheads distill` folder of the target's answers, it is distilled from them (DistilledDraftConfig),
     and the key names the data too; `device` is where that one trains. Returns (directory, build record,
-    reused). An explicit `out` holding
-    anything else is never overwritten without `force`.
+    reused). An explicit `out` holding anything else is never overwritten without `force`.
     """
     if cfg is None:
         cfg = TinyDraftConfig() if data is None else DistilledDraftConfig()
