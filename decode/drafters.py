@@ -16,12 +16,13 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specheads.decode.batched_inputs import Layout
 from specheads.decode.sampling import SamplingParams, draft_probs, draw_children
-from specheads.decode.trees import DraftTree, StaticTree
-from specheads.decode.verify import TypicalAcceptance, tree_children
+from specheads.decode.trees import DraftTree, StaticTree, tree_children
+from specheads.decode.verify import TypicalAcceptance
 
 # How a drafter picks a node's children from the draft's distribution q at that node:
 #   top-k                the most likely tokens, deterministically (Medusa, EAGLE; the default)
@@ -222,6 +223,7 @@ class MedusaDrafter:
         # below is (reading `next(heads.parameters())` each step walked the module tree: 10% of the tiny
         # target's Medusa draft)
         self._weight = next(heads.parameters())
+        self._blocks = _stacked_blocks(heads)
         self._projection = _projection_t(heads, lm_head)
         if self._projection is not None and self.vocab is not None:  # (K or 1, H, Vd)
             self._projection = self._projection[:, :, self.vocab.to(self._projection.device)].contiguous()
@@ -229,14 +231,19 @@ class MedusaDrafter:
     @torch.no_grad()
     def propose(self, context: DraftContext) -> DraftTree:
         weight = self._weight
-        # (B, 1, H) at the root's predecessor
-        feature = context.hidden[-1][:, -1:].to(weight.device, weight.dtype)
+        feature = context.hidden[-1][:, -1, :].to(weight.device, weight.dtype)  # (B, H) before the root
+        features = feature.expand(self.heads.num_heads, -1, -1)  # (K, B, H)
+        for w, b in self._blocks:  # every head's l-th residual block in one batched matmul
+            features = features + F.silu(torch.baddbmm(b, features, w))
         if self._projection is None:
-            logits = self.heads(feature, self.lm_head)[:, :, 0]  # (K, B, V)
+            if self.heads.lm_heads is None:
+                logits = self.lm_head(features)  # (K, B, V)
+            else:
+                logits = torch.stack([p(x) for p, x in zip(self.heads.lm_heads, features)])
             if self.vocab is not None:
                 logits = logits[..., self.vocab.to(logits.device)]  # (K, B, Vd)
         else:  # (K, B, H) @ (K or 1, H, V or Vd): every head's projection in one matmul
-            logits = self.heads.features(feature)[:, :, 0] @ self._projection
+            logits = features @ self._projection
         device = logits.device
         q = None if context.sampling is None else draft_probs(logits, context.sampling)  # (K, B, V or Vd)
         if q is not None and self.vocab is not None:  # q over the target's vocabulary, 0 off the draft's
@@ -272,6 +279,18 @@ class MedusaDrafter:
                     q_node = q[self._node_head[node], b]
                     tokens[b, kids] = draw_children(q_node, len(kids), self.children == "iid", generator)
         return tokens[:, 1:]
+
+
+def _stacked_blocks(heads: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The heads' residual blocks, layer by layer, as one (K, H, H) weight (transposed: x @ W) and one
+    (K, 1, H) bias each: a draft then runs layer l of all K heads in one `baddbmm`, not K module calls
+    (those were half of the tiny target's Medusa draft, 1 thread). Copies, as `_projection_t`'s are."""
+    layers = []
+    for layer in range(heads.config.num_layers):
+        linears = [block[layer].linear for block in heads.blocks]
+        weight = torch.stack([m.weight.detach().t() for m in linears]).contiguous()
+        layers.append((weight, torch.stack([m.bias.detach() for m in linears])[:, None]))
+    return layers
 
 
 def _projection_t(heads: nn.Module, lm_head: nn.Module | None) -> torch.Tensor | None:

@@ -112,6 +112,17 @@ class DraftTree:
         return self.ancestors.sum(-1) - 1
 
 
+def tree_children(parents: list[int] | tuple[int, ...]) -> list[list[int]]:
+    """Each node's children, in tree order, from parent pointers (root first)."""
+    children: list[list[int]] = [[] for _ in parents]
+    for node, parent in enumerate(parents[1:], start=1):
+        children[parent].append(node)
+    return children
+
+
+# -- typical acceptance (LOSSY) -----------------------------------------------------------------------
+
+
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     """(B, N) parent pointers -> (B, N, N) bool, [b, i, j] = node j is node i or an ancestor of it."""
     b, n = parents.shape
@@ -128,13 +139,17 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class TreeShape:
-    """One tree's parents (1, N), ancestors (1, N, N) and depths (1, N), on one device: what every step of
-    a static tree shares (`DraftTree.on_shape`)."""
+    """One tree's parents (1, N), ancestors (1, N, N) and depths (1, N), on one device, and each node's
+    children (lists, in tree order): what every step of a static tree shares (`DraftTree.on_shape`)."""
 
     parents: torch.Tensor
     ancestors: torch.Tensor
     depths: torch.Tensor
     masks: dict = field(default_factory=dict, compare=False)  # dtype -> (1, 1, N, N) additive mask
+
+    @cached_property
+    def children(self) -> list[list[int]]:
+        return tree_children(self.parents[0].tolist())
 
     @classmethod
     def of(cls, parents: Sequence[int], device: torch.device | str | None = None) -> TreeShape:

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import torch
 
 from specheads.decode.sampling import sample
-from specheads.decode.trees import DraftTree
+from specheads.decode.trees import DraftTree, tree_children
 
 
 @dataclass
@@ -96,42 +96,67 @@ class TypicalAcceptance:
 # -- greedy -------------------------------------------------------------------------------------------
 
 
-def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> list[Acceptance]:
+def verify_greedy(tree: DraftTree, logits: torch.Tensor, walk: bool | None = None) -> list[Acceptance]:
     """Greedy verification of a draft tree against the target's logits over its nodes.
 
     Args:
         tree: the draft tree, tokens and parents (B, N).
         logits: (B, N, V) the target's logits at each node (from one forward over the tree).
+        walk: how: True walks each row from the root, taking the argmax only at the nodes it visits;
+            False takes it at every node at once. None: the walk for logits on the CPU, where an argmax
+            over the vocabulary costs some 15 max-reductions and each tensor call some microseconds;
+            the whole tree at once elsewhere, which waits for the accelerator once per row, not per level.
+            Both return the same.
 
     Returns:
         One Acceptance per batch row: the longest root-to-node path whose tokens all equal the target's
-        argmax at their parent, and the bonus token (the argmax at the path's last node).
+        argmax at their parent (the first such path of that length), and the bonus token (the argmax at
+        the path's last node).
     """
-    parents = tree.parents.clamp(min=0)  # (B, N); the root's -1 becomes itself, which it always passes
-    # y_i is needed only where a node hangs (most of a tree's nodes are leaves) and at the last accepted
-    # node: a CPU's argmax over the vocabulary costs some 25 max-reductions, so it runs on those rows alone
-    inner = torch.zeros(parents.shape[1], dtype=torch.bool, device=parents.device)
-    inner[parents.flatten()] = True  # in any row: one set of rows for the whole batch
-    inner = inner.nonzero().squeeze(-1)
-    greedy = torch.zeros_like(tree.tokens)  # (B, N) y_i: the target's token after node i (inner nodes)
-    greedy[:, inner] = logits[:, inner].argmax(-1)
-    matches = tree.tokens == greedy.gather(1, parents)  # (B, N) x_i == y_{par(i)}
-    last = _deepest_accepted(tree, matches)
+    if walk is None:
+        walk = logits.device.type == "cpu"
+    if not walk:
+        return [_greedy_row(tree, logits, b) for b in range(tree.tokens.shape[0])]
+    shape = tree.static_shape
     results = []
     for b in range(tree.tokens.shape[0]):
-        path = tree.ancestors[b, last[b]].nonzero().squeeze(-1)  # ascending ids = root .. last
-        bonus = logits[b, last[b]].argmax().reshape(1)  # y at the last accepted node, a leaf or not
-        tokens = torch.cat([tree.tokens[b, path[1:]], bonus])
-        results.append(Acceptance(path=path, tokens=tokens))
+        tokens = tree.tokens[b].tolist()
+        children = shape.children if shape is not None else tree_children(tree.parents[b].tolist())
+        path = [0]
+        while True:
+            y = int(logits[b, path[-1]].argmax())
+            matches = [c for c in children[path[-1]] if tokens[c] == y]
+            if len(matches) != 1:
+                break
+            path.append(matches[0])
+        if matches:  # two siblings with the same token: which leads deeper is the whole tree's to say
+            results.append(_greedy_row(tree, logits, b))
+            continue
+        emitted = [tokens[i] for i in path[1:]] + [y]
+        device = tree.tokens.device
+        results.append(
+            Acceptance(path=torch.tensor(path, device=device), tokens=torch.tensor(emitted, device=device))
+        )
     return results
 
 
-def _deepest_accepted(tree: DraftTree, passes: torch.Tensor) -> torch.Tensor:
-    """(B,) the deepest node whose root path passes everywhere (first of ties); `passes` (B, N) per node."""
+def _greedy_row(tree: DraftTree, logits: torch.Tensor, b: int) -> Acceptance:
+    """Row b's Acceptance from the argmax at every node (the rule as defined)."""
+    parents = tree.parents[b : b + 1].clamp(min=0)  # the root's -1 becomes itself, which it always passes
+    greedy = logits[b : b + 1].argmax(-1)  # (1, N) y_i
+    matches = tree.tokens[b : b + 1] == greedy.gather(1, parents)  # x_i == y_par(i)
+    last = _deepest_accepted(tree.ancestors[b : b + 1], tree.depths[b : b + 1], matches)[0]
+    path = tree.ancestors[b, last].nonzero().squeeze(-1)  # ascending ids = root .. last
+    return Acceptance(path=path, tokens=torch.cat([tree.tokens[b, path[1:]], greedy[0, last].reshape(1)]))
+
+
+def _deepest_accepted(ancestors: torch.Tensor, depths: torch.Tensor, passes: torch.Tensor) -> torch.Tensor:
+    """(B,) the deepest node whose root path passes everywhere (first of ties); `passes` (B, N) per node,
+    `ancestors` (B, N, N) and `depths` (B, N) the tree's."""
     passes = passes.clone()
     passes[:, 0] = True  # the root is accepted already
-    accepted = ~(tree.ancestors & ~passes[:, None, :]).any(-1)  # (B, N) no failing node on the root path
-    return torch.where(accepted, tree.depths, -1).argmax(-1)
+    accepted = ~(ancestors & ~passes[:, None, :]).any(-1)  # (B, N) no failing node on the root path
+    return torch.where(accepted, depths, -1).argmax(-1)
 
 
 # -- sampling: one node (the rules of the module docstring) -------------------------------------------
@@ -255,17 +280,6 @@ def verify_sampling(
     return results
 
 
-def tree_children(parents: list[int] | tuple[int, ...]) -> list[list[int]]:
-    """Each node's children, in tree order, from parent pointers (root first)."""
-    children: list[list[int]] = [[] for _ in parents]
-    for node, parent in enumerate(parents[1:], start=1):
-        children[parent].append(node)
-    return children
-
-
-# -- typical acceptance (LOSSY) -----------------------------------------------------------------------
-
-
 def verify_typical(
     tree: DraftTree, probs: torch.Tensor, generator: torch.Generator, typical: TypicalAcceptance
 ) -> list[Acceptance]:
@@ -282,7 +296,7 @@ def verify_typical(
     parents = tree.parents.clamp(min=0)  # (B, N)
     rows = torch.arange(tree.tokens.shape[0], device=probs.device)[:, None]
     p_token = probs[rows, parents, tree.tokens]  # (B, N) p_{par(i)}(x_i)
-    last = _deepest_accepted(tree, p_token > cutoff.gather(1, parents))
+    last = _deepest_accepted(tree.ancestors, tree.depths, p_token > cutoff.gather(1, parents))
     results = []
     for b in range(tree.tokens.shape[0]):
         path = tree.ancestors[b, last[b]].nonzero().squeeze(-1)

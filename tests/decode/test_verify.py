@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specheads.decode import DraftTree, verify_greedy
+from specheads.decode.trees import TreeShape
 from specheads.decode.verify import TypicalAcceptance, verify_sampling, verify_typical
 
 V = 10
@@ -72,9 +73,30 @@ def test_argmax_ties_go_to_the_lowest_token_id_like_generate():
     assert acc.path.tolist()[:2] == [0, 2]
 
 
-def test_greedy_equals_the_whole_tree_argmax_rule_on_random_trees():
-    """verify_greedy takes the argmax only where nodes hang and at the last accepted node; on random trees
-    (batched, ties common at V = 4 in integer logits) it returns what the argmax at every node gives."""
+def test_a_tie_with_a_larger_id_is_not_a_match_even_when_it_leads_deeper():
+    # after the root, tokens 1 (a) and 2 (b) tie: argmax takes 1, so a is accepted and b is not, although
+    # b's child d matches the target there and would make a deeper path
+    logits = logits_choosing([1, 9, 4, 0, 7])
+    logits[0, 0, 2] = 1.0
+    for walk in (True, False):
+        [acc] = verify_greedy(TREE, logits, walk=walk)
+        assert acc.path.tolist() == [0, 1] and acc.tokens.tolist() == [1, 9]
+
+
+def test_siblings_with_one_token_follow_the_deeper_one():
+    # a and b both carry token 1, the target's choice after the root; only b's child matches below
+    tree = DraftTree(tokens=torch.tensor([[5, 1, 1, 3, 4]]), parents=torch.tensor([[-1, 0, 0, 1, 2]]))
+    for walk in (True, False):
+        [acc] = verify_greedy(tree, logits_choosing([1, 9, 4, 0, 7]), walk=walk)
+        assert acc.path.tolist() == [0, 2, 4] and acc.tokens.tolist() == [1, 4, 7]
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["grown", "static-shape"])
+@pytest.mark.parametrize("walk", [True, False], ids=["walk", "whole-tree"])
+def test_greedy_equals_the_whole_tree_argmax_rule_on_random_trees(walk, static):
+    """Both ways of verify_greedy (the walk from the root, the argmax at every node) on random trees
+    (batched, ties and repeated sibling tokens common at V = 4 in integer logits) return what the rule
+    at every node gives."""
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
         batch, nodes = 3, int(torch.randint(1, 12, (1,), generator=gen))
@@ -83,9 +105,13 @@ def test_greedy_equals_the_whole_tree_argmax_rule_on_random_trees():
             parents[:, i] = torch.randint(0, i, (batch,), generator=gen)
         tokens = torch.randint(0, 4, (batch, nodes), generator=gen)
         logits = torch.randint(0, 3, (batch, nodes, 4), generator=gen).float()
-        tree = DraftTree(tokens, parents)
+        if static:  # one shape for every row, its children cached with it
+            parents = parents[:1].expand(batch, -1)
+            tree = DraftTree.on_shape(tokens, TreeShape.of(parents[0].tolist()))
+        else:
+            tree = DraftTree(tokens, parents)
         greedy = logits.argmax(-1)  # the rule at every node
-        for b, acc in enumerate(verify_greedy(tree, logits)):
+        for b, acc in enumerate(verify_greedy(tree, logits, walk=walk)):
             path = acc.path.tolist()
             assert path[0] == 0 and all(parents[b, path[i + 1]] == path[i] for i in range(len(path) - 1))
             assert all(tokens[b, n] == greedy[b, parents[b, n]] for n in path[1:])
@@ -95,7 +121,9 @@ def test_greedy_equals_the_whole_tree_argmax_rule_on_random_trees():
             for n in range(1, nodes):
                 if int(parents[b, n]) in accepted and tokens[b, n] == greedy[b, parents[b, n]]:
                     accepted.add(n)
-            assert len(path) - 1 == max(tree.depths[b, n] for n in accepted)  # the deepest of them
+            deepest = max(tree.depths[b, n] for n in accepted)
+            assert len(path) - 1 == deepest  # the deepest of them, the first of that depth
+            assert path[-1] == min(n for n in accepted if tree.depths[b, n] == deepest)
             assert acc.tokens.tolist() == [*tokens[b, path[1:]].tolist(), int(greedy[b, path[-1]])]
 
 
