@@ -187,8 +187,11 @@ def batched_tree_inputs(
         mask = additive_mask(block_attention(layout, past, tree.ancestors, positions, window), dtype)
     else:  # the same mask from its two parts: each row's real slots, the same for every node; the tree
         b, n = tree.tokens.shape
-        past_part = additive_mask(layout.real_slots(past)[:, None], dtype).expand(b, 1, n, past)
-        mask = torch.cat([past_part, tree_block_mask(tree, dtype)], dim=-1)
+        mask = torch.zeros(b, 1, n, past + n, dtype=dtype, device=tree.tokens.device)
+        if b > 1 or int(layout.pad[0]) > 0 or int(layout.length[0]) < past:  # some slots hold no token
+            hidden_slots = ~layout.real_slots(past)[:, None, None]  # (B, 1, 1, past)
+            mask[..., :past].masked_fill_(hidden_slots.to(mask.device), torch.finfo(dtype).min)
+        mask[..., past:] = tree_block_mask(tree, dtype)
     return TreeInputs(input_ids=tree.tokens, attention_mask=mask, position_ids=positions)
 
 

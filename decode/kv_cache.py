@@ -55,13 +55,18 @@ def compact_cache(cache, past_len: int, path: torch.Tensor) -> None:
 
     Afterwards the cache holds past_len + n positions.
     """
+    layers = list(kv_pairs(cache))  # refuses sliding-window layers whatever moves
     total = cache.get_seq_length()
-    kept = past_len + path.numel()
-    source = past_len + path.to(torch.long)  # (n,) where the accepted nodes are now
-    for keys, values in kv_pairs(cache):
-        index = source.to(keys.device)  # layers may sit on different devices (device_map)
-        # The gather copies before the write, so overlapping source and destination are safe.
-        keys[:, :, past_len:kept] = keys[:, :, index]
-        values[:, :, past_len:kept] = values[:, :, index]
+    n = path.numel()
+    kept = past_len + n
+    # The root (node 0) is in place already, and a path whose ids run 0, 1, ..., n - 1 (they increase, so
+    # when the last is n - 1) is all in place: only the other nodes move.
+    if n > 1 and int(path[-1]) != n - 1:
+        source = past_len + path[1:].to(torch.long)  # (n - 1,) where the accepted nodes are now
+        for keys, values in layers:
+            index = source.to(keys.device)  # layers may sit on different devices (device_map)
+            # index_select copies before the write, so overlapping source and destination are safe.
+            keys.narrow(2, past_len + 1, n - 1).copy_(keys.index_select(2, index))
+            values.narrow(2, past_len + 1, n - 1).copy_(values.index_select(2, index))
     if total > kept:
         cache.crop(-(total - kept))

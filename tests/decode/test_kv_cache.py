@@ -30,19 +30,25 @@ def kv(cache):
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
-def test_compacted_cache_equals_plain_cache_of_the_accepted_path(family):
+@pytest.mark.parametrize(
+    "choices",
+    [
+        # an accepted path that leaves nodes behind it and between its own nodes
+        [(1,), (1, 0), (1, 0, 0)],
+        [(0,)],  # node 1 right after the root: nothing moves, the rest is cropped
+    ],
+    ids=["scattered", "in-place"],
+)
+def test_compacted_cache_equals_plain_cache_of_the_accepted_path(family, choices):
     model = tiny_model(family, vocab_size=VOCAB)
     g = torch.Generator().manual_seed(4)
     prompt = torch.randint(0, 256, (1, 7), generator=g)
     tree = default_tree("medusa-31")
     draft = DraftTree(torch.randint(0, 256, (1, tree.num_nodes), generator=g), torch.tensor([tree.parents]))
-    # an accepted path that leaves nodes behind it and between its own nodes: (1,) -> (1, 0) -> (1, 0, 0)
-    path = torch.tensor(
-        [0, tree.choices.index((1,)) + 1, tree.choices.index((1, 0)) + 1, tree.choices.index((1, 0, 0)) + 1]
-    )
+    path = torch.tensor([0, *(tree.choices.index(c) + 1 for c in choices)])
     cache = tree_forward(model, prompt, draft)
     compact_cache(cache, past_len=7, path=path)
-    assert cache.get_seq_length() == 7 + 4
+    assert cache.get_seq_length() == 7 + path.numel()
 
     sequence = torch.cat([prompt, draft.tokens[:, path]], dim=1)
     reference = new_cache()

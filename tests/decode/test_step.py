@@ -45,15 +45,21 @@ def test_the_contiguous_layout_gives_the_batch_one_tree_inputs(window):
     assert torch.equal(one.input_ids, rows.input_ids)
 
 
-def test_a_static_trees_inputs_are_those_of_the_same_tree_built_from_parents():
+@pytest.mark.parametrize(
+    "pad, length",
+    [([0, 3], [9, 7]), ([0], [9]), ([3], [9]), ([0], [7])],
+    ids=["two-rows", "one-row", "one-padded-row", "one-short-row"],
+)
+def test_a_static_trees_inputs_are_those_of_the_same_tree_built_from_parents(pad, length):
     """The mask built from its parts, the tree block cached per static shape (DraftTree.on_shape), equals
-    the mask of every slot and node at once (block_attention), for padded rows and across steps."""
+    the mask of every slot and node at once (block_attention), for padded or short rows and across steps."""
     static = default_tree("medusa-15")
-    layout = Layout(pad=torch.tensor([0, 3]), length=torch.tensor([9, 7]))
+    layout = Layout(pad=torch.tensor(pad), length=torch.tensor(length))
+    rows = len(pad)
     for _ in range(2):  # the second reads the cached block
-        tokens = torch.randint(0, 50, (2, static.num_nodes))
+        tokens = torch.randint(0, 50, (rows, static.num_nodes))
         shaped = DraftTree.on_shape(tokens, static.shape())
-        built = DraftTree(tokens=tokens, parents=torch.tensor([static.parents] * 2))
+        built = DraftTree(tokens=tokens, parents=torch.tensor([static.parents] * rows))
         fast = batched_tree_inputs(shaped, layout, 9, torch.float32)
         positions = layout.root_positions[:, None] + built.depths
         allowed = block_attention(layout, 9, built.ancestors, positions)
