@@ -10,7 +10,7 @@ attention back-end dispatch. `DraftLayer` runs the same computation with fewer o
     q, k = rope(q, k) with cos/sin rows read from a table of the head's own rotary embedding
     k, v = cache.update(k, v)                    the head's DynamicCache, as the stock layer appends to it
     h    = residual + o(sdpa(q, k, v, mask))
-    out  = h + down(act(gate(n)) * up(n)),  n = post_norm(h); [gate; up] one matmul
+    out  = h + down(act(gate(n)) * up(n)),  n = rms_norm(h) (one kernel); [gate; up] one matmul
 
 Weights are the head's own, concatenated and transposed once (a (in, out) right operand is the faster
 CPU layout for the few rows a level feeds). The output equals the stock layer's up to float rounding
@@ -28,6 +28,7 @@ from torch.nn import functional as F
 # Attention and MLP classes whose stock forward is the computation above (no q/k norms, no soft-capping).
 LEAN_ATTENTION = ("LlamaAttention", "MistralAttention", "Qwen2Attention")
 LEAN_MLP = ("LlamaMLP", "MistralMLP", "Qwen2MLP")
+LEAN_NORM = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")  # x · rsqrt(mean(x²) + eps) · weight
 # Rope types whose angles depend on the position alone (a table indexed by position reproduces them).
 STATIC_ROPE = ("default", "linear", "llama3")
 
@@ -45,7 +46,9 @@ class DraftLayer:
         self.o = attn.o_proj.weight.t().contiguous()
         self.gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t().contiguous()
         self.down = mlp.down_proj.weight.t().contiguous()
-        self.act, self.post_norm = mlp.act_fn, layer.post_attention_layernorm
+        self.act = mlp.act_fn
+        norm = layer.post_attention_layernorm  # an RMSNorm of these classes: F.rms_norm, one kernel
+        self.norm_weight, self.norm_eps = norm.weight.detach(), norm.variance_epsilon
         self.head_dim = attn.head_dim
         self.q_size = attn.q_proj.out_features
         self.kv_size = attn.k_proj.out_features
@@ -60,6 +63,8 @@ class DraftLayer:
         """The lean forward of `layer`, or None where the stock one must run (module docstring)."""
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         if type(attn).__name__ not in LEAN_ATTENTION or type(mlp).__name__ not in LEAN_MLP:
+            return None
+        if type(getattr(layer, "post_attention_layernorm", None)).__name__ not in LEAN_NORM:
             return None
         if getattr(attn.config, "_attn_implementation", None) != "sdpa":
             return None
@@ -117,7 +122,8 @@ class DraftLayer:
             q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=self.gqa
         )  # (B, H_q, m, D)
         h = residual + attended.transpose(1, 2).reshape(b, m, -1) @ self.o
-        gate, up = (self.post_norm(h) @ self.gate_up).chunk(2, dim=-1)
+        normed = F.rms_norm(h, (h.shape[-1],), self.norm_weight, self.norm_eps)
+        gate, up = (normed @ self.gate_up).chunk(2, dim=-1)
         return h + (self.act(gate) * up) @ self.down
 
 

@@ -105,8 +105,12 @@ class EagleDrafter:
         self.head, self.tree, self.children = head.eval(), tree, children
         self.vocab_size = target.vocab_size
         self.embed_tokens, self.lm_head = target.embed_tokens, target.lm_head
-        # the lm_head's rows of the draft vocabulary, taken once (vocab only)
-        self._vocab_weight = None if self.vocab is None else self.lm_head.weight.detach()[self.vocab]
+        # the lm_head's rows of the draft vocabulary, taken once (vocab only) and transposed: a level's
+        # few rows times a (H, Vd) right operand run at least as fast as `F.linear` against (Vd, H), and
+        # the root's one row 2.4x as fast on the CPU (H = 576, Vd = 8192, 1 thread)
+        self._vocab_weight = None
+        if self.vocab is not None:
+            self._vocab_weight = self.lm_head.weight.detach()[self.vocab].t().contiguous()  # (H, Vd)
         self._vocab_bias = None
         if self.vocab is not None and getattr(self.lm_head, "bias", None) is not None:
             self._vocab_bias = self.lm_head.bias.detach()[self.vocab]
@@ -246,7 +250,10 @@ class EagleDrafter:
         """(..., H) outputs -> (..., V) log-probabilities over the draft's vocabulary."""
         if self.vocab is not None:
             w = self._vocab_weight
-            return nn.functional.linear(out.to(w.dtype), w, self._vocab_bias).float().log_softmax(-1)
+            logits = out.to(w.dtype) @ w
+            if self._vocab_bias is not None:
+                logits = logits + self._vocab_bias
+            return logits.float().log_softmax(-1)
         return self.head.logits(out, self.lm_head).float().log_softmax(-1)
 
     @property

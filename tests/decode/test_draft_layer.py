@@ -27,6 +27,7 @@ def test_lean_forward_equals_the_heads_own(family, method):
     and leave the same keys and values in its cache."""
     target = FrozenTarget(tiny_model(family, vocab_size=264))
     head = make_head(method, target)
+    head.layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)  # a trained norm, not the ones
     lean = DraftLayer.of(head.layer, head.rotary_emb)
     assert lean is not None
     h = head.config.hidden_size
@@ -58,4 +59,7 @@ def test_layers_it_does_not_know_keep_the_stock_forward():
     head = make_head("eagle", llama)
     assert EagleDrafter(head, llama).draft_layer is not None
     head.layer.self_attn.config._attn_implementation = "eager"
+    assert DraftLayer.of(head.layer, head.rotary_emb) is None
+    head = make_head("eagle", llama)  # a norm other than RMSNorm after attention
+    head.layer.post_attention_layernorm = torch.nn.LayerNorm(head.config.hidden_size)
     assert DraftLayer.of(head.layer, head.rotary_emb) is None
