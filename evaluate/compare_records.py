@@ -75,9 +75,17 @@ def records_for(runs: list[Run], baseline: list[Run], conversations: list[Conver
                 "baseline_seconds": sum(base.seconds),
                 "identical_to_baseline": mismatch is None,
                 "first_mismatch": mismatch,  # {"turn", "index" into that turn's new tokens}; None: identical
+                "phase_seconds": summed_phases([d.phase_seconds for d in run.decoded]),
             }
         )
     return records
+
+
+def summed_phases(turns: list[dict[str, float]]) -> dict[str, float] | None:
+    """A conversation's phase seconds, its turns' summed; None when the method has none (transformers')."""
+    if not all(turns):
+        return None
+    return {phase: sum(t.get(phase, 0.0) for t in turns) for phase in turns[0]}
 
 
 def method_entry(name: str, kind: str, method: Method, records: list[dict]) -> dict[str, Any]:

@@ -133,6 +133,7 @@ def decode_prompt(
         reference,
         measured["baseline"][1],
         sampled=sampling is not None,
+        phase_seconds=out.timings,
     )
 
 

@@ -52,6 +52,8 @@ class Decoded:
     draft_depths: per step, the deepest of those draft tokens (a chain's length; a tree's depth).
     prefill_token: whether the first new token came from a prefill forward that is not a step, so
         len(tokens) == prefill_token + sum(accept_lengths).
+    phase_seconds: the speculative decoder's seconds per phase (step.PHASES and "total"); empty for the
+        methods transformers runs.
     """
 
     tokens: list[int]
@@ -59,6 +61,7 @@ class Decoded:
     draft_sizes: list[int] = field(default_factory=list)
     draft_depths: list[int] = field(default_factory=list)
     prefill_token: bool = True
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         steps = len(self.accept_lengths)
@@ -296,6 +299,7 @@ class HeadsMethod:
             draft_sizes=self.recorder.sizes,
             draft_depths=self.recorder.depths,
             prefill_token=True,
+            phase_seconds=dict(out.timings),
         )
 
     def settings(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from specheads.decode.step import PHASES
 from specheads.evaluate.calibrate import calibration_note
 from specheads.version import __version__
 
@@ -27,6 +28,11 @@ DEFINITIONS = {
     "speedup": "tokens_per_second / baseline_tokens_per_second (same prompts, same machine, same run)",
     "identical_to_baseline": "prompts whose output equals the baseline's token for token / prompts; "
     "null when sampling",
+    "step_phase_fraction": "each phase's share of the decoder's time after prefill (draft, tree_inputs, "
+    "tree_forward, verify, compact; rest: what no phase covers), summed over all prompts; null for methods "
+    "transformers runs",
+    "outside_forward_fraction": "1 - step_phase_fraction.tree_forward: the share of the steps' time spent "
+    "outside the target's forward",
 }
 
 
@@ -67,6 +73,29 @@ def summarize(records: list[dict[str, Any]], tree_depth: int) -> dict[str, Any]:
         ),
         "identical_to_baseline": identical,
         "num_prompts": len(records),
+        **phase_figures(records),
+    }
+
+
+def phase_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """step_phase_fraction and outside_forward_fraction (DEFINITIONS) over the records that carry the
+    decoder's "phase_seconds" (PHASES and "total", summed over a prompt's turns); None without any."""
+    timed = [r["phase_seconds"] for r in records if r.get("phase_seconds")]
+    if not timed:
+        return {"step_phase_fraction": None, "outside_forward_fraction": None}
+    totals = {p: sum(t.get(p, 0.0) for t in timed) for p in PHASES}
+    return phase_shares(totals, sum(t["total"] for t in timed))
+
+
+def phase_shares(phase_seconds: dict[str, float], seconds: float) -> dict[str, Any]:
+    """Each phase's share of the steps' time, `seconds` (the decoder's, prefill included) less the prefill,
+    with "rest" for what no phase covers; and the share outside the target's tree forward."""
+    steps = max(seconds - phase_seconds.get("prefill", 0.0), 1e-12)
+    phases = {p: phase_seconds.get(p, 0.0) for p in PHASES if p != "prefill"}
+    phases["rest"] = max(steps - sum(phases.values()), 0.0)
+    return {
+        "step_phase_fraction": {p: t / steps for p, t in phases.items()},
+        "outside_forward_fraction": 1 - phases["tree_forward"] / steps,
     }
 
 
@@ -78,13 +107,14 @@ def per_category(records: list[dict[str, Any]], tree_depth: int) -> dict[str, di
 
 # -- report.md --------------------------------------------------------------------------------------
 
-_COLUMNS = ("τ", "tokens/s", "baseline tokens/s", "speedup", "identical")
+_COLUMNS = ("τ", "outside forward", "tokens/s", "baseline tokens/s", "speedup", "identical")
 
 
 def _row(first: list[str], figures: dict[str, Any]) -> str:
     cells = [
         *first,
         _num(figures["mean_accept_length"], 2),
+        _percent(figures.get("outside_forward_fraction")),
         _num(figures["tokens_per_second"], 1),
         _num(figures["baseline_tokens_per_second"], 1),
         _num(figures["speedup"], 2, "x"),
@@ -95,6 +125,10 @@ def _row(first: list[str], figures: dict[str, Any]) -> str:
 
 def _num(x: float | None, digits: int, unit: str = "") -> str:
     return "–" if x is None else f"{x:.{digits}f}{unit}"
+
+
+def _percent(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
 
 
 def _header(first: list[str]) -> list[str]:
@@ -190,7 +224,16 @@ def first_mismatch(tokens: list[int], reference: list[int]) -> int | None:
 
 # -- report.md of `specheads compare` ---------------------------------------------------------------
 
-_COMPARE_COLUMNS = ("τ", "accept rate", "draft eff.", "drafts/step", "tokens/s", "speedup", "identical")
+_COMPARE_COLUMNS = (
+    "τ",
+    "accept rate",
+    "draft eff.",
+    "drafts/step",
+    "outside forward",
+    "tokens/s",
+    "speedup",
+    "identical",
+)
 
 
 def prompt_record(
@@ -201,6 +244,7 @@ def prompt_record(
     reference: list[int],
     baseline_seconds: float,
     sampled: bool = False,
+    phase_seconds: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """results.json's record of one prompt (prompts.Prompt: id, category, input_ids (1, T)) decoded into
     `tokens` with `accept_lengths` per step, against the baseline's `reference`. Sampled outputs differ
@@ -219,6 +263,7 @@ def prompt_record(
         "baseline_seconds": baseline_seconds,
         "identical_to_baseline": None if sampled else mismatch is None,
         "first_mismatch": mismatch,  # index into the new tokens; None when identical (or sampled)
+        "phase_seconds": phase_seconds,  # the decoder's timings (PHASES and "total"), when it has them
     }
 
 
@@ -230,6 +275,7 @@ def _compare_row(name: str, figures: dict[str, Any]) -> str:
         _num(figures["acceptance_rate"], 2),
         _num(figures["draft_efficiency"], 2),
         _num(figures["draft_tokens_per_step"], 1),
+        _percent(figures.get("outside_forward_fraction")),
         _num(figures["tokens_per_second"], 1),
         _num(figures["speedup"], 2, "x"),
         figures["identical_to_baseline"] or "–",

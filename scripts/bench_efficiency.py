@@ -45,6 +45,7 @@ from specheads.evaluate.baseline import generate_rows
 from specheads.evaluate.eval_drafters import drafter_for
 from specheads.evaluate.peers import adapted_target
 from specheads.evaluate.prompts import encode_prompts, read_prompts
+from specheads.evaluate.report import phase_shares
 from specheads.heads import FrozenTarget, load_heads
 from specheads.heads.atomic import write_json, write_text
 from specheads.heads.checkpoint import draft_vocab_ids
@@ -146,8 +147,7 @@ def head_row(heads_dir: str, config: dict, tree: dict, run: dict, base: dict, cu
     ideal = tau * costs[1] / costs[nodes]
     measured = (run["new"] / run["seconds"]) / (base["new"] / base["seconds"])
     steps_seconds = run["seconds"] - run["phases"]["prefill"]  # the decode steps, prefill left out
-    phases = {p: s for p, s in run["phases"].items() if p != "prefill"}
-    phases["rest"] = max(steps_seconds - sum(phases.values()), 0.0)
+    shares = phase_shares(run["phases"], run["seconds"])
     return {
         "heads": heads_dir,
         "method": config["method"],
@@ -163,8 +163,8 @@ def head_row(heads_dir: str, config: dict, tree: dict, run: dict, base: dict, cu
         "forward_cost_fastest_seconds": {str(n): s for n, s in curve.fastest().items()},
         "forward_cost_sweeps": len(curve.samples[1]),
         "step_seconds": steps_seconds / max(len(run["accept"]), 1),
-        "outside_forward_fraction": 1 - phases["tree_forward"] / max(steps_seconds, 1e-12),
-        "phase_fraction": {p: s / max(steps_seconds, 1e-12) for p, s in phases.items()},
+        "outside_forward_fraction": shares["outside_forward_fraction"],
+        "phase_fraction": shares["step_phase_fraction"],
     }
 
 

@@ -190,11 +190,33 @@ def test_every_method_runs_each_prompt_in_rotated_order(questions_run):
         assert slots == [o["methods"].index(entry["name"]) for o in results["order"]]
 
 
+def test_our_decoders_report_where_a_step_goes_and_transformers_methods_do_not(questions_run):
+    out, results, _ = questions_run
+    report = (out / "report.md").read_text().split("\n## ")[1]  # the overall table
+    for entry in results["methods"]:
+        for figures in [entry, *entry["per_category"].values()]:
+            shares, outside = figures["step_phase_fraction"], figures["outside_forward_fraction"]
+            if entry["name"] in ("medusa", "eagle"):
+                assert set(shares) == {"draft", "tree_inputs", "tree_forward", "verify", "compact", "rest"}
+                assert sum(shares.values()) == pytest.approx(1.0) and min(shares.values()) >= 0
+                assert 0 < outside < 1 and outside == pytest.approx(1 - shares["tree_forward"])
+                assert all(r["phase_seconds"]["tree_forward"] > 0 for r in entry["per_prompt"])
+            else:
+                assert shares is None and outside is None
+        cell = (
+            "–" if entry["step_phase_fraction"] is None else f"{100 * entry['outside_forward_fraction']:.0f}%"
+        )
+        assert (
+            f"| {entry['draft_tokens_per_step']:.1f} | {cell} | {entry['tokens_per_second']:.1f} |" in report
+        )
+
+
 def test_per_category_figures_and_tables(questions_run):
     out, results, _ = questions_run
     report = (out / "report.md").read_text()
     header = (
-        "| method | prompts | τ | accept rate | draft eff. | drafts/step | tokens/s | speedup | identical |"
+        "| method | prompts | τ | accept rate | draft eff. | drafts/step | outside forward | tokens/s | speedup "
+        "| identical |"
     )
     sections = report.split("\n## ")
     tables = {s.split("\n", 1)[0]: s for s in sections[1:]}
@@ -449,7 +471,7 @@ def test_long_prompts_fail_early_or_are_skipped(setup, tmp_path):
 
 # -- stopped and resumed (evaluate/progress.py) -----------------------------------------------------
 
-TIMINGS = {"seconds", "baseline_seconds", "turn_seconds"}
+TIMINGS = {"seconds", "baseline_seconds", "turn_seconds", "phase_seconds"}
 
 
 def outputs(results: dict) -> dict:

@@ -165,11 +165,20 @@ def test_eval_on_questions_writes_results_and_report(setup, tmp_path):
     assert set(results["definitions"]) >= {"mean_accept_length", "accept_rate_per_depth", "speedup"}
     for r in results["per_prompt"]:
         assert r["seconds"] > 0 and r["baseline_seconds"] > 0 and r["prompt_tokens"] > 0
+        assert r["phase_seconds"]["tree_forward"] > 0 and r["phase_seconds"]["total"] <= r["seconds"]
+    shares = results["step_phase_fraction"]  # where the steps' time went, over all prompts
+    assert set(shares) == {"draft", "tree_inputs", "tree_forward", "verify", "compact", "rest"}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert results["outside_forward_fraction"] == pytest.approx(1 - shares["tree_forward"])
     assert sorted(p.name for p in out.iterdir()) == ["report.md", "results.json"]  # no temporary files left
 
     report = (out / "report.md").read_text()
-    assert "| method | prompts | τ | tokens/s | baseline tokens/s | speedup | identical |" in report
-    assert f"| medusa | 3 | {results['mean_accept_length']:.2f} |" in report
+    assert (
+        "| method | prompts | τ | outside forward | tokens/s | baseline tokens/s | speedup | identical |"
+        in report
+    )
+    outside = f"{100 * results['outside_forward_fraction']:.0f}%"
+    assert f"| medusa | 3 | {results['mean_accept_length']:.2f} | {outside} |" in report
     assert f"{results['speedup']:.2f}x | 3/3 |" in report
     assert "| writing | 2 |" in report and "| reasoning | 1 |" in report
     assert results["command"] in report
@@ -401,7 +410,7 @@ def test_eval_and_compare_take_one_tree_argument():
 
 # -- stopped and resumed (evaluate/progress.py) -----------------------------------------------------
 
-TIMINGS = {"seconds", "baseline_seconds"}
+TIMINGS = {"seconds", "baseline_seconds", "phase_seconds"}
 
 
 def outputs(results: dict) -> list[dict]:

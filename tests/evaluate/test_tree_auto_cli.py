@@ -205,7 +205,7 @@ def test_a_stopped_tree_auto_eval_resumes_with_its_calibrated_tree(
         {k: v for k, v in r["calibration"].items() if k != "seconds"} for r in (resumed, reference)
     ]
     assert calibrations[0] == calibrations[1]  # measured once, by the first part
-    timings = {"seconds", "baseline_seconds"}
+    timings = {"seconds", "baseline_seconds", "phase_seconds"}
     assert [{k: v for k, v in r.items() if k not in timings} for r in resumed["per_prompt"]] == [
         {k: v for k, v in r.items() if k not in timings} for r in reference["per_prompt"]
     ]
