@@ -6,6 +6,7 @@ import torch
 
 from specheads.decode import (
     DecodeOutput,
+    DraftContext,
     MedusaDrafter,
     SpeculativeDecoder,
     StaticTree,
@@ -105,6 +106,38 @@ def test_medusa_over_a_draft_vocabulary_proposes_from_it_and_equals_generate():
     assert runs["thirds"][0].tokens[0, depth1].tolist() == expected[[tree.ranks[i] for i in depth1]].tolist()
     with pytest.raises(ValueError, match="vocab must be 1..264 target ids"):
         MedusaDrafter(heads, tree, vocab=torch.arange(0))
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["own-projections", "shared-lm-head"])
+def test_medusa_drafts_each_heads_top_k_however_it_projects(share):
+    """Two residual blocks per head, all heads' blocks run as one batched matmul per layer, then either the
+    transposed copy of the projections (the CPU's route) or the heads' own modules (off the CPU): each
+    node takes its head's rank-r guess of the heads' own forward, for two rows at once."""
+    target = FrozenTarget(tiny_model("llama", vocab_size=VOCAB))
+    config = MedusaConfig(target.hidden_size, VOCAB, num_heads=3, num_layers=2, share_lm_head=share)
+    heads = MedusaHeads(config)
+    if not share:
+        heads.init_lm_heads_from(target.lm_head)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    heads.eval()
+    tree = default_tree("medusa-15", num_heads=3)
+    feature = torch.randn(2, 1, target.hidden_size, generator=g)
+    context = DraftContext(tokens=torch.tensor([[7], [9]]), hidden={-1: feature}, step=0)
+    with torch.no_grad():
+        guesses = heads(feature, target.lm_head)[:, :, 0].topk(10).indices  # (K, B, 10)
+    expected = [
+        [guesses[d - 1, b, r].item() for d, r in zip(tree.depths[1:], tree.ranks[1:])] for b in (0, 1)
+    ]
+    for route in ("transposed copy", "the heads' own"):
+        drafter = MedusaDrafter(heads, tree, target.lm_head if share else None)
+        if route == "the heads' own":
+            drafter._projection = None
+        drafted = drafter.propose(context)
+        assert drafted.tokens[:, 0].tolist() == [7, 9], route
+        assert drafted.tokens[:, 1:].tolist() == expected, route
 
 
 def test_medusa_drafter_with_shared_lm_head_and_fewer_heads():
