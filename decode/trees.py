@@ -120,9 +120,6 @@ def tree_children(parents: list[int] | tuple[int, ...]) -> list[list[int]]:
     return children
 
 
-# -- typical acceptance (LOSSY) -----------------------------------------------------------------------
-
-
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     """(B, N) parent pointers -> (B, N, N) bool, [b, i, j] = node j is node i or an ancestor of it."""
     b, n = parents.shape

@@ -280,6 +280,9 @@ def verify_sampling(
     return results
 
 
+# -- typical acceptance (LOSSY) -----------------------------------------------------------------------
+
+
 def verify_typical(
     tree: DraftTree, probs: torch.Tensor, generator: torch.Generator, typical: TypicalAcceptance
 ) -> list[Acceptance]:
