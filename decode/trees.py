@@ -111,6 +111,12 @@ class DraftTree:
         """(B, N) int64: 0 at the root, 1 for its children, ..."""
         return self.ancestors.sum(-1) - 1
 
+    def row_children(self, b: int) -> list[list[int]]:
+        """Row b's children of each node, in tree order (a static shape's, listed once per shape)."""
+        if self.static_shape is not None:
+            return self.static_shape.children
+        return tree_children(self.parents[b].tolist())
+
 
 def tree_children(parents: list[int] | tuple[int, ...]) -> list[list[int]]:
     """Each node's children, in tree order, from parent pointers (root first)."""

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import torch
 
 from specheads.decode.sampling import sample
-from specheads.decode.trees import DraftTree, tree_children
+from specheads.decode.trees import DraftTree
 
 
 @dataclass
@@ -83,6 +83,13 @@ class Acceptance:
     @property
     def bonus(self) -> int:
         return int(self.tokens[-1])
+
+    @classmethod
+    def walked(cls, path: list[int], tokens: list[int], bonus: int, device: torch.device) -> Acceptance:
+        """The outcome of a walk that accepted node ids `path` (root first) of a row whose nodes carry
+        `tokens`, then drew or took `bonus`."""
+        emitted = [tokens[i] for i in path[1:]] + [bonus]
+        return cls(path=torch.tensor(path, device=device), tokens=torch.tensor(emitted, device=device))
 
 
 @dataclass(frozen=True)
@@ -117,11 +124,9 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor, walk: bool | None = Non
         walk = logits.device.type == "cpu"
     if not walk:
         return [_greedy_row(tree, logits, b) for b in range(tree.tokens.shape[0])]
-    shape = tree.static_shape
     results = []
     for b in range(tree.tokens.shape[0]):
-        tokens = tree.tokens[b].tolist()
-        children = shape.children if shape is not None else tree_children(tree.parents[b].tolist())
+        tokens, children = tree.tokens[b].tolist(), tree.row_children(b)
         path = [0]
         while True:
             y = int(logits[b, path[-1]].argmax())
@@ -131,12 +136,8 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor, walk: bool | None = Non
             path.append(matches[0])
         if matches:  # two siblings with the same token: which leads deeper is the whole tree's to say
             results.append(_greedy_row(tree, logits, b))
-            continue
-        emitted = [tokens[i] for i in path[1:]] + [y]
-        device = tree.tokens.device
-        results.append(
-            Acceptance(path=torch.tensor(path, device=device), tokens=torch.tensor(emitted, device=device))
-        )
+        else:
+            results.append(Acceptance.walked(path, tokens, y, tree.tokens.device))
     return results
 
 
@@ -261,7 +262,7 @@ def verify_sampling(
 
     results, device = [], tree.tokens.device
     for b in range(tree.tokens.shape[0]):
-        tokens, children = tree.tokens[b].tolist(), tree_children(tree.parents[b].tolist())
+        tokens, children = tree.tokens[b].tolist(), tree.row_children(b)
         path, node = [0], 0
         while True:  # rows of p (and q) are read only for the nodes the walk visits
             p = probs[b, node].to("cpu", torch.float64)
@@ -273,10 +274,7 @@ def verify_sampling(
                 break
             node = kids[accepted]
             path.append(node)
-        emitted = [tokens[i] for i in path[1:]] + [bonus]
-        results.append(
-            Acceptance(path=torch.tensor(path, device=device), tokens=torch.tensor(emitted, device=device))
-        )
+        results.append(Acceptance.walked(path, tokens, bonus, device))
     return results
 
 

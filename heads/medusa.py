@@ -90,10 +90,6 @@ class MedusaHeads(nn.Module):
             head.weight.copy_(weight)
         return self
 
-    def features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(B, T, H) -> (K, B, T, H): each head's residual blocks."""
-        return torch.stack([block(hidden) for block in self.blocks])
-
     def head(self, k: int, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
         """Head k alone: (..., H) -> (..., V). `lm_head` is the target's, required when it is shared.
 
