@@ -8,12 +8,17 @@ from each method's own answers, the report's tables, valid PNGs, Spec-Bench answ
 import argparse
 import json
 import shlex
-import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
+from compare_helpers import (
+    QUESTIONS,
+    SOURCES,
+    check_entry,
+    compare_args,
+    compare_cli,
+)
 
 from specheads.commands import compare as compare_command
 from specheads.evaluate import compare
@@ -29,130 +34,29 @@ from specheads.evaluate.peers import AssistedPeer, Decoded, GeneratePeer, Prompt
 from specheads.evaluate.plots import PLOTS
 from specheads.evaluate.report import DRAFT_DEFINITIONS, draft_figures
 from specheads.heads import (
-    EagleConfig,
-    EagleHead,
     FrozenTarget,
-    MedusaConfig,
-    MedusaHeads,
-    load_heads,
-    save_heads,
 )
 
-from helpers import command, tiny_model, tiny_tokenizer
+from helpers import tiny_model
 
-compare_cli = command("compare")
-
-QUESTIONS = [
-    {"question_id": 81, "category": "writing", "turns": ["Compose a blog post about Hawaii.", "Rewrite it."]},
-    {
-        "question_id": 101,
-        "category": "reasoning",
-        "turns": ["You overtake the second person.", "And the last?"],
-    },
-    {"question_id": 121, "category": "writing", "turns": ["Write a haiku about Python.", "Another one."]},
-]
-SOURCES = {
-    "pkg/long.py": "import os\n\n\ndef join(a, b):\n    return os.path.join(a, b)\n" * 4,
-    "short.py": "x = 1\n",
-}
 METHODS = ["generate", "prompt-lookup", "assisted", "medusa", "eagle"]
 ANSWER_KEYS = {"question_id", "category", "answer_id", "model_id", "choices", "tstamp"}
 CHOICE_KEYS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
-MAX_NEW = 8
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_target_dirs, tmp_path_factory) -> dict:
-    """The tiny llama target (with held-out files), Medusa and EAGLE heads, two drafts, questions."""
-    root = tmp_path_factory.mktemp("compare")
-    target_dir = root / "target"
-    shutil.copytree(tiny_target_dirs["llama"], target_dir)
-    for name, text in SOURCES.items():
-        (root / "sources" / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / "sources" / name).write_text(text)
-    heldout = {"stdlib": str(root / "sources"), "files": sorted(SOURCES)}
-    (target_dir / prompt_io.HELDOUT_FILE).write_text(json.dumps(heldout))
-
-    target = FrozenTarget.from_pretrained(str(target_dir))
-    torch.manual_seed(0)
-    medusa = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=3))
-    save_heads(medusa.init_lm_heads_from(target.lm_head), root / "medusa", target.record())
-    from specheads.heads import layer_config_from
-
-    save_heads(EagleHead(EagleConfig(layer_config_from(target.config))), root / "eagle", target.record())
-    # A second, smaller random model of the same tokenizer: the assistant.
-    tokenizer = tiny_tokenizer()
-    tiny_model("llama", seed=1, vocab_size=len(tokenizer), num_hidden_layers=1).save_pretrained(
-        root / "draft"
-    )
-    tokenizer.save_pretrained(root / "draft")
-    (root / "questions.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-    return {"root": root, "target": target_dir, "questions": root / "questions.jsonl"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def keep_threads():
-    """`--threads` sets torch's thread count for the process: give later tests theirs back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def compare_args(setup, out: Path, prompts, *extra: str) -> list[str]:
-    return [
-        "--target",
-        str(setup["target"]),
-        "--prompts",
-        str(prompts),
-        "--out",
-        str(out),
-        "--max-new-tokens",
-        str(MAX_NEW),
-        "--no-progress",
-        *extra,
-    ]
-
-
-def check_entry(entry: dict, baseline_rows: list[dict]) -> None:
-    """Every figure of one method recomputed from its per-prompt records."""
-    rows = entry["per_prompt"]
-    accept = [n for r in rows for n in r["accept_lengths"]]
-    sizes = [n for r in rows for n in r["draft_sizes"]]
-    depths = [n for r in rows for n in r["draft_depths"]]
-    assert len(accept) == len(sizes) == len(depths) == entry["steps"]
-    for r, base in zip(rows, baseline_rows):
-        assert r["id"] == base["id"]
-        # Our decoder and generate() take the first token from prefill; transformers' assisted loop doesn't.
-        assert r["new_tokens"] == r["prefill_token"] * r["turns"] + sum(r["accept_lengths"])
-        assert r["new_tokens"] == sum(r["turn_new_tokens"]) <= MAX_NEW * r["turns"]
-        assert r["baseline_new_tokens"] == base["new_tokens"] and r["baseline_seconds"] == base["seconds"]
-        assert all(a <= d + 1 for a, d in zip(r["accept_lengths"], r["draft_depths"]))
-        assert all(d <= s for d, s in zip(r["draft_depths"], r["draft_sizes"]))
-    assert entry["mean_accept_length"] == pytest.approx(sum(accept) / len(accept))
-    assert entry["new_tokens"] == sum(r["new_tokens"] for r in rows)
-    assert entry["tokens_per_second"] == pytest.approx(entry["new_tokens"] / entry["seconds"])
-    assert entry["speedup"] == pytest.approx(entry["tokens_per_second"] / entry["baseline_tokens_per_second"])
-    if sum(sizes):
-        assert entry["acceptance_rate"] == pytest.approx(sum(a - 1 for a in accept) / sum(sizes))
-    else:
-        assert entry["acceptance_rate"] is None
-    assert entry["draft_efficiency"] == pytest.approx(sum(accept) / sum(d + 1 for d in depths))
-    assert sum(entry["accept_length_counts"]) == entry["steps"]
-    assert entry["deepest_draft"] == max(depths, default=0) <= len(entry["accept_rate_per_depth"])
-    rates = entry["accept_rate_per_depth"]
-    assert rates == pytest.approx(
-        [sum(a > d for a in accept) / len(accept) for d in range(1, len(rates) + 1)]
-    )
-    assert entry["mean_accept_length"] == pytest.approx(1 + sum(rates))  # no step passes the listed depth
-    n = len(rows)
-    assert entry["identical_to_baseline"] == f"{n}/{n}"  # greedy: every method is lossless
-
-
-@pytest.fixture(scope="module")
-def questions_run(setup, tmp_path_factory) -> tuple[Path, dict, list[str]]:
+def questions_run(compare_setup, tmp_path_factory) -> tuple[Path, dict, list[str]]:
     out = tmp_path_factory.mktemp("run") / "out"
-    argv = compare_args(setup, out, setup["questions"], "--heads", str(setup["root"] / "medusa"))
-    argv += [str(setup["root"] / "eagle"), "--draft-model", str(setup["root"] / "draft"), "--warmup", "1"]
+    argv = compare_args(
+        compare_setup, out, compare_setup["questions"], "--heads", str(compare_setup["root"] / "medusa")
+    )
+    argv += [
+        str(compare_setup["root"] / "eagle"),
+        "--draft-model",
+        str(compare_setup["root"] / "draft"),
+        "--warmup",
+        "1",
+    ]
     argv += ["--threads", "1"]  # tiny models gain nothing from more, and lose much on a busy machine
     assert compare_cli(argv) == 0
     return out, json.loads((out / "results.json").read_text()), argv
@@ -252,7 +156,7 @@ def test_plots_are_valid_pngs(questions_run):
         assert f"]({name})" in (out / "report.md").read_text()
 
 
-def test_spec_bench_answer_files(questions_run, setup):
+def test_spec_bench_answer_files(questions_run, compare_setup):
     out, results, _ = questions_run
     assert set(results["answers"]) == set(METHODS)
     for entry in results["methods"]:
@@ -276,10 +180,10 @@ def test_spec_bench_answer_files(questions_run, setup):
         assert all(s > 0 for s in speeds)
 
 
-def test_second_turn_follows_the_methods_own_answer(questions_run, setup):
+def test_second_turn_follows_the_methods_own_answer(questions_run, compare_setup):
     """Turn 2's prompt is the chat template over (turn 1, the method's turn-1 answer, turn 2)."""
     out, results, _ = questions_run
-    tokenizer = FrozenTarget.from_pretrained(str(setup["target"])).tokenizer
+    tokenizer = FrozenTarget.from_pretrained(str(compare_setup["target"])).tokenizer
     for entry in results["methods"]:
         answers = [json.loads(x) for x in (out / results["answers"][entry["name"]]).read_text().splitlines()]
         for question, answer, row in zip(QUESTIONS, answers, entry["per_prompt"]):
@@ -304,10 +208,10 @@ def test_command_reproduces_the_run(questions_run):
     assert again == {**given, "peers": "generate,prompt-lookup,assisted", "no_progress": False}
 
 
-def test_heldout_files_with_one_head_and_no_plots(setup, tmp_path):
+def test_heldout_files_with_one_head_and_no_plots(compare_setup, tmp_path):
     out = tmp_path / "out"
     argv = compare_args(
-        setup, out, "heldout", "--heads", str(setup["root"] / "medusa"), "--peers", "generate"
+        compare_setup, out, "heldout", "--heads", str(compare_setup["root"] / "medusa"), "--peers", "generate"
     )
     argv += ["--prompt-tokens", "16", "--warmup", "0", "--tree", "chain-4", "--no-plots"]
     assert compare_cli(argv) == 0
@@ -352,10 +256,10 @@ def test_decoded_checks_its_accounting():
         Decoded([5, 6], [1], [], [], prefill_token=True)
 
 
-def test_transformers_steps_are_recorded_exactly(setup):
+def test_transformers_steps_are_recorded_exactly(compare_setup):
     """A draft identical to the target: every step but the last accepts its whole chain."""
-    target = FrozenTarget.from_pretrained(str(setup["target"]))
-    twin, tokenizer = load_draft_model(str(setup["target"]), target.dtype, target.device, "sdpa")
+    target = FrozenTarget.from_pretrained(str(compare_setup["target"]))
+    twin, tokenizer = load_draft_model(str(compare_setup["target"]), target.dtype, target.device, "sdpa")
     ids = target.tokenizer("abcabcabc abc", return_tensors="pt")["input_ids"]
     baseline = GeneratePeer(target).generate(ids, 12)
     assisted = AssistedPeer(target, twin, tokenizer, 3, 0.0, "twin").generate(ids, 12)
@@ -405,18 +309,23 @@ def test_compare_interleaves_and_keeps_warmup_untimed():
     assert [run.slot for run in runs["C"]] == [2, 1, 0, 2]
 
 
-def test_turns_and_prompt_sets(setup, tmp_path, monkeypatch):
-    tokenizer = FrozenTarget.from_pretrained(str(setup["target"])).tokenizer
-    conversations = read_conversations(str(setup["questions"]), str(setup["target"]), "writing", None, None)
+def test_turns_and_prompt_sets(compare_setup, tmp_path, monkeypatch):
+    tokenizer = FrozenTarget.from_pretrained(str(compare_setup["target"])).tokenizer
+    conversations = read_conversations(
+        str(compare_setup["questions"]), str(compare_setup["target"]), "writing", None, None
+    )
     assert [c.id for c in conversations] == ["81", "121"] and conversations[0].turns == QUESTIONS[0]["turns"]
-    assert read_conversations(str(setup["questions"]), "", None, 1, 1)[0].turns == QUESTIONS[0]["turns"][:1]
+    assert (
+        read_conversations(str(compare_setup["questions"]), "", None, 1, 1)[0].turns
+        == QUESTIONS[0]["turns"][:1]
+    )
     # Turn 1 tokenizes as `specheads eval` does.
-    texts = prompt_io.read_prompts(str(setup["questions"]), "", num_prompts=1)
+    texts = prompt_io.read_prompts(str(compare_setup["questions"]), "", num_prompts=1)
     (first,), _ = prompt_io.encode_prompts(texts, tokenizer, use_chat_template=True, prompt_tokens=8)
     assert torch.equal(render_turn(tokenizer, conversations[0], [], True, 8), first.input_ids)
 
     monkeypatch.setenv("SPECHEADS_DATA", str(tmp_path))
-    (tmp_path / "mt_bench_question.jsonl").write_text(setup["questions"].read_text())
+    (tmp_path / "mt_bench_question.jsonl").write_text(compare_setup["questions"].read_text())
     assert prompt_set_path("mt-bench") == str(tmp_path / "mt_bench_question.jsonl")
     assert prompt_set_path("other.jsonl") == "other.jsonl"
     bad = tmp_path / "bad.jsonl"
@@ -428,193 +337,54 @@ def test_turns_and_prompt_sets(setup, tmp_path, monkeypatch):
 # -- errors: raised before anything is written --------------------------------------------------------
 
 
-def test_peer_and_argument_errors(setup, tmp_path):
+def test_peer_and_argument_errors(compare_setup, tmp_path):
     out = tmp_path / "out"
-    heads = ["--heads", str(setup["root"] / "medusa")]
+    heads = ["--heads", str(compare_setup["root"] / "medusa")]
     cases = [
         (["--peers", "generate,assisted"], "needs --draft-model"),
         (["--peers", "generate,medusa"], r"unknown \['medusa'\]"),
-        (["--peers", "generate", "--draft-model", str(setup["root"] / "draft")], "only used by the assisted"),
+        (
+            ["--peers", "generate", "--draft-model", str(compare_setup["root"] / "draft")],
+            "only used by the assisted",
+        ),
         ([*heads, "--tree", "chain-4", "medusa-15"], "one name or one per --heads"),
         (["--max-turns", "0"], "--max-turns must be >= 1"),
         (["--assistant-confidence", "2"], r"must be in \[0, 1\]"),
-        ([*heads, str(setup["root"] / "medusa")], r"both be called \['medusa:medusa'\]"),
+        ([*heads, str(compare_setup["root"] / "medusa")], r"both be called \['medusa:medusa'\]"),
     ]
     for extra, message in cases:
         with pytest.raises(ValueError, match=message):
-            compare_cli(compare_args(setup, out, setup["questions"], *extra))
+            compare_cli(compare_args(compare_setup, out, compare_setup["questions"], *extra))
     assert not out.exists()
 
 
-def test_a_draft_of_another_vocabulary_is_refused(setup, tmp_path):
+def test_a_draft_of_another_vocabulary_is_refused(compare_setup, tmp_path):
     tiny_model("llama", seed=2, vocab_size=300, num_hidden_layers=1).save_pretrained(tmp_path / "foreign")
     args = compare_args(
-        setup, tmp_path / "out", setup["questions"], "--draft-model", str(tmp_path / "foreign")
+        compare_setup,
+        tmp_path / "out",
+        compare_setup["questions"],
+        "--draft-model",
+        str(tmp_path / "foreign"),
     )
     with pytest.raises(ValueError, match="300 output rows, the target 2"):
         compare_cli(args)
     assert not (tmp_path / "out").exists()
 
 
-def test_long_prompts_fail_early_or_are_skipped(setup, tmp_path):
+def test_long_prompts_fail_early_or_are_skipped(compare_setup, tmp_path):
     rows = [*QUESTIONS[:1], {"question_id": "long", "category": "writing", "turns": ["word " * 200, "more"]}]
     path = tmp_path / "long.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(ValueError, match="'long' .* max_position_embeddings=512; pass --skip-long"):
-        compare_cli(compare_args(setup, tmp_path / "out", path, "--peers", "generate"))
+        compare_cli(compare_args(compare_setup, tmp_path / "out", path, "--peers", "generate"))
     assert not (tmp_path / "out").exists()
-    argv = compare_args(setup, tmp_path / "out", path, "--peers", "generate", "--no-plots", "--skip-long")
+    argv = compare_args(
+        compare_setup, tmp_path / "out", path, "--peers", "generate", "--no-plots", "--skip-long"
+    )
     assert compare_cli(argv) == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["prompts"]["skipped"] == ["long"] and results["prompts"]["num_prompts"] == 1
 
 
 # -- stopped and resumed (evaluate/progress.py) -----------------------------------------------------
-
-TIMINGS = {"seconds", "baseline_seconds", "turn_seconds", "phase_seconds"}
-
-
-def outputs(results: dict) -> dict:
-    """Every method's per-prompt records without timings, and the order: what a resume must reproduce."""
-    methods = {
-        m["name"]: [{k: v for k, v in r.items() if k not in TIMINGS} for r in m["per_prompt"]]
-        for m in results["methods"]
-    }
-    return {"methods": methods, "order": results["order"]}
-
-
-def test_a_stopped_compare_keeps_whole_conversations_and_resumes(setup, tmp_path, monkeypatch, capsys):
-    args = ["--heads", str(setup["root"] / "medusa"), "--peers", "generate", "--tree", "chain-4"]
-    args += ["--warmup", "0", "--no-plots", "--max-turns", "1", "--num-prompts", "2"]
-    whole = tmp_path / "whole"
-    assert compare_cli(compare_args(setup, whole, setup["questions"], *args)) == 0
-    assert not (whole / "progress.jsonl").exists()
-
-    out = tmp_path / "stopped"
-    real, calls = compare.run_conversation, []
-
-    def stopping(*a, **k):  # the second method of the second conversation is stopped
-        calls.append(1)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(compare, "run_conversation", stopping)
-    with pytest.raises(KeyboardInterrupt):
-        compare_cli(compare_args(setup, out, setup["questions"], *args))
-    monkeypatch.undo()
-    assert not (out / "results.json").exists()
-    lines = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
-    assert lines[0]["progress"] == "compare" and len(lines) == 2  # only the finished conversation
-    assert sorted(lines[1]["runs"]) == ["generate", "medusa"]
-    assert "stopped after 1 of 2 prompts" in capsys.readouterr().out
-
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        compare_cli(compare_args(setup, out, setup["questions"], *args, "--max-new-tokens", "3"))
-    assert compare_cli(compare_args(setup, out, setup["questions"], *args, "--resume")) == 0
-    assert not (out / "progress.jsonl").exists()
-    resumed, reference = (json.loads((d / "results.json").read_text()) for d in (out, whole))
-    assert outputs(resumed) == outputs(reference)
-    answers = [json.loads(line)["choices"][0]["turns"] for line in (out / "answers/medusa.jsonl").open()]
-    assert answers == [
-        json.loads(line)["choices"][0]["turns"] for line in (whole / "answers/medusa.jsonl").open()
-    ]
-
-
-def test_compare_tree_auto_calibrates_each_heads_and_resumes_with_its_trees(setup, tmp_path, monkeypatch):
-    """`--tree auto`: each heads directory's tree calibrated on the held-out last prompts, which are not
-    compared; a stopped run keeps the trees and a resumed one decodes with them, whatever it would time."""
-    from specheads.evaluate import calibrate
-
-    def timings_favouring(largest: bool) -> list:
-        timed = []
-
-        def measure(nodes, drafters):
-            timed.append(list(nodes))
-            return [1e-3 / n if largest else 1e-3 * n for n in nodes], [1e-4] * len(drafters)
-
-        monkeypatch.setattr(calibrate, "measured_timer", lambda *a: SimpleNamespace(measure=measure))
-        return timed
-
-    heads = ["--heads", str(setup["root"] / "medusa"), str(setup["root"] / "eagle")]
-    args = [*heads, "--peers", "generate", "--tree", "auto", "--calibration-prompts", "1"]
-    args += ["--warmup", "0", "--no-plots", "--max-turns", "1"]
-    whole = tmp_path / "whole"
-    timings_favouring(largest=True)
-    assert compare_cli(compare_args(setup, whole, setup["questions"], *args)) == 0
-    reference = json.loads((whole / "results.json").read_text())
-    assert reference["prompts"]["calibration"] == ["121"] and [o["id"] for o in reference["order"]] == [
-        "81",
-        "101",
-    ]
-    for entry in reference["methods"][1:]:
-        settings = entry["settings"]
-        assert settings["calibration"]["prompts"]["ids"] == ["121"]
-        assert settings["tree"] == settings["calibration"]["chosen"] and settings["tree"]["nodes"] > 2
-        assert entry["identical_to_baseline"] == "2/2"
-    command = shlex.split(reference["command"])
-    assert command[command.index("--tree") + 1] == "auto" and "--calibration-prompts" in command
-    report = (whole / "report.md").read_text()
-    assert f"tree `{reference['methods'][1]['settings']['tree']['name']}` chosen by `--tree auto`" in report
-
-    out = tmp_path / "stopped"
-    real, calls = compare.run_conversation, []
-
-    def stopping(*a, **k):  # the second conversation's second method is stopped
-        calls.append(1)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(compare, "run_conversation", stopping)
-    with pytest.raises(KeyboardInterrupt):
-        compare_cli(compare_args(setup, out, setup["questions"], *args))
-    header = json.loads((out / "progress.jsonl").read_text().splitlines()[0])
-    assert sorted(header["kept"]) == ["calibration:eagle", "calibration:medusa"]
-    assert header["settings"]["methods"]["medusa"]["tree"] == "auto"
-
-    monkeypatch.undo()
-    timed = timings_favouring(largest=False)  # a second calibration would choose the smallest trees
-    assert compare_cli(compare_args(setup, out, setup["questions"], *args, "--resume")) == 0
-    assert timed == []
-    resumed = json.loads((out / "results.json").read_text())
-    assert outputs(resumed) == outputs(reference)
-    for mine, theirs in zip(resumed["methods"][1:], reference["methods"][1:]):
-        assert mine["settings"]["tree"] == theirs["settings"]["tree"]
-        mine, theirs = (dict(e["settings"]["calibration"], seconds=None) for e in (mine, theirs))
-        assert mine == theirs  # measured once, by the first part
-
-
-def test_compare_calibration_prompts_need_tree_auto(setup, tmp_path):
-    heads = ["--heads", str(setup["root"] / "medusa"), "--tree", "chain-4", "--calibration-prompts", "1"]
-    with pytest.raises(ValueError, match="--calibration-prompts must be >= 1, with --tree auto"):
-        compare_cli(compare_args(setup, tmp_path / "out", setup["questions"], *heads, "--no-plots"))
-    assert not (tmp_path / "out").exists()
-
-
-def test_draft_vocab_decodes_medusa_and_eagle_over_their_most_frequent_labels(setup, tmp_path):
-    """--draft-vocab N: Medusa and EAGLE heads propose from the N tokens their label counts rank first;
-    output stays identical to generate(); the settings and the command record N; heads saved without
-    counts are refused by name."""
-    target = FrozenTarget.from_pretrained(str(setup["target"]))
-    counts = torch.zeros(target.vocab_size, dtype=torch.long)
-    counts[torch.arange(0, target.vocab_size, 5)] = 1  # every fifth token, the most frequent
-    heads = {}
-    for name in ("medusa", "eagle"):
-        loaded, config = load_heads(setup["root"] / name, target)
-        heads[name] = tmp_path / f"{name}-counted"
-        save_heads(loaded, heads[name], target.record(), label_counts=counts)
-    out = tmp_path / "out"
-    argv = compare_args(setup, out, setup["questions"], "--heads", *map(str, heads.values()))
-    argv += ["--peers", "generate", "--warmup", "0", "--no-plots", "--draft-vocab", "20"]
-    assert compare_cli(argv) == 0
-    results = json.loads((out / "results.json").read_text())
-    for entry in results["methods"][1:]:
-        check_entry(entry, results["methods"][0]["per_prompt"])
-        assert entry["settings"]["heads"]["draft_vocab"] == 20
-    assert "--draft-vocab 20" in results["command"]
-    argv = compare_args(
-        setup, tmp_path / "none", setup["questions"], "--heads", str(setup["root"] / "medusa")
-    )
-    with pytest.raises(ValueError, match="has no label_counts.safetensors"):
-        compare_cli([*argv, "--peers", "generate", "--draft-vocab", "20", "--debug"])
