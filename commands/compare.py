@@ -9,7 +9,11 @@ from pathlib import Path
 from specheads.commands.threads import add_threads_argument
 from specheads.evaluate.answers import ANSWERS_DIR
 from specheads.evaluate.compare import CompareOptions, compare_heads
-from specheads.evaluate.eval_drafters import add_draft_vocab_argument, add_tree_argument
+from specheads.evaluate.eval_drafters import (
+    add_draft_vocab_argument,
+    add_recalibrate_argument,
+    add_tree_argument,
+)
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE
 from specheads.evaluate.peers import BASELINE, PEERS
 from specheads.heads.target import DTYPES
@@ -67,6 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="--tree auto: calibrate on the first turns of the last K prompts of --prompts, which are then "
         "not compared (default 4); --num-prompts counts the rest",
     )
+    add_recalibrate_argument(p)
     add_draft_vocab_argument(p)
     p.add_argument(
         "--prompt-lookup-tokens",

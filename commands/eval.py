@@ -21,6 +21,7 @@ from specheads.evaluate.calibrate import (
 )
 from specheads.evaluate.eval_drafters import (
     add_draft_vocab_argument,
+    add_recalibrate_argument,
     add_tree_argument,
     check_tree_for_method,
     drafter_for,
@@ -92,6 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="--tree auto: calibrate on the last K prompts of --prompts, which are then not evaluated "
         "(default 4); --num-prompts counts the rest",
     )
+    add_recalibrate_argument(p)
     add_draft_vocab_argument(p)
     p.add_argument(
         "--temperature",
@@ -210,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
                         held_out,
                         calibration_settings,
                         vocab,
+                        reuse=not args.recalibrate,
                     )
                 if args.batch_size > 1:
                     decoder = BatchedSpeculativeDecoder(target, drafter)

@@ -53,6 +53,7 @@ it would miss the knee of the forward's cost curve.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -63,6 +64,7 @@ import torch
 from specheads.decode.drafters import Drafter
 from specheads.decode.trees import StaticTree, build_tree, expected_accept_length
 from specheads.evaluate.baseline import generate_rows
+from specheads.evaluate.calibration_cache import calibration_key, read_cached, write_cached
 from specheads.evaluate.eval_drafters import (
     EAGLE_DEPTH,
     EAGLE_TOP_K,
@@ -392,16 +394,32 @@ def calibrated_once(
     prompts: Sequence[Any],
     settings: CalibrationSettings,
     vocab: torch.Tensor | None = None,
+    reuse: bool = True,
 ) -> tuple[Drafter, dict[str, Any], dict[str, Any]]:
-    """`calibrated_drafter`, once per run: the calibration is kept in the run's progress file under `key`,
-    and a resumed run rebuilds the tree chosen there instead of calibrating again (timings vary, so a
-    second calibration may choose another tree, and the records already done were decoded with the first).
+    """`calibrated_drafter`, once per run and once per machine.
+
+    The calibration is kept in the run's progress file under `key`: a resumed run rebuilds the tree chosen
+    there instead of calibrating again (timings vary, so a second calibration may choose another tree, and
+    the records already done were decoded with the first). It is also kept in the specheads cache
+    (evaluate/calibration_cache.py), keyed on the heads, target, prompts, settings and machine: a later run
+    with the same inputs takes its choice (its record then says `reused`), unless `reuse` is False
+    (`--recalibrate`), which measures afresh and replaces it.
     Returns as `calibrated_drafter`."""
     calibration = progress.kept.get(key)
     if calibration is None:
-        drafter, tree, calibration = calibrated_drafter(heads, config, target, prompts, settings, vocab=vocab)
+        cache_key = calibration_key(heads, config, target, prompts, settings, vocab)
+        calibration = read_cached(cache_key) if reuse else None
+        if calibration is None:
+            drafter, tree, calibration = calibrated_drafter(
+                heads, config, target, prompts, settings, vocab=vocab
+            )
+            try:
+                write_cached(cache_key, calibration)
+            except OSError as error:  # a read-only cache costs the next run a calibration, not this run
+                print(f"specheads: the calibration was not kept for later runs: {error}", file=sys.stderr)
+            progress.keep(key, calibration)
+            return drafter, tree, progress.kept[key]  # as it reads back on resume (tuples become lists)
         progress.keep(key, calibration)
-        return drafter, tree, progress.kept[key]  # as it reads back on resume (tuples become lists)
     drafter, tree = drafter_for(heads, config, target, calibration["chosen"], vocab)
     return drafter, tree, calibration
 
@@ -415,5 +433,13 @@ def calibration_note(results: dict[str, Any], where: str = "results.json: calibr
         f"calibrated on {len(calibration['prompts']['ids'])} held-out prompts: expected τ "
         f"{best['accept_length']:.2f}, step {best['step_seconds'] * 1e3:.2f} ms + draft "
         f"{best['draft_seconds'] * 1e3:.2f} ms, {best['tokens_per_second']:.1f} tokens/s "
-        f"({where}).\n"
+        f"({where}){reused_note(calibration)}.\n"
     )
+
+
+def reused_note(calibration: dict[str, Any]) -> str:
+    """ ", taken from ..." for a calibration an earlier run made on this machine (calibration_cache.py)."""
+    reused = calibration.get("reused")
+    if not reused:
+        return ""
+    return f"; taken from the calibration an earlier run kept in {reused['from']} (`--recalibrate` measures again)"

@@ -260,7 +260,10 @@ def build_methods(
             record["draft_vocab"] = args.draft_vocab
         if tree == "auto":  # calibrated once the progress file is open (`calibrate_heads`)
             depth = max_tree_depth(heads, config, calibration_settings(args))
-            methods[name] = (config["method"], CalibratedHeads(target, heads, config, record, depth, vocab))
+            calibrated = CalibratedHeads(
+                target, heads, config, record, depth, vocab, reuse=not args.recalibrate
+            )
+            methods[name] = (config["method"], calibrated)
         else:
             drafter, tree_record = drafter_for(heads, config, target, tree, vocab)
             methods[name] = (config["method"], HeadsMethod(target, drafter, tree_record, record))
@@ -308,8 +311,8 @@ def command_line(args: argparse.Namespace, peers: list[str]) -> str:
         parts += ["--tree", *args.tree]
     if args.calibration_prompts is not None:
         parts += ["--calibration-prompts", str(args.calibration_prompts)]
-    for flag in ("skip_long", "no_chat_template", "no_plots"):
-        if getattr(args, flag):
+    for flag in ("skip_long", "no_chat_template", "no_plots", "recalibrate"):
+        if getattr(args, flag, False):
             parts.append("--" + flag.replace("_", "-"))
     return " ".join(shlex.quote(p) for p in parts)
 
@@ -391,6 +394,7 @@ class CompareOptions:
     max_new_tokens: int = 128  # per turn
     tree: list[str] | None = None  # one name for every heads directory, or one each; auto: calibrated
     calibration_prompts: int | None = None  # --tree auto: the last K prompts calibrate, not compared
+    recalibrate: bool = False  # --tree auto: measure afresh, not take an earlier run's choice on this machine
     draft_vocab: int | None = None  # EAGLE-1/2 and Medusa heads propose from their N most frequent labels
     prompt_lookup_tokens: int = 10
     prompt_lookup_ngram: int | None = None

@@ -70,6 +70,17 @@ def add_draft_vocab_argument(parser) -> None:
     )
 
 
+def add_recalibrate_argument(parser) -> None:
+    """`--recalibrate`, as `eval` and `compare` take it (evaluate/calibration_cache.py)."""
+    parser.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="--tree auto: measure the trees afresh, even where an earlier run on this machine calibrated "
+        "the same heads, target, prompts and settings (its choice is kept in the specheads cache, "
+        "calibrations/, and taken by default); the new calibration replaces it",
+    )
+
+
 def tree_by_default(method: str | None, calibrates: bool) -> str | None:
     """The tree of a run whose `--tree` names none: its method's `default_tree` (the method table), its
     "auto" only where the run can calibrate (`calibrates`: greedy, one prompt at a time, prompts enough to

@@ -202,6 +202,8 @@ def command_line(args: argparse.Namespace, tree_name: str) -> str:
             parts += [flag, str(value)]
     if args.no_chat_template:
         parts.append("--no-chat-template")
+    if getattr(args, "recalibrate", False):
+        parts.append("--recalibrate")
     return " ".join(shlex.quote(p) for p in parts)
 
 

@@ -318,6 +318,7 @@ class CalibratedHeads:
     record: dict[str, Any]  # HeadsMethod's `heads`
     max_depth: int  # the deepest tree the calibration may choose
     vocab: torch.Tensor | None = None  # the draft vocabulary its candidates draft over (`--draft-vocab`)
+    reuse: bool = True  # take an earlier run's calibration on this machine (False: `--recalibrate`)
 
     def settings(self) -> dict[str, Any]:
         return {"tree": "auto", "heads": self.record}
@@ -327,7 +328,7 @@ class CalibratedHeads:
     ) -> HeadsMethod:
         """Calibrate on `prompts` (or take the tree `progress` kept under `key`): our decoder with it."""
         drafter, tree, calibration = calibrated_once(
-            progress, key, self.heads, self.config, self.target, prompts, settings, self.vocab
+            progress, key, self.heads, self.config, self.target, prompts, settings, self.vocab, self.reuse
         )
         return HeadsMethod(self.target, drafter, tree, self.record, calibration)
 

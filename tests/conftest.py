@@ -11,6 +11,13 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
 
+@pytest.fixture(autouse=True)
+def own_calibrations(tmp_path, monkeypatch):
+    """Each test keeps its `--tree auto` calibrations apart (evaluate/calibration_cache.py), subprocesses
+    too: a calibration one test made must not stand in for another's."""
+    monkeypatch.setenv("SPECHEADS_CALIBRATIONS", str(tmp_path / "calibrations"))
+
+
 @pytest.fixture(params=FAMILIES)
 def family(request) -> str:
     return request.param

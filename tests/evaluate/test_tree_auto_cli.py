@@ -50,6 +50,11 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def setup(tiny_target_dirs, tmp_path_factory) -> dict:
+    return make_setup(tiny_target_dirs, tmp_path_factory)
+
+
+def make_setup(tiny_target_dirs, tmp_path_factory) -> dict:
+    """A tiny target, untrained Medusa and EAGLE heads for it, and QUESTIONS, in a fresh folder."""
     root = tmp_path_factory.mktemp("calibrate")
     shutil.copytree(tiny_target_dirs["llama"], root / "target")
     loaded = FrozenTarget.from_pretrained(str(root / "target"))
@@ -188,6 +193,7 @@ def test_a_stopped_tree_auto_eval_resumes_with_its_calibrated_tree(
         return real(*a, **k)
 
     monkeypatch.setattr(evaluate_module, "decode_prompt", stopping)
+    args.append("--recalibrate")  # measures again (else it takes the calibration the whole run kept)
     with pytest.raises(KeyboardInterrupt):
         cli(eval_args(setup, out, heads, *args))
     assert "stopped after 1 of 2 prompts" in capsys.readouterr().out
@@ -204,7 +210,7 @@ def test_a_stopped_tree_auto_eval_resumes_with_its_calibrated_tree(
     calibrations = [
         {k: v for k, v in r["calibration"].items() if k != "seconds"} for r in (resumed, reference)
     ]
-    assert calibrations[0] == calibrations[1]  # measured once, by the first part
+    assert calibrations[0] == calibrations[1]  # measured once, by the first part: not again on resume
     timings = {"seconds", "baseline_seconds", "phase_seconds"}
     assert [{k: v for k, v in r.items() if k not in timings} for r in resumed["per_prompt"]] == [
         {k: v for k, v in r.items() if k not in timings} for r in reference["per_prompt"]
