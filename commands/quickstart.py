@@ -19,14 +19,28 @@ from pathlib import Path
 
 from specheads.commands.threads import add_threads_argument
 from specheads.evaluate.compare import CompareOptions, command_line, compare_heads
+from specheads.evaluate.eval_drafters import EAGLE_TOTAL_TOKENS, default_tree_name
 from specheads.evaluate.evaluate import REPORT_FILE
-from specheads.heads.checkpoint import CONFIG_FILE
+from specheads.heads.checkpoint import CONFIG_FILE, read_head_config
 from specheads.train.builders.tiny_draft import TinyDraftConfig, ensure_tiny_draft
 from specheads.train.builders.tiny_target import TinyTargetConfig, ensure_tiny_target
 from specheads.train.config import find_recipe, load_config
 from specheads.train.loop import train
 
 METHODS = ("medusa", "eagle", "eagle3")
+# EAGLE heads decode over a fixed tree, not `--tree auto` (their default in eval and compare): a calibrated
+# tree follows the machine's timings, and the quickstart's figures are compared across machines.
+FIXED_EAGLE_TREE = f"dynamic-{EAGLE_TOTAL_TOKENS}"
+
+
+def fixed_tree(heads_dir: Path) -> str:
+    """The quickstart's tree for the heads in `heads_dir`: Medusa's default for its head count, else
+    FIXED_EAGLE_TREE."""
+    config = read_head_config(heads_dir)
+    if config["method"] == "medusa":
+        return default_tree_name(config["head_config"]["num_heads"])
+    return FIXED_EAGLE_TREE
+
 
 # What the default quickstart gave over fresh builds, each from an empty cache (README "Quickstart
 # figures"): the tiny target's weights depend on the order the CPU's kernels sum in, which moves with
@@ -99,6 +113,7 @@ def compare_all(target: Path, heads_dirs: list[Path], out: Path, args: argparse.
         overwrite=True,  # quickstart owns its folders
         num_prompts=args.num_prompts,
         max_new_tokens=args.max_new_tokens,
+        tree=[fixed_tree(h) for h in heads_dirs],
         draft_model=str(draft_model(target, args)) if args.assisted else None,
         no_progress=not args.progress,
         threads=args.threads,  # written into the printed command that reproduces the comparison

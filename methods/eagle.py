@@ -54,6 +54,7 @@ EAGLE = Method(
     drafter=eagle_drafter_for,
     draft_vocab="",
     calibrate=calibrate_eagle,
+    default_tree="auto",  # calibrated (kept per machine) where the run can: it won in every run measured
     export_formats=("eagle",),
     refused_formats={
         "speculators": "vLLM's speculators loader supports speculators_model_type 'eagle3' only "

@@ -102,5 +102,6 @@ EAGLE3 = Method(
     drafter=eagle_drafter_for,
     draft_vocab="EAGLE-3 heads draft over the vocabulary they were trained on",
     calibrate=calibrate_eagle,
+    default_tree="auto",  # calibrated (kept per machine) where the run can: it won in every run measured
     export_formats=("eagle3", "speculators"),
 )

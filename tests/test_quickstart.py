@@ -25,6 +25,10 @@ def test_quickstart_runs_end_to_end_and_reuses_what_it_built(tmp_path, monkeypat
         assert m["identical_to_baseline"] == "2/2" and m["mean_accept_length"] >= 1.0 and m["speedup"] > 0
     for method in METHODS:
         assert f"training {method} heads" in printed
+    # fixed trees, not EAGLE's calibrated default: the quickstart's figures are compared across machines
+    trees = {m["name"]: m["settings"]["tree"]["name"] for m in results["methods"] if m["name"] in METHODS}
+    assert trees["eagle"] == trees["eagle3"] == "dynamic-32" and trees["medusa"].startswith("medusa-")
+    assert not any("calibration" in m["settings"] for m in results["methods"] if m["name"] in METHODS)
     assert "## Which figures vary between machines" in report and "do not apply" in report  # not defaults
     for plot in results["plots"].values():
         assert (out / "compare" / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
