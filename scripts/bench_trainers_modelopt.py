@@ -148,6 +148,9 @@ EAGLE3_ABLATIONS = {
     # ours only: the draft's lm_head and norm start from the target's (neither peer does)
     "head init target": lambda b, s: {"draft_head_init": "target"},
     "beta2 0.95": lambda b, s: {"adam_beta2": 0.95},  # EAGLE's main.py; ours and modelopt's 0.999
+    # AdamW's decoupled weight decay (ours and modelopt's Trainer: 0): 30 epochs of 32 rows overfit
+    "wd 0.01": lambda b, s: {"weight_decay": 0.01},
+    "wd 0.1": lambda b, s: {"weight_decay": 0.1},
 }
 
 
