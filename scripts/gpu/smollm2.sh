@@ -31,6 +31,9 @@ python3 -c "from specheads.train.builders.smollm2 import ensure_smollm2; print(e
     > $R/build.log 2>&1
 echo "build rc=$? at $(( $(date +%s) - T0 ))s" | tee -a $R/summary.txt; tail -n 2 $R/build.log
 mkdir -p /tmp/sm/in && tar xJf .gpu/c2/data.tar.xz -C /tmp/sm/in
+# the questions where a later call finds them: the device tool drops an uncarried .gpu/c2 between calls, and
+# a `compare --resume` on the warm machine must name the same file
+Q=/tmp/keep/mt-bench-8.jsonl; cp .gpu/c2/mt-bench-8.jsonl $Q
 ( OMP_NUM_THREADS=3 timeout $(cap 150 300) python3 -m specheads tiny-draft --target smollm2 --data /tmp/sm/in/data/smollm2-seed-sd2 \
       --steps ${DSTEPS:-600} --device $DEV --out /tmp/sm/draft --no-progress > $R/draft.log 2>&1
   echo "draft rc=$? at $(( $(date +%s) - T0 ))s" >> $R/summary.txt ) &
@@ -68,20 +71,20 @@ PY
 tar czf - -C /tmp/sm back | split -b 15M -a 1 - $OUT/heads.tgz.part-
 A=""; [ -f /tmp/sm/draft/config.json ] && A="--peers generate,prompt-lookup,assisted --draft-model /tmp/sm/draft"
 timeout $(cap ${COMPARE_S:-240} 100) python3 -m specheads compare --target smollm2 --heads $H --tree $TR \
-    --prompts .gpu/c2/mt-bench-8.jsonl ${NP:+--num-prompts $NP} ${TURNS:+--max-turns $TURNS} --max-new-tokens $NEW $A --device $DEV --dtype bfloat16 --no-plots \
+    --prompts $Q ${NP:+--num-prompts $NP} ${TURNS:+--max-turns $TURNS} --max-new-tokens $NEW $A --device $DEV --dtype bfloat16 --no-plots \
     --no-progress --out $R/compare-bf16 > $R/compare-bf16.log 2>&1
 echo "compare bf16 rc=$? at $(( $(date +%s) - T0 ))s" | tee -a $R/summary.txt
 grep -E "^\|" $R/compare-bf16/report.md 2>/dev/null | head -14; tail -n 3 $R/compare-bf16.log; save
 if [ $(left) -gt 60 ]; then
     timeout $(cap 60 40) python3 scripts/bench_efficiency.py --target smollm2 --heads $H \
-        --tree $TR --prompts .gpu/c2/mt-bench-8.jsonl --num-prompts 2 \
+        --tree $TR --prompts $Q --num-prompts 2 \
         --max-new-tokens 64 --device $DEV --dtype bfloat16 --out $R/efficiency-bf16.json > $R/efficiency.log 2>&1
     echo "efficiency rc=$?" | tee -a $R/summary.txt
     cat $R/efficiency-bf16.md 2>/dev/null | head -12
 fi
 if [ $(left) -gt 25 ]; then
     timeout $(cap 40 3) python3 -m specheads compare --target smollm2 --heads $H --tree $TR \
-        --prompts .gpu/c2/mt-bench-8.jsonl --num-prompts 3 --max-turns 1 --max-new-tokens 64 --peers generate \
+        --prompts $Q --num-prompts 3 --max-turns 1 --max-new-tokens 64 --peers generate \
         --device $DEV --dtype float32 --no-plots --no-progress --out $R/compare-fp32 > $R/compare-fp32.log 2>&1
     echo "compare fp32 rc=$?" | tee -a $R/summary.txt
     grep -E "^\|" $R/compare-fp32/report.md 2>/dev/null | head -8
