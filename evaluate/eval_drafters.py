@@ -44,13 +44,14 @@ def add_tree_argument(parser, *, per_heads: bool = False, auto: bool = False) ->
     help = (
         f"draft tree: one of {', '.join(sorted(DEFAULT_TREES))}, cut to the heads' depth (default for "
         "Medusa: medusa-15 for <= 2 heads, -31 for 3, -63 for more); for EAGLE heads also dynamic[-N] "
-        f"(EAGLE-2, N nodes; the default, N={EAGLE_TOTAL_TOKENS})"
+        f"(EAGLE-2, N nodes; N={EAGLE_TOTAL_TOKENS} when not given)"
     )
     if auto:
         help += (
             "; or auto: the size with the most expected tokens/s, measured here on --calibration-prompts "
-            "(evaluate/calibrate.py; not the default: it holds those prompts out and calibrates first, "
-            "minutes on a CPU for a real target)"
+            "(evaluate/calibrate.py), which it holds out; EAGLE heads take it by default where the run can "
+            f"calibrate (greedy, batch 1, prompts enough to hold some out), else dynamic-{EAGLE_TOTAL_TOKENS}; "
+            "a calibration is kept per machine and reused (--recalibrate measures again)"
         )
     if per_heads:
         help += "; one name for every --heads directory, or one each"
