@@ -11,6 +11,7 @@ from pathlib import Path
 from specheads.commands.threads import add_threads_argument
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.decoder import SpeculativeDecoder
+from specheads.decode.step import decoding_attention
 from specheads.evaluate.batched_eval import evaluate_batched
 from specheads.evaluate.calibrate import (
     CalibrationSettings,
@@ -201,7 +202,9 @@ def run(args: argparse.Namespace) -> int:
         how = {"sampling": sampling, "seed": args.seed, "done": progress.done, "on_record": progress.append}
         calibration = None
         try:
-            with stop_on_sigterm():  # SIGTERM stops as Ctrl-C does: what is finished stays in progress.jsonl
+            # SIGTERM stops as Ctrl-C does (what is finished stays in progress.jsonl); the baseline runs with
+            # the decoder's attention backends (decode/step.py)
+            with stop_on_sigterm(), decoding_attention(target.device):
                 if args.tree == "auto":
                     drafter, tree, calibration = calibrated_once(
                         progress,

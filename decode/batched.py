@@ -61,6 +61,7 @@ from specheads.decode.step import (
     sampling_settings,
     speculative_step,
     stop_ids,
+    with_decoding_attention,
 )
 from specheads.decode.trees import DraftTree
 from specheads.decode.verify import Acceptance, TypicalAcceptance
@@ -130,6 +131,7 @@ class BatchedSpeculativeDecoder(TreeDecoder):
         """
         super().__init__(target, as_batched(drafter))
 
+    @with_decoding_attention  # on CUDA, SDPA without cuDNN's per-shape plans (step.py)
     @torch.no_grad()
     def generate(
         self,

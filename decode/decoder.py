@@ -40,6 +40,7 @@ from specheads.decode.step import (
     speculative_step,
     stop_ids,
     timed,
+    with_decoding_attention,
 )
 from specheads.decode.trees import DraftTree
 from specheads.decode.verify import Acceptance, TypicalAcceptance
@@ -91,6 +92,7 @@ class SpeculativeDecoder(TreeDecoder):
 
     drafter: Drafter
 
+    @with_decoding_attention  # on CUDA, SDPA without cuDNN's per-shape plans (step.py)
     @torch.no_grad()
     def generate(
         self,

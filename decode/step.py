@@ -18,6 +18,8 @@ sequence, BatchDraftContext each row's new columns).
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs, compact_rows, pad_rows
 from specheads.decode.drafters import SampledTree
@@ -134,6 +137,39 @@ def extend(new: list[int], tokens: list[int], eos: set[int], max_new_tokens: int
 
 
 # -- the verbs a step needs of the target -------------------------------------------------------------
+
+
+# -- attention backends ------------------------------------------------------------------------------------
+
+# SDPA backends a decoder runs with on CUDA: all but cuDNN's. Decoding calls SDPA with an explicit mask at a
+# new key length nearly every step (a tree over a cache that grows), and cuDNN's backend, which torch 2.11
+# tries first for masked bf16 attention on Hopper and later chips, builds an execution plan for each new
+# shape (hundreds of milliseconds, reports say: modelscope/FunASR#3704, sgl-project/sglang#4650). Flash and
+# memory-efficient attention take any length as it comes.
+DECODING_SDPA = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+KEEP_CUDNN_SDPA = "SPECHEADS_CUDNN_SDPA"  # "1": leave torch's SDPA backends as they are (an A/B switch)
+
+
+@contextmanager
+def decoding_attention(device: torch.device) -> Iterator[None]:
+    """Run the block with SDPA's cuDNN backend off on a CUDA device (DECODING_SDPA); elsewhere, or with
+    $SPECHEADS_CUDNN_SDPA=1, as it is. The backends are restored after."""
+    if device.type != "cuda" or os.environ.get(KEEP_CUDNN_SDPA) == "1":
+        yield
+        return
+    with sdpa_kernel([getattr(SDPBackend, name) for name in DECODING_SDPA]):
+        yield
+
+
+def with_decoding_attention(generate: Callable[..., T]) -> Callable[..., T]:
+    """A decoder's `generate`, run under `decoding_attention` on its target's device."""
+
+    @functools.wraps(generate)
+    def wrapper(self, *args, **kwargs):
+        with decoding_attention(self.target.device):
+            return generate(self, *args, **kwargs)
+
+    return wrapper
 
 
 class TreeDecoder:
@@ -260,7 +296,11 @@ def speculative_step(
         verify: the verification; None takes `decoder.verify_rows`. What it returns is what is compacted
             (calibration keeps only the root of each verified tree).
     """
-    clock = clock or PhaseClock(sync=False)
+    with decoding_attention(decoder.target.device):
+        return _step(decoder, context, cache, layout, clock or PhaseClock(sync=False), verify)
+
+
+def _step(decoder, context, cache, layout: Layout, clock: PhaseClock, verify: Verify | None) -> StepOutput:
     verify = verify or decoder.verify_rows
     past = cache.get_seq_length()
     if past != layout.total:

@@ -46,6 +46,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specheads.decode.decoder import timed
+from specheads.decode.step import decoding_attention
 from specheads.evaluate.answers import ANSWERS_DIR, answer_file, write_answers
 from specheads.evaluate.calibrate import CalibrationSettings, hold_out, holds_out, max_tree_depth
 from specheads.evaluate.compare_records import (
@@ -481,7 +482,8 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
                 f"resuming: {len(progress.done)} of {len(conversations)} prompts already done ({progress.path})"
             )
         try:
-            with stop_on_sigterm():  # SIGTERM stops as Ctrl-C does: what is finished stays in progress.jsonl
+            # every method, peers and baseline too, with the decoders' attention backends (decode/step.py)
+            with stop_on_sigterm(), decoding_attention(target.device):
                 calibrate_heads(methods, progress, held_out, calibration_settings(options))
                 runs, orders = compare(
                     {name: method for name, (_, method) in methods.items()},

@@ -40,6 +40,7 @@ import torch
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs
 from specheads.decode.decoder import PHASES, SpeculativeDecoder
 from specheads.decode.kv_cache import new_cache
+from specheads.decode.step import decoding_attention
 from specheads.decode.trees import DraftTree
 from specheads.evaluate.baseline import generate_rows
 from specheads.evaluate.eval_drafters import drafter_for
@@ -70,6 +71,10 @@ class CostCurve:
 
     @torch.no_grad()
     def sweep(self, round_index: int, record: bool = True) -> None:
+        with decoding_attention(self.decoder.target.device):  # as the decoder's own steps run
+            self._sweep(round_index, record)
+
+    def _sweep(self, round_index: int, record: bool) -> None:
         decoder = self.decoder
         device = decoder.target.device
         shift = round_index % len(self.sizes)
@@ -242,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     decoders = [d for *_, d in loaded]
     sizes = [1, *args.sizes, *(int(tree["nodes"]) for _, _, tree, _ in loaded)]
     curve = CostCurve(max(decoders, key=lambda d: len(d.drafter.capture_layers)), past, sizes)
-    runs, base = decode_interleaved(decoders, curve, prompts, args)
+    with decoding_attention(target.device):  # the baseline too, with the decoders' attention backends
+        runs, base = decode_interleaved(decoders, curve, prompts, args)
     rows = [head_row(h, c, t, run, base, curve, len(prompts)) for (h, c, t, _), run in zip(loaded, runs)]
     result = {
         "target": str(args.target),

@@ -53,6 +53,12 @@ for dt in ${EFF_DTYPES:-float32 bfloat16}; do
         > $R/efficiency-$dt.log 2>&1
     echo "efficiency $dt rc=$?" | tee -a $R/summary.txt; cat $R/efficiency-$dt.md 2>/dev/null | head -8; save
 done
+# A/B: bf16 with cuDNN's SDPA backend left on (SPECHEADS_CUDNN_SDPA=1), as decoding ran before decode/step.py
+# turned it off; the second loan's bf16 decoding was 4-7x slower than fp32 here (README "On a GPU")
+SPECHEADS_CUDNN_SDPA=1 timeout 60 python3 scripts/bench_efficiency.py --target tiny --heads $H --tree $TR \
+    --num-prompts ${NPE:-4} --max-new-tokens ${NEW:-96} --device $DEV --dtype bfloat16 \
+    --out $R/efficiency-bfloat16-cudnn.json > $R/efficiency-bfloat16-cudnn.log 2>&1
+echo "efficiency bfloat16 with cuDNN SDPA rc=$?" | tee -a $R/summary.txt; cat $R/efficiency-bfloat16-cudnn.md 2>/dev/null | head -6; save
 M2=$(latest_heads /tmp/runs/tiny-medusa2)
 if [ -n "$M2" ]; then
     timeout 45 python3 scripts/bench_efficiency.py --target tiny --heads $M2 --tree medusa-63 \
