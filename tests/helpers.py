@@ -6,6 +6,7 @@ text encodes and the model can be saved and loaded as an ordinary HF directory.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -148,3 +149,17 @@ class FakeTimer:
     def measure(self, nodes, drafters):
         self.nodes, self.drafters = list(nodes), list(drafters)
         return [self.step(n) for n in nodes], [1e-4] * len(drafters)
+
+
+def record_decoding_attention(monkeypatch, module) -> list[str]:
+    """Replace `module.decoding_attention` (decode/step.py) with a context that records the device type it
+    is entered for; returns the record."""
+    entered = []
+
+    @contextmanager
+    def record(device):
+        entered.append(device.type)
+        yield
+
+    monkeypatch.setattr(module, "decoding_attention", record)
+    return entered

@@ -1,8 +1,6 @@
 """Decoding on CUDA runs SDPA without cuDNN's backend (decode/step.py: decoding_attention), which builds a plan
 for every new key length; the decoders, the step, and the commands' decoding loops go through it."""
 
-from contextlib import contextmanager
-
 import pytest
 import torch
 
@@ -11,7 +9,7 @@ from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.step import KEEP_CUDNN_SDPA, decoding_attention
 from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads
 
-from helpers import tiny_model
+from helpers import record_decoding_attention, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CUDA = torch.backends.cuda
@@ -51,14 +49,7 @@ def test_elsewhere_or_when_asked_the_backends_stay_as_they_are(monkeypatch):
 
 
 def test_both_decoders_and_every_step_decode_under_it(monkeypatch):
-    entered = []
-
-    @contextmanager
-    def recording(device):
-        entered.append(device.type)
-        yield
-
-    monkeypatch.setattr(step, "decoding_attention", recording)
+    entered = record_decoding_attention(monkeypatch, step)
     target = FrozenTarget(tiny_model("llama"))
     heads = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=3))
     drafter = MedusaDrafter(heads.init_lm_heads_from(target.lm_head).eval(), default_tree("medusa-15"))

@@ -16,6 +16,8 @@ from specheads.evaluate.calibrate import CalibrationSettings
 from specheads.evaluate.calibration_cache import calibration_key, calibrations_dir, tensors_sha256
 from specheads.heads import load_heads
 
+from helpers import edit_weights
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 AUTO = ["--tree", "auto", "--calibration-prompts", "1"]
 
@@ -79,13 +81,13 @@ def test_other_heads_or_prompts_calibrate_afresh(setup, tmp_path, monkeypatch):
     other = setup["root"] / "medusa-other"
     if not other.exists():
         shutil.copytree(setup["root"] / "medusa", other)
-        from safetensors.torch import load_file, save_file
 
-        weights = load_file(str(other / "model.safetensors"))
-        name = sorted(weights)[0]
-        weights[name] = weights[name].clone()
-        weights[name].view(-1)[0] += 1.0
-        save_file(weights, str(other / "model.safetensors"))
+        def nudge(weights):
+            name = sorted(weights)[0]
+            weights[name] = weights[name].clone()
+            weights[name].view(-1)[0] += 1.0
+
+        edit_weights(other, nudge)
     calls = timed(monkeypatch, largest=False)
     again = run(setup, tmp_path / "other-heads", "medusa-other")
     assert calls == [1] and "reused" not in again["calibration"]

@@ -1,8 +1,6 @@
 """`compare` and `eval` decode every method, the peers and the baseline too, under the decoders' attention
 backends (decode/step.py: decoding_attention; on CUDA, SDPA without cuDNN's per-shape plans)."""
 
-from contextlib import contextmanager
-
 import pytest
 from compare_helpers import compare_args, compare_cli
 from test_tree_auto_cli import eval_args, make_setup
@@ -11,24 +9,13 @@ from specheads.cli import main as cli
 from specheads.commands import eval as eval_command
 from specheads.evaluate import compare
 
+from helpers import record_decoding_attention
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def recording(monkeypatch, module) -> list:
-    """Replace `module.decoding_attention` with one that records the device it is entered for."""
-    entered = []
-
-    @contextmanager
-    def record(device):
-        entered.append(device.type)
-        yield
-
-    monkeypatch.setattr(module, "decoding_attention", record)
-    return entered
-
-
 def test_compare_decodes_every_method_under_it(compare_setup, tmp_path, monkeypatch):
-    entered = recording(monkeypatch, compare)
+    entered = record_decoding_attention(monkeypatch, compare)
     heads = ["--heads", str(compare_setup["root"] / "medusa"), "--tree", "chain-4"]
     argv = compare_args(compare_setup, tmp_path / "out", compare_setup["questions"], *heads)
     argv += ["--peers", "generate,prompt-lookup", "--warmup", "0", "--max-turns", "1", "--num-prompts", "1"]
@@ -42,6 +29,6 @@ def setup(tiny_target_dirs, tmp_path_factory) -> dict:
 
 
 def test_eval_decodes_the_heads_and_the_baseline_under_it(setup, tmp_path, monkeypatch):
-    entered = recording(monkeypatch, eval_command)
+    entered = record_decoding_attention(monkeypatch, eval_command)
     assert cli(eval_args(setup, tmp_path / "out", "medusa", "--tree", "chain-4", "--num-prompts", "1")) == 0
     assert entered == ["cpu"]
