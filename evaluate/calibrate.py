@@ -410,6 +410,11 @@ def calibrated_once(
         cache_key = calibration_key(heads, config, target, prompts, settings, vocab)
         calibration = read_cached(cache_key) if reuse else None
         if calibration is None:
+            print(
+                f"--tree auto: calibrating {config.get('method')}'s tree on {len(prompts)} held-out prompts "
+                "(tens of seconds on the tiny target, minutes on a real one; kept for later runs on this machine)",
+                flush=True,
+            )
             drafter, tree, calibration = calibrated_drafter(
                 heads, config, target, prompts, settings, vocab=vocab
             )
@@ -419,6 +424,11 @@ def calibrated_once(
                 print(f"specheads: the calibration was not kept for later runs: {error}", file=sys.stderr)
             progress.keep(key, calibration)
             return drafter, tree, progress.kept[key]  # as it reads back on resume (tuples become lists)
+        print(
+            f"--tree auto: taking the {calibration['chosen']['name']} tree an earlier run calibrated on this "
+            f"machine ({calibration['reused']['from']}; --recalibrate measures again)",
+            flush=True,
+        )
         progress.keep(key, calibration)
     drafter, tree = drafter_for(heads, config, target, calibration["chosen"], vocab)
     return drafter, tree, calibration

@@ -47,11 +47,12 @@ def run(setup, out, heads="medusa", *extra) -> dict:
 
 @pytest.mark.parametrize("heads", ["medusa", "eagle"])
 def test_a_second_run_takes_the_kept_calibration_and_recalibrate_measures_again(
-    setup, tmp_path, monkeypatch, heads
+    setup, tmp_path, monkeypatch, capsys, heads
 ):
     timed(monkeypatch, largest=True)
     first = run(setup, tmp_path / "first", heads)
     assert "reused" not in first["calibration"]
+    assert f"--tree auto: calibrating {heads}'s tree on 1 held-out prompts" in capsys.readouterr().out
     kept = list(calibrations_dir().glob("*.json"))
     assert len(kept) == 1
 
@@ -59,6 +60,9 @@ def test_a_second_run_takes_the_kept_calibration_and_recalibrate_measures_again(
     smallest = timed(monkeypatch, largest=False)
     second = run(setup, tmp_path / "second", heads)
     assert smallest == []
+    printed = capsys.readouterr().out
+    assert f"--tree auto: taking the {first['tree']['name']} tree an earlier run calibrated" in printed
+    assert "calibrating" not in printed
     assert second["tree"] == first["tree"]
     assert second["calibration"]["reused"]["from"] == str(kept[0])
     assert second["calibration"]["candidates"] == first["calibration"]["candidates"]
