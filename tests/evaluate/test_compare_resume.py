@@ -43,7 +43,6 @@ def test_a_stopped_compare_keeps_whole_conversations_and_resumes(
         return real(*a, **k)
 
     monkeypatch.setattr(compare, "run_conversation", stopping)
-    args.append("--recalibrate")  # measures again (else it takes the calibration the whole run kept)
     with pytest.raises(KeyboardInterrupt):
         compare_cli(compare_args(compare_setup, out, compare_setup["questions"], *args))
     monkeypatch.undo()
