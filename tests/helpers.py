@@ -6,11 +6,14 @@ text encodes and the model can be saved and loaded as an ordinary HF directory.
 
 from __future__ import annotations
 
+import json
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
+from specheads.evaluate.prompts import HELDOUT_FILE
 from specheads.train.builders.tiny_target import TinyTargetConfig
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
@@ -163,3 +166,29 @@ def record_decoding_attention(monkeypatch, module) -> list[str]:
 
     monkeypatch.setattr(module, "decoding_attention", record)
     return entered
+
+
+def stop_at_call(monkeypatch, owner, name: str, n: int) -> None:
+    """`owner.name` raises KeyboardInterrupt (as Ctrl-C or SIGTERM does) when called for the n-th time."""
+    real, calls = getattr(owner, name), []
+
+    def stopping(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, stopping)
+
+
+def target_with_heldout(source: Path, root: Path, sources: dict[str, str], **heldout) -> Path:
+    """A copy of the saved target `source` as root/target whose held-out files (`--prompts heldout`) are
+    `sources` (name -> text), written under root/sources; `heldout` adds keys to its heldout_files.json."""
+    target_dir = root / "target"
+    shutil.copytree(source, target_dir)
+    for name, text in sources.items():
+        (root / "sources" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "sources" / name).write_text(text)
+    listing = {"stdlib": str(root / "sources"), **heldout, "files": sorted(sources)}
+    (target_dir / HELDOUT_FILE).write_text(json.dumps(listing))
+    return target_dir

@@ -1,16 +1,14 @@
 """Fixtures for the evaluation tests."""
 
 import json
-import shutil
 
 import pytest
 import torch
 from compare_helpers import QUESTIONS, SOURCES
 
-from specheads.evaluate import prompts as prompt_io
 from specheads.heads import EagleConfig, EagleHead, FrozenTarget, MedusaConfig, MedusaHeads, save_heads
 
-from helpers import tiny_model, tiny_tokenizer
+from helpers import target_with_heldout, tiny_model, tiny_tokenizer
 
 
 @pytest.fixture(autouse=True)
@@ -23,13 +21,7 @@ def _one_thread(one_thread):
 def compare_setup(tiny_target_dirs, tmp_path_factory) -> dict:
     """The tiny llama target (with held-out files), Medusa and EAGLE heads, two drafts, questions."""
     root = tmp_path_factory.mktemp("compare")
-    target_dir = root / "target"
-    shutil.copytree(tiny_target_dirs["llama"], target_dir)
-    for name, text in SOURCES.items():
-        (root / "sources" / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / "sources" / name).write_text(text)
-    heldout = {"stdlib": str(root / "sources"), "files": sorted(SOURCES)}
-    (target_dir / prompt_io.HELDOUT_FILE).write_text(json.dumps(heldout))
+    target_dir = target_with_heldout(tiny_target_dirs["llama"], root, SOURCES)
 
     target = FrozenTarget.from_pretrained(str(target_dir))
     torch.manual_seed(0)

@@ -12,6 +12,8 @@ from compare_helpers import check_entry, compare_args, compare_cli
 from specheads.evaluate import compare
 from specheads.heads import FrozenTarget, load_heads, save_heads
 
+from helpers import stop_at_call
+
 TIMINGS = {"seconds", "baseline_seconds", "turn_seconds", "phase_seconds"}
 
 
@@ -34,15 +36,7 @@ def test_a_stopped_compare_keeps_whole_conversations_and_resumes(
     assert not (whole / "progress.jsonl").exists()
 
     out = tmp_path / "stopped"
-    real, calls = compare.run_conversation, []
-
-    def stopping(*a, **k):  # the second method of the second conversation is stopped
-        calls.append(1)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(compare, "run_conversation", stopping)
+    stop_at_call(monkeypatch, compare, "run_conversation", 4)  # the second conversation's second method
     with pytest.raises(KeyboardInterrupt):
         compare_cli(compare_args(compare_setup, out, compare_setup["questions"], *args))
     monkeypatch.undo()
@@ -105,15 +99,7 @@ def test_compare_tree_auto_calibrates_each_heads_and_resumes_with_its_trees(
     assert f"tree `{reference['methods'][1]['settings']['tree']['name']}` chosen by `--tree auto`" in report
 
     out = tmp_path / "stopped"
-    real, calls = compare.run_conversation, []
-
-    def stopping(*a, **k):  # the second conversation's second method is stopped
-        calls.append(1)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(compare, "run_conversation", stopping)
+    stop_at_call(monkeypatch, compare, "run_conversation", 5)  # the second conversation's second method
     args.append("--recalibrate")  # measures again (else it takes the calibration the whole run kept)
     with pytest.raises(KeyboardInterrupt):
         compare_cli(compare_args(compare_setup, out, compare_setup["questions"], *args))

@@ -29,6 +29,8 @@ from specheads.heads import (
     save_heads,
 )
 
+from helpers import stop_at_call, target_with_heldout
+
 # A small subset in the MT-Bench format (questions 81, 101, 121 of MT-Bench; two categories).
 QUESTIONS = [
     {
@@ -60,13 +62,7 @@ def write_jsonl(path: Path, rows) -> Path:
 def setup(tiny_target_dirs, tmp_path_factory) -> dict:
     """A copy of the tiny llama target with a heldout_files.json, fresh heads, and a questions file."""
     root = tmp_path_factory.mktemp("eval")
-    target_dir = root / "target"
-    shutil.copytree(tiny_target_dirs["llama"], target_dir)
-    for name, text in SOURCES.items():
-        (root / "sources" / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / "sources" / name).write_text(text)
-    heldout = {"stdlib": str(root / "sources"), "train_files": 0, "files": sorted(SOURCES)}
-    (target_dir / prompt_io.HELDOUT_FILE).write_text(json.dumps(heldout))
+    target_dir = target_with_heldout(tiny_target_dirs["llama"], root, SOURCES, train_files=0)
 
     target = FrozenTarget.from_pretrained(str(target_dir))
     heads = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=NUM_HEADS))
@@ -420,15 +416,7 @@ def outputs(results: dict) -> list[dict]:
 
 def stop_on_prompt(monkeypatch, n: int) -> None:
     """decode_prompt raises KeyboardInterrupt (as Ctrl-C or SIGTERM does) when called for the n-th time."""
-    real, calls = evaluate.decode_prompt, []
-
-    def stopping(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == n:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(evaluate, "decode_prompt", stopping)
+    stop_at_call(monkeypatch, evaluate, "decode_prompt", n)
 
 
 @pytest.mark.parametrize("sampled", [[], ["--temperature", "0.8", "--seed", "3"]], ids=["greedy", "sampled"])

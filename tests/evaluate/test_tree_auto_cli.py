@@ -26,7 +26,7 @@ from specheads.heads import (
 )
 from specheads.heads.methods import methods, register
 
-from helpers import FakeTimer
+from helpers import FakeTimer, stop_at_call
 
 
 def saved_heads(loaded: FrozenTarget, root) -> None:
@@ -184,15 +184,7 @@ def test_a_stopped_tree_auto_eval_resumes_with_its_calibrated_tree(
     assert reference["tree"]["nodes"] > 2  # a second calibration, timed as below, chooses another tree
 
     out = tmp_path / "stopped"
-    real, calls = evaluate_module.decode_prompt, []
-
-    def stopping(*a, **k):  # the second evaluated prompt is stopped
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(evaluate_module, "decode_prompt", stopping)
+    stop_at_call(monkeypatch, evaluate_module, "decode_prompt", 2)  # the second evaluated prompt
     args.append("--recalibrate")  # measures again (else it takes the calibration the whole run kept)
     with pytest.raises(KeyboardInterrupt):
         cli(eval_args(setup, out, heads, *args))
