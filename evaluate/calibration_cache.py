@@ -125,8 +125,9 @@ def read_cached(key: dict[str, Any]) -> dict[str, Any] | None:
     try:
         kept = json.loads(path.read_text(encoding="utf-8"))
         if kept.get("key") == key and isinstance(kept.get("calibration"), dict):
-            return {**kept["calibration"], "reused": {"from": str(path), "seconds_saved": kept["seconds"]}}
-    except (OSError, ValueError, KeyError) as error:
+            calibration = kept["calibration"]
+            return {**calibration, "reused": {"from": str(path), "seconds_saved": calibration.get("seconds")}}
+    except (OSError, ValueError, AttributeError) as error:  # AttributeError: JSON that is not an object
         print(f"specheads: ignoring the unreadable calibration {path}: {error}", file=sys.stderr)
     return None
 
@@ -135,4 +136,4 @@ def write_cached(key: dict[str, Any], calibration: dict[str, Any]) -> Path:
     """Keep `calibration` for `key`, whole or not at all."""
     path = cache_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return write_json(path, {"key": key, "calibration": calibration, "seconds": calibration.get("seconds")})
+    return write_json(path, {"key": key, "calibration": calibration})
