@@ -71,10 +71,6 @@ class CostCurve:
 
     @torch.no_grad()
     def sweep(self, round_index: int, record: bool = True) -> None:
-        with decoding_attention(self.decoder.target.device):  # as the decoder's own steps run
-            self._sweep(round_index, record)
-
-    def _sweep(self, round_index: int, record: bool) -> None:
         decoder = self.decoder
         device = decoder.target.device
         shift = round_index % len(self.sizes)
@@ -246,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         loaded.append((heads_dir, config, tree, SpeculativeDecoder(target, drafter)))
     decoders = [d for *_, d in loaded]
     sizes = [1, *args.sizes, *(int(tree["nodes"]) for _, _, tree, _ in loaded)]
-    curve = CostCurve(max(decoders, key=lambda d: len(d.drafter.capture_layers)), past, sizes)
-    with decoding_attention(target.device):  # the baseline too, with the decoders' attention backends
+    # the curve's forwards and the baseline with the decoders' attention backends (decode/step.py)
+    with decoding_attention(target.device):
+        curve = CostCurve(max(decoders, key=lambda d: len(d.drafter.capture_layers)), past, sizes)
         runs, base = decode_interleaved(decoders, curve, prompts, args)
     rows = [head_row(h, c, t, run, base, curve, len(prompts)) for (h, c, t, _), run in zip(loaded, runs)]
     result = {
