@@ -16,6 +16,13 @@ log chance that the target accepts the whole path.
              by (value descending, creation order) puts every parent ahead of its children: the kept set
              is a tree.
     tree     the root, then the kept candidates in creation order (parents before children).
+    stop     (`keep`, exact) growth ends early once no node of the frontier could be kept: a descendant's
+             value never exceeds its ancestor's and it is created after every candidate so far, so when
+             each row's best frontier value is at most the value of its keep-th best candidate (a tie goes
+             to the earlier), nothing grown below the frontier can enter the kept set. The kept set, and
+             so the tree, is the one full growth gives; only the expansions that could not change it are
+             skipped (each one a draft forward: on the CPU a small tree's deep levels cost more than the
+             nodes they never contribute).
 
 The expansion step, a forward of the draft over the nodes to expand, is the caller's (`expand`); this
 module only decides which nodes to expand and keep.
@@ -67,7 +74,14 @@ Expand = Callable[[Candidates, torch.Tensor], torch.Tensor]
 ExpandRows = Callable[[Candidates, torch.Tensor, int], torch.Tensor]
 
 
-def grow_rows(root_logprobs: torch.Tensor, expand: ExpandRows, *, top_k: int, depth: int) -> Candidates:
+def grow_rows(
+    root_logprobs: torch.Tensor,
+    expand: ExpandRows,
+    *,
+    top_k: int,
+    depth: int,
+    keep: int | None = None,
+) -> Candidates:
     """EAGLE-2's expansion (module docstring) for B rows at once: top_k + (depth - 1) · top_k² candidates
     per row, each row expanding its own top_k nodes per level.
 
@@ -76,9 +90,11 @@ def grow_rows(root_logprobs: torch.Tensor, expand: ExpandRows, *, top_k: int, de
         expand: runs the draft over each row's frontier (nodes of one depth, whose parents were expanded).
         top_k: children per expanded node, and nodes expanded per depth.
         depth: tree levels below the root (>= 1).
+        keep: how many candidates the rerank will keep (total_tokens - 1): growth stops once no row's
+            frontier can reach them (module docstring, "stop"). None grows every level.
 
     Returns:
-        (B, M) candidates.
+        (B, M) candidates; with `keep`, possibly fewer levels of them, the `keep` most valuable unchanged.
     """
     if top_k < 1 or depth < 1:
         raise ValueError(f"dynamic trees need top_k >= 1 and depth >= 1, got top_k={top_k}, depth={depth}")
@@ -88,6 +104,8 @@ def grow_rows(root_logprobs: torch.Tensor, expand: ExpandRows, *, top_k: int, de
     candidates = Candidates(tokens=best.indices, parents=parents, scores=best.values)
     frontier = torch.arange(k, device=device).expand(b, k)
     for level in range(1, depth):  # the frontier's depth
+        if keep is not None and cannot_be_kept(candidates, frontier, keep):
+            break
         children = expand(candidates, frontier, level).float().topk(k, dim=-1)  # (B, k, k) per frontier node
         scores = (candidates.scores.gather(1, frontier)[:, :, None] + children.values).reshape(b, -1)
         ids = candidates.add(
@@ -97,13 +115,27 @@ def grow_rows(root_logprobs: torch.Tensor, expand: ExpandRows, *, top_k: int, de
     return candidates
 
 
-def grow_candidates(root_logprobs: torch.Tensor, expand: Expand, *, top_k: int, depth: int) -> Candidates:
+def cannot_be_kept(candidates: Candidates, frontier: torch.Tensor, keep: int) -> bool:
+    """Whether, in every row, no descendant of the frontier (B, k) can be among the `keep` most valuable
+    candidates: the row's best frontier value is at most its keep-th best candidate's (module docstring)."""
+    if keep < 1:
+        return True  # nothing is kept
+    if len(candidates) < keep:
+        return False
+    kth = candidates.scores.topk(keep, dim=-1).values[:, -1]  # (B,)
+    best = candidates.scores.gather(1, frontier).max(-1).values  # (B,)
+    return bool((best <= kth).all())
+
+
+def grow_candidates(
+    root_logprobs: torch.Tensor, expand: Expand, *, top_k: int, depth: int, keep: int | None = None
+) -> Candidates:
     """`grow_rows` for one tree: (V,) root log-probabilities, `expand` over (k,) ids; (M,) candidates."""
 
     def expand_row(candidates: Candidates, frontier: torch.Tensor, depth: int) -> torch.Tensor:
         return expand(candidates.row(0), frontier[0])[None]
 
-    return grow_rows(root_logprobs[None], expand_row, top_k=top_k, depth=depth).row(0)
+    return grow_rows(root_logprobs[None], expand_row, top_k=top_k, depth=depth, keep=keep).row(0)
 
 
 def rerank(candidates: Candidates, num_kept: int) -> torch.Tensor:
@@ -154,5 +186,5 @@ def dynamic_tree(
     """
     if total_tokens < 1:
         raise ValueError(f"total_tokens counts the root and must be >= 1, got {total_tokens}")
-    candidates = grow_candidates(root_logprobs, expand, top_k=top_k, depth=depth)
+    candidates = grow_candidates(root_logprobs, expand, top_k=top_k, depth=depth, keep=total_tokens - 1)
     return candidates_to_tree(root, candidates, rerank(candidates, total_tokens - 1), to_target)

@@ -383,7 +383,9 @@ class EagleDrafter:
             fed_of.scatter_(1, frontier, first + torch.arange(k, device=device).expand(b, k))
             return logprobs
 
-        candidates = self.grown = grow_rows(root_logprobs, expand, top_k=self.top_k, depth=self.depth)
+        candidates = self.grown = grow_rows(
+            root_logprobs, expand, top_k=self.top_k, depth=self.depth, keep=self.total_tokens - 1
+        )
         fed_of = nn.functional.pad(fed_of, (0, len(candidates) - fed_of.shape[1]), value=-1)
         trees, sources = [], []
         for r in range(b):

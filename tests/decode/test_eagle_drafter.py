@@ -99,7 +99,8 @@ class CheckedDrafter(EagleDrafter):
 
 def test_training_time_test_steps_are_what_drafting_computes():
     """EAGLE-3 step i at position t (training) equals the head at a depth-i path node (drafting) whose
-    path is the true tokens: the same features, tokens, positions and attention."""
+    path is the true tokens: the same features, tokens, positions and attention; all five steps of the
+    recipes' ttt_steps."""
     from specheads.train.eagle_losses import draft_attention_mask, eagle3_unroll
 
     model = tiny_model("qwen2", vocab_size=VOCAB)
@@ -111,8 +112,8 @@ def test_training_time_test_steps_are_what_drafting_computes():
         fused = head.input_hidden(target(tokens, capture=head.capture_layers).hidden)
         positions = torch.arange(T)[None]
         first = draft_attention_mask(None, positions, torch.float32)
-        steps = eagle3_unroll(head, fused, target.embed_tokens(tokens), positions, first, 3)
-    for t in (0, 4, 7):
+        steps = eagle3_unroll(head, fused, target.embed_tokens(tokens), positions, first, 5)
+    for t in (0, 4, 6):  # t + 1 + i < T: every step's token is the sequence's (step 4 at t = 6 reads x_11)
         for i, h in enumerate(steps):
             ref = reference_logprobs(head, target, tokens[:, : t + 2], tokens[0, t + 2 : t + 2 + i].tolist())
             assert torch.allclose(head.logits(h[0, t]).log_softmax(-1), ref, atol=1e-4), (t, i)

@@ -135,3 +135,69 @@ def test_rows_grow_as_each_row_alone():
             rows.row(b).parents, alone.parents
         )
         assert torch.allclose(rows.row(b).scores, alone.scores)
+
+
+def sharp_logprobs(scale: float):
+    """A made-up draft like `path_logprobs`, `scale` times as sharp: at 60 its top token's log-probability
+    is 0.0 in float (exact ties down a confident chain), at 0.3 nearly flat."""
+
+    def draft(path: tuple[int, ...]) -> torch.Tensor:
+        g = torch.Generator().manual_seed(hash(path) % (2**31))
+        return (scale * torch.randn(V, generator=g)).log_softmax(-1)
+
+    return draft
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 60.0])
+@pytest.mark.parametrize("total_tokens", [1, 2, 4, 8, 16, 32, 200])
+def test_growth_stops_early_and_keeps_the_same_tree(scale, total_tokens):
+    """Growing with `keep` skips expansions, never the tree: the kept candidates (tokens, parents, values)
+    are those of full growth, for flat drafts, sharp ones (ties at log q = 0) and every size."""
+    draft = sharp_logprobs(scale)
+    for root in range(6):
+
+        def expand(candidates, ids, root=root):
+            return torch.stack([draft((root,) + path_of(candidates, int(i))) for i in ids])
+
+        full = grow_candidates(draft((root,)), expand, top_k=4, depth=5)
+        fed: list[int] = []
+
+        def counted(candidates, ids, root=root):
+            fed.append(len(ids))
+            return expand(candidates, ids, root)
+
+        early = grow_candidates(draft((root,)), counted, top_k=4, depth=5, keep=total_tokens - 1)
+        kept_full, kept_early = rerank(full, total_tokens - 1), rerank(early, total_tokens - 1)
+        assert torch.equal(full.tokens[kept_full], early.tokens[kept_early]), (scale, total_tokens, root)
+        assert torch.equal(full.parents[kept_full], early.parents[kept_early])
+        assert torch.equal(full.scores[kept_full], early.scores[kept_early])
+        assert len(fed) <= 4
+        if total_tokens <= 2:  # the best depth-1 node is the best candidate: nothing below can beat it
+            assert fed == []
+        if total_tokens == 200:  # more than there are candidates: every level grows
+            assert len(fed) == 4
+
+
+def test_rows_stop_only_when_every_row_can():
+    """B rows stop together: a confident row keeps the growth going for all, and each row's kept set is
+    still its full growth's."""
+    from specheads.decode.dynamic_tree import grow_rows
+
+    def grow(drafts, keep=None):
+        def expand_rows(candidates, frontier, depth):
+            return torch.stack(
+                [
+                    torch.stack([drafts[b](path_of(candidates.row(b), int(i))) for i in frontier[b]])
+                    for b in range(frontier.shape[0])
+                ]
+            )
+
+        return grow_rows(torch.stack([d(()) for d in drafts]), expand_rows, top_k=3, depth=5, keep=keep)
+
+    drafts = [sharp_logprobs(60.0), sharp_logprobs(0.3)]  # a deep chain beside a flat row
+    full, early, flat_alone = grow(drafts), grow(drafts, keep=5), grow(drafts[1:], keep=5)
+    assert len(early) == len(full)  # the sharp row's chain stays worth keeping to the last level
+    assert len(flat_alone) < len(full)  # alone, the flat row would have stopped
+    for b in range(2):
+        kept_full, kept_early = rerank(full.row(b), 5), rerank(early.row(b), 5)
+        assert torch.equal(full.row(b).tokens[kept_full], early.row(b).tokens[kept_early])
