@@ -162,7 +162,7 @@ def test_growth_stops_early_and_keeps_the_same_tree(scale, total_tokens):
         full = grow_candidates(draft((root,)), expand, top_k=4, depth=5)
         fed: list[int] = []
 
-        def counted(candidates, ids, root=root):
+        def counted(candidates, ids, root=root, fed=fed):
             fed.append(len(ids))
             return expand(candidates, ids, root)
 
