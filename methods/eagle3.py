@@ -56,6 +56,7 @@ def loss(objective, batch: dict, out, target):
         steps=objective.ttt_steps,
         decay=objective.decay,
         topk=objective.topk,
+        noise=objective.eagle3_noise,
     )
 
 
@@ -78,6 +79,7 @@ def check_recipe(cfg) -> list[tuple[bool, str]]:
         ),
         (cfg.draft_vocab_size >= 1, f"draft_vocab_size must be >= 1, got {cfg.draft_vocab_size}"),
         (cfg.ttt_steps >= 1, f"ttt_steps must be >= 1, got {cfg.ttt_steps}"),
+        (cfg.eagle3_noise >= 0, f"eagle3_noise must be >= 0, got {cfg.eagle3_noise}"),
         (
             cfg.draft_head_init in DRAFT_HEAD_INITS,
             f"draft_head_init must be one of {DRAFT_HEAD_INITS}, got {cfg.draft_head_init!r}",
@@ -97,7 +99,14 @@ EAGLE3 = Method(
     summarise=lambda cfg, sums: DraftMetrics.summarise(
         sums, [cfg.decay**i for i in range(cfg.ttt_steps)], cfg.topk
     ),
-    recipe_keys=("eagle3_layers", "draft_vocab_size", "ttt_steps", "decay", "draft_head_init"),
+    recipe_keys=(
+        "eagle3_layers",
+        "draft_vocab_size",
+        "ttt_steps",
+        "decay",
+        "draft_head_init",
+        "eagle3_noise",
+    ),
     check_recipe=check_recipe,
     drafter=eagle_drafter_for,
     draft_vocab="EAGLE-3 heads draft over the vocabulary they were trained on",

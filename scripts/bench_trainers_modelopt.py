@@ -151,6 +151,10 @@ EAGLE3_ABLATIONS = {
     # AdamW's decoupled weight decay (ours and modelopt's Trainer: 0): 30 epochs of 32 rows overfit
     "wd 0.01": lambda b, s: {"weight_decay": 0.01},
     "wd 0.1": lambda b, s: {"weight_decay": 0.1},
+    # ours only: EAGLE-1's U(-a, a) feature noise on the captured layers (neither EAGLE-3 trainer adds any)
+    "noise 0.1": lambda b, s: {"eagle3_noise": 0.1},
+    "noise 0.3": lambda b, s: {"eagle3_noise": 0.3},
+    "noise 1": lambda b, s: {"eagle3_noise": 1.0},
 }
 
 

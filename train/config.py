@@ -85,6 +85,8 @@ class TrainConfig:
     )  # target layers fused, HF hidden_states indexing, ascending; empty: (2, L//2, L-3), (1, L//2, L-1) for L < 7
     draft_vocab_size: int = 32000  # most frequent label tokens of the data; capped at the target's vocab
     ttt_steps: int = 7  # training-time-test steps
+    # training adds U(-a, a) to each captured target layer (EAGLE-1's feature noise; the paper's EAGLE-3: 0)
+    eagle3_noise: float = 0.0
     # the draft's lm_head and final norm at the start: "random" (the layer's own init, as SpecForge and Model
     # Optimizer start), or "target": the target's lm_head rows of the draft vocabulary and its final norm
     draft_head_init: str = "random"

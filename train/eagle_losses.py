@@ -235,6 +235,7 @@ def eagle3_loss(
     steps: int = 7,
     decay: float = 0.8,
     topk: int = 5,
+    noise: float = 0.0,
 ) -> tuple[torch.Tensor, DraftMetrics]:
     """EAGLE-3 training-time-test loss over a batch (shifts and masks in the module docstring).
 
@@ -245,12 +246,17 @@ def eagle3_loss(
         target_logits: (B, T, V) the target's logits.
         embed_tokens: the target's embedding, shared by the head.
         steps: unrolled steps N (paper 5-7); decay: weight of step i is decay**i.
+        noise: half-width a of the U(-a, a) noise on each captured layer while head.training (EAGLE-1's
+            augmentation, applied to the step-0 input features; the paper's EAGLE-3 has none: 0).
 
     Returns:
         (loss, metrics): metrics hold one column per step.
     """
     dtype = head.fc.weight.dtype
-    fused = head.input_hidden({i: features[i].to(dtype) for i in head.capture_layers})  # (B, T, H)
+    captured = {i: features[i].to(dtype) for i in head.capture_layers}
+    if head.training and noise > 0:
+        captured = {i: f + (torch.rand_like(f) * 2 - 1) * noise for i, f in captured.items()}
+    fused = head.input_hidden(captured)  # (B, T, H)
     outputs = eagle3_unroll(
         head,
         fused,

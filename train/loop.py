@@ -330,6 +330,7 @@ def build_objective(
         w_tok=cfg.w_tok,
         noise=cfg.noise,
         ttt_steps=cfg.ttt_steps,
+        eagle3_noise=cfg.eagle3_noise,
     )
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay

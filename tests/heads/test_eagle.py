@@ -174,6 +174,10 @@ def test_eagle3_head_starts_from_the_targets_lm_head_rows_and_norm():
         assert torch.equal(built.lm_head.weight, rows_of_target) is same
     with pytest.raises(ValueError, match="draft_head_init must be one of"):
         load_config(None, {"method": "eagle3", "draft_head_init": "zeros"})
+    with pytest.raises(ValueError, match="eagle3_noise must be >= 0, got -0.1"):
+        load_config(None, {"method": "eagle3", "eagle3_noise": -0.1})
+    with pytest.warns(UserWarning, match="'eagle3_noise' .* read by method eagle3 only"):
+        load_config(None, {"method": "eagle", "eagle3_noise": 0.1})
 
 
 # -- checkpoints --------------------------------------------------------------------------------------

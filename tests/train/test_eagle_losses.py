@@ -257,3 +257,28 @@ def test_count_label_tokens():
     ds = datasets.Dataset.from_list(rows + [{"input_ids": [4, 4, 4], "loss_mask": [1, 1, 1]}])
     assert count_label_tokens(ds, 5).tolist() == [0, 0, 2, 2, 3]
     assert count_label_tokens(ds.select([2, 1]), 5).tolist() == [0, 0, 0, 1, 3]
+
+
+def test_eagle3_noise_is_on_each_captured_layer_and_off_at_eval():
+    """eagle3_noise: U(-a, a) on every captured layer before fc (step 0's input), fresh each call, none at
+    eval and none by default."""
+    data = batch()
+    captured = {1: torch.randn(B, T, H), 3: torch.randn(B, T, H)}
+    seen = []
+    oracle = OracleHead(lambda i, *_: torch.zeros(B, T, V))
+    oracle.t2d, oracle.capture_layers = torch.ones(V, dtype=torch.bool), (1, 3)
+    oracle.input_hidden = lambda f: seen.append(f) or f[1]
+    oracle.to_target_ids = lambda ids: ids
+    args = (data["input_ids"], data["loss_mask"], data["position_ids"], torch.randn(B, T, V), embedding())
+    for noise in (0.3, 0.3, 0.0):
+        eagle3_loss(oracle, captured, *args, steps=1, noise=noise)
+    for layer in (1, 3):
+        drawn = seen[0][layer] - captured[layer]
+        assert 0.25 < drawn.abs().max() <= 0.3 + 1e-6 and drawn.mean().abs() < 0.05, layer
+        assert not torch.equal(seen[0][layer], seen[1][layer])  # fresh noise each call
+        assert torch.equal(seen[2][layer], captured[layer])
+    oracle.eval()
+    eagle3_loss(oracle, captured, *args, steps=1, noise=0.3)
+    assert all(torch.equal(seen[3][i], captured[i]) for i in (1, 3))
+    eagle3_loss(oracle.train(), captured, *args, steps=1)  # the default: none (the paper's EAGLE-3)
+    assert all(torch.equal(seen[4][i], captured[i]) for i in (1, 3))
