@@ -45,8 +45,10 @@ Timings interleave the candidates (round robin over the repeats), so a change in
 they run touches every candidate alike, and each keeps the fastest of its repeats after an untimed one: other
 processes only ever slow a run down, so the fastest is the least disturbed (`timeit`'s advice; on a shared
 machine the median of a few runs drifts by tens of percent between candidates of equal cost).
-A draft costs what its depth costs, not what it keeps: EAGLE-2 drafters of one depth are timed once
-(`step_timing.same_work`), and candidates of one depth share the fastest draft among them (`timed`). The
+A draft costs at most what a deeper or larger one costs: EAGLE-2 growth stops once nothing below its
+frontier can be kept (`dynamic_tree`, "stop"), so a small tree may grow fewer levels than its depth, and
+Medusa runs every head whatever it keeps. Each candidate takes the fastest draft measured among those at
+least as deep and as large (`timed`), and EAGLE-2 drafters of depth 1 are timed once (`step_timing.same_work`). The
 target step is timed at every size tried (8 at most): it is a few percent of a calibration, and interpolating
 it would miss the knee of the forward's cost curve.
 """
@@ -146,16 +148,18 @@ def choose(candidates: Sequence[Candidate]) -> Candidate:
 def timed(candidates: list[Candidate], timer: Timer) -> list[Candidate]:
     """The candidates with their step and draft seconds, measured together by `timer`.
 
-    A draft costs what its depth costs, not what it keeps (EAGLE-2 expands top_k nodes a level whatever N;
-    Medusa runs every head), so candidates of one depth share the fastest draft measured among them.
+    A draft does no more work than one at least as deep and as large (EAGLE-2 stops growing once nothing
+    below can be kept, so a deeper or larger tree grows at least the same levels; Medusa runs every head
+    whatever it keeps), so each candidate takes the fastest draft measured among those: on a shared machine
+    other processes only slow a timing down.
     """
     steps, drafts = timer.measure([c.tree["nodes"] for c in candidates], [c.drafter for c in candidates])
-    fastest: dict[int, float] = {}
-    for candidate, draft in zip(candidates, drafts):
-        depth = candidate.tree["depth"]
-        fastest[depth] = min(fastest.get(depth, draft), draft)
-    for candidate, step in zip(candidates, steps):
-        candidate.step_seconds, candidate.draft_seconds = step, fastest[candidate.tree["depth"]]
+    shapes = [(c.tree["depth"], c.tree["nodes"]) for c in candidates]
+    for candidate, step, (depth, nodes) in zip(candidates, steps, shapes):
+        candidate.step_seconds = step
+        candidate.draft_seconds = min(
+            draft for (d, n), draft in zip(shapes, drafts) if d >= depth and n >= nodes
+        )
     return candidates
 
 

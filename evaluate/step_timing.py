@@ -2,7 +2,7 @@
 
 A target step (the decoder's own step: tree inputs, the tree forward, greedy verification, compaction) is
 timed per tree size on a binary tree of that many nodes, and a drafter's `propose` once per kind of work
-(`same_work`: EAGLE-2 drafters of one depth grow the same candidates), both on a cache of realistic length,
+(`same_work`: EAGLE-2 drafters of depth 1 draft the same candidates), both on a cache of realistic length,
 interleaved over the repeats after an untimed round; each keeps its fastest run.
 """
 
@@ -124,11 +124,12 @@ class MeasuredTimer:
 
 
 def same_work(drafter: Drafter) -> Hashable:
-    """What decides the work of a drafter's `propose`: EAGLE-2 drafters of one head, top_k and depth grow the
-    same candidates whatever number they keep (calibrate.timed shares their time too); any other drafter is
-    its own."""
+    """What decides the work of a drafter's `propose`: EAGLE-2 drafters of one head, top_k and depth 1 draft
+    the same root top-k whatever number they keep; deeper ones stop growing once nothing below can be kept
+    (`dynamic_tree`, "stop"), so the number kept matters. Any other drafter is its own."""
     if isinstance(drafter, EagleDrafter) and drafter.tree is None:
-        return ("dynamic", id(drafter.head), drafter.top_k, drafter.depth)
+        kept = None if drafter.depth == 1 else drafter.total_tokens
+        return ("dynamic", id(drafter.head), drafter.top_k, drafter.depth, kept)
     return id(drafter)
 
 

@@ -174,16 +174,19 @@ def test_choose_takes_the_most_tokens_per_second():
         choose([])
 
 
-def test_timed_drafts_of_one_depth_share_the_fastest():
+def test_timed_drafts_take_the_fastest_of_those_doing_as_much():
+    """A candidate's draft takes the fastest measured among candidates at least as deep and as large (they
+    do at least its work); a smaller tree that stops growing early keeps its own, lower time."""
+
     class Timer:
         def measure(self, nodes, drafters):
-            return [n * 1e-3 for n in nodes], [4e-3, 2e-3, 9e-3, 5e-3]
+            return [n * 1e-3 for n in nodes], [4e-3, 2e-3, 9e-3, 5e-3, 3e-3, 7e-3]
 
-    shapes = [(4, 2), (8, 2), (8, 3), (16, 3)]  # (nodes, depth)
+    shapes = [(4, 2), (8, 2), (8, 3), (16, 3), (4, 4), (16, 4)]  # (nodes, depth)
     rows = [Candidate({"name": str(i), "nodes": n, "depth": d}, 2.0) for i, (n, d) in enumerate(shapes)]
     timed(rows, Timer())
-    assert [c.step_seconds for c in rows] == [4e-3, 8e-3, 8e-3, 16e-3]
-    assert [c.draft_seconds for c in rows] == [2e-3, 2e-3, 5e-3, 5e-3]
+    assert [c.step_seconds for c in rows] == [4e-3, 8e-3, 8e-3, 16e-3, 4e-3, 16e-3]
+    assert [c.draft_seconds for c in rows] == [2e-3, 2e-3, 5e-3, 5e-3, 3e-3, 7e-3]
 
 
 def skewed_ranks(roots=400, heads=3, seed=0) -> list[torch.Tensor]:
@@ -316,7 +319,8 @@ def test_replayed_dynamic_tau_is_what_the_decoder_gets(target):
 
 
 def test_timer_drafts_once_per_kind_of_work(target):
-    """EAGLE-2 drafters of one depth grow the same candidates: one of them is timed for all."""
+    """EAGLE-2 drafters of depth 1 draft the same candidates whatever they keep: one of them is timed for all;
+    deeper ones may stop growing at a size of their own (`dynamic_tree`, "stop")."""
     head, calls = eagle_head(target), []
 
     class Counted(EagleDrafter):
@@ -324,12 +328,15 @@ def test_timer_drafts_once_per_kind_of_work(target):
             calls.append((self.depth, self.total_tokens))
             return super().propose(context)
 
-    drafters = [Counted(head, target, top_k=3, depth=d, total_tokens=n) for d, n in [(1, 2), (1, 4), (2, 4)]]
+    shapes = [(1, 2), (1, 4), (2, 4), (2, 2)]
+    drafters = [Counted(head, target, top_k=3, depth=d, total_tokens=n) for d, n in shapes]
     sequence = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(3))
     timer = MeasuredTimer(target, drafters[0].capture_layers, sequence, start=12, repeats=2)
     seconds = timer.drafts(drafters)
-    assert seconds[0] == seconds[1] and sorted(set(calls)) == [(1, 2), (2, 4)]
-    assert same_work(drafters[0]) == same_work(drafters[1]) != same_work(drafters[2])
+    assert seconds[0] == seconds[1] and sorted(set(calls)) == [(1, 2), (2, 2), (2, 4)]
+    assert (
+        same_work(drafters[0]) == same_work(drafters[1]) != same_work(drafters[2]) != same_work(drafters[3])
+    )
 
 
 def test_eagle_calibration_with_injected_timings(target):
