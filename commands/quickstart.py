@@ -42,22 +42,38 @@ def fixed_tree(heads_dir: Path) -> str:
     return FIXED_EAGLE_TREE
 
 
-# What the default quickstart gave over fresh builds, each from an empty cache (README "Quickstart
-# figures"): the tiny target's weights depend on the order the CPU's kernels sum in, which moves with
-# the thread count and the instruction set, so τ and speedup move with them; identity with generate()
-# held on every build. Name -> (τ low, τ high, speedup low, speedup high).
-MEASURED_SPREAD = {
-    "builds": 3,
-    "machine": "2-core AMD EPYC (AVX-512), Python 3.11.7, torch 2.13.0+cpu",
-    "settings": "OMP_NUM_THREADS=2; =1; =1 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2); load average 1.5-7.7",
-    "ranges": {  # 2026-11-26, Medusa with labels: target-top1; the three builds gave the same target and tau
-        "generate": (1.00, 1.00, 1.00, 1.00),
-        "prompt-lookup": (4.02, 4.02, 2.57, 2.68),
-        "medusa": (3.71, 3.71, 1.51, 1.58),
-        "eagle": (3.50, 3.50, 0.73, 0.79),
-        "eagle3": (3.11, 3.11, 0.72, 0.75),
+# What the default quickstart gave over fresh builds, each from an empty cache (README's quickstart
+# table), per machine: the tiny target's weights depend on the order the CPU's kernels sum in, which moves
+# with the CPU, the thread count and the instruction set, so τ and speedup move with them; identity with
+# generate() held on every build. Method -> (τ low, τ high, speedup low, speedup high).
+MEASURED_SPREAD = [
+    {
+        "builds": 3,
+        "machine": "2-core AMD EPYC (AVX-512), Python 3.11.7, torch 2.13.0+cpu",
+        "short": "AMD EPYC",
+        "settings": "OMP_NUM_THREADS=2; =1; =1 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2); load average 1.5-7.7",
+        "ranges": {  # 2026-11-26, Medusa with labels: target-top1; the three builds gave the same target and tau
+            "generate": (1.00, 1.00, 1.00, 1.00),
+            "prompt-lookup": (4.02, 4.02, 2.57, 2.68),
+            "medusa": (3.71, 3.71, 1.51, 1.58),
+            "eagle": (3.50, 3.50, 0.73, 0.79),
+            "eagle3": (3.11, 3.11, 0.72, 0.75),
+        },
     },
-}
+    {
+        "builds": 3,
+        "machine": "2-core Intel Xeon (AVX-512), Python 3.11.7, torch 2.13.0+cpu",
+        "short": "Intel Xeon",
+        "settings": "OMP_NUM_THREADS=2; =1; =1 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2); a benchmark on the other core",
+        "ranges": {  # 2026-11-26 (seventh session): each thread count gave a target of its own
+            "generate": (1.00, 1.00, 1.00, 1.00),
+            "prompt-lookup": (3.89, 4.51, 2.52, 3.04),
+            "medusa": (2.57, 3.34, 1.13, 1.33),
+            "eagle": (2.48, 3.52, 0.55, 0.74),
+            "eagle3": (2.63, 3.00, 0.59, 0.66),
+        },
+    },
+]
 # the settings the ranges were measured at (the defaults)
 SPREAD_SETTINGS = ("minutes", "tiny_max_files", "max_steps", "num_prompts", "max_new_tokens")
 
@@ -169,22 +185,29 @@ def spread(methods: list[dict], args: argparse.Namespace) -> str:
     defaults = defaults.parse_args([])
     if any(getattr(args, key) != getattr(defaults, key) for key in SPREAD_SETTINGS):
         return text + "This run changed the default settings, so the measured ranges below do not apply.\n"
-    ranges = MEASURED_SPREAD["ranges"]
+    machines = MEASURED_SPREAD
     lines = [
-        f"Over {MEASURED_SPREAD['builds']} fresh builds at the default settings ({MEASURED_SPREAD['machine']}; "
-        f"{MEASURED_SPREAD['settings']}):\n",
-        "| method | τ here | τ measured | speedup here | speedup measured |",
-        "| --- | --- | --- | --- | --- |",
+        f"Over {sum(m['builds'] for m in machines)} fresh builds at the default settings, on "
+        f"{len(machines)} machines:\n",
+        *[f"- {m['short']}: {m['builds']} builds ({m['machine']}; {m['settings']})" for m in machines],
+        "",
+        "| method | τ here | "
+        + " | ".join(f"τ measured, {m['short']}" for m in machines)
+        + " | speedup here | "
+        + " | ".join(f"speedup measured, {m['short']}" for m in machines)
+        + " |",
+        "| --- " * (3 + 2 * len(machines)) + "|",
     ]
     for m in methods:
-        if m["name"] not in ranges:
+        ranges = [machine["ranges"].get(m["name"]) for machine in machines]
+        if None in ranges:
             continue
-        tau_lo, tau_hi, sp_lo, sp_hi = ranges[m["name"]]
         tau, sp = m["mean_accept_length"], m["speedup"]
-        flag = "" if tau_lo - 0.005 <= tau <= tau_hi + 0.005 else " (outside)"
-        lines.append(
-            f"| {m['name']} | {tau:.2f}{flag} | {tau_lo:.2f}-{tau_hi:.2f} | {sp:.2f}x | {sp_lo:.2f}-{sp_hi:.2f}x |"
-        )
+        inside = any(tau_lo - 0.005 <= tau <= tau_hi + 0.005 for tau_lo, tau_hi, _, _ in ranges)
+        taus = " | ".join(f"{lo:.2f}-{hi:.2f}" for lo, hi, _, _ in ranges)
+        speeds = " | ".join(f"{lo:.2f}-{hi:.2f}x" for _, _, lo, hi in ranges)
+        flag = "" if inside else " (outside every machine's)"
+        lines.append(f"| {m['name']} | {tau:.2f}{flag} | {taus} | {sp:.2f}x | {speeds} |")
     return text + "\n".join(lines) + "\n"
 
 

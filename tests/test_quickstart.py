@@ -40,25 +40,39 @@ def test_quickstart_runs_end_to_end_and_reuses_what_it_built(tmp_path, monkeypat
 
 
 def test_report_says_which_figures_vary_and_by_how_much(monkeypatch):
-    """At the default settings the report sets each figure beside the range measured over fresh builds
-    (README's table) and marks a τ outside it; at other settings it says the ranges do not apply."""
+    """At the default settings the report sets each figure beside the ranges measured over fresh builds on
+    each machine (README's tables) and marks a τ outside all of them; at other settings it says the ranges
+    do not apply."""
     from specheads.commands import quickstart
 
     defaults = argparse.ArgumentParser()
     quickstart.add_arguments(defaults)
     args = defaults.parse_args([])
-    ranges = {"generate": (1.0, 1.0, 1.0, 1.0), "medusa": (2.5, 3.0, 0.9, 1.2)}
-    monkeypatch.setitem(quickstart.MEASURED_SPREAD, "ranges", ranges)
+    machines = [
+        {"builds": 3, "machine": "CPU A", "short": "A", "settings": "s",
+         "ranges": {"generate": (1.0, 1.0, 1.0, 1.0), "medusa": (2.5, 3.0, 0.9, 1.2)}},
+        {"builds": 2, "machine": "CPU B", "short": "B", "settings": "t",
+         "ranges": {"generate": (1.0, 1.0, 1.0, 1.0), "medusa": (3.5, 3.6, 1.3, 1.4)}},
+    ]  # fmt: skip
+    monkeypatch.setattr(quickstart, "MEASURED_SPREAD", machines)
     methods = [
         {"name": "generate", "mean_accept_length": 1.0, "speedup": 1.0},
         {"name": "medusa", "mean_accept_length": 3.4, "speedup": 1.1},
     ]
     text = quickstart.spread(methods, args)
-    assert "| generate | 1.00 | 1.00-1.00 | 1.00x | 1.00-1.00x |" in text
-    assert "| medusa | 3.40 (outside) | 2.50-3.00 | 1.10x | 0.90-1.20x |" in text
-    assert f"Over {quickstart.MEASURED_SPREAD['builds']} fresh builds" in text
-    methods[1]["mean_accept_length"] = 2.7
-    assert "| medusa | 2.70 | 2.50-3.00 |" in quickstart.spread(methods, args)
+    assert "| method | τ here | τ measured, A | τ measured, B | speedup here |" in text
+    assert "| generate | 1.00 | 1.00-1.00 | 1.00-1.00 | 1.00x | 1.00-1.00x | 1.00-1.00x |" in text
+    assert (
+        "| medusa | 3.40 (outside every machine's) | 2.50-3.00 | 3.50-3.60 | 1.10x | 0.90-1.20x | 1.30-1.40x |"
+        in text
+    )
+    assert (
+        "Over 5 fresh builds at the default settings, on 2 machines" in text
+        and "- B: 2 builds (CPU B; t)" in text
+    )
+    for tau in (2.7, 3.55):  # inside one machine's range is not flagged
+        methods[1]["mean_accept_length"] = tau
+        assert f"| medusa | {tau:.2f} | 2.50-3.00 |" in quickstart.spread(methods, args)
     args.max_steps = 2
     assert "do not apply" in quickstart.spread(methods, args) and "| medusa |" not in quickstart.spread(
         methods, args
@@ -68,7 +82,8 @@ def test_report_says_which_figures_vary_and_by_how_much(monkeypatch):
 def test_measured_ranges_cover_every_method_and_peer():
     from specheads.commands import quickstart
 
-    ranges = quickstart.MEASURED_SPREAD["ranges"]
-    assert set(ranges) == {"generate", "prompt-lookup", *METHODS}
-    for tau_lo, tau_hi, sp_lo, sp_hi in ranges.values():
-        assert 1.0 <= tau_lo <= tau_hi and 0 < sp_lo <= sp_hi
+    for machine in quickstart.MEASURED_SPREAD:
+        ranges = machine["ranges"]
+        assert set(ranges) == {"generate", "prompt-lookup", *METHODS}, machine["short"]
+        for tau_lo, tau_hi, sp_lo, sp_hi in ranges.values():
+            assert 1.0 <= tau_lo <= tau_hi and 0 < sp_lo <= sp_hi
