@@ -114,10 +114,11 @@ CONSUMERS = ROOT / "tests" / "consumers"
 EAGLE_EPOCHS = 21  # main.py: `for epoch in range(num_epochs + 1)` with num_epochs 20
 EAGLE_SAVED = tuple(e for e in range(EAGLE_EPOCHS) if (e + 1) % 5)  # main.py saves state_e for these
 EAGLE_LR = 3e-5  # main.py's --lr default (linear warm-up over 2000 steps, hard-coded)
+MEDUSA_LR = 1e-3  # medusa-llm 0.1's README --learning_rate
 MEDUSA_README = {  # medusa-llm 0.1's README training command, less what cannot run here
     "--per_device_train_batch_size": "8",
     "--gradient_accumulation_steps": "4",
-    "--learning_rate": "1e-3",
+    "--learning_rate": f"{MEDUSA_LR:g}",
     "--weight_decay": "0.0",
     "--warmup_steps": "0.1",  # README: --warmup_ratio 0.1; transformers 5 takes the ratio here
     "--lr_scheduler_type": "cosine",
@@ -168,6 +169,9 @@ MEDUSA_ABLATIONS = {
     "data labels": lambda b: {"labels": "data"},  # their labels are the text's; ours the target's
     # not theirs: ours with the target's top token as a hard label (the fix the "data labels" runs point to)
     "target top1": lambda b: {"labels": "target-top1"},
+    "lr 2e-3": lambda b: {"lr": 2e-3},  # not theirs (both 1e-3): what lifted EAGLE-3 at its budget
+    "lr 3e-3": lambda b: {"lr": 3e-3},
+    "lr 5e-3": lambda b: {"lr": 5e-3},
 }
 
 
@@ -267,7 +271,8 @@ def run_medusa(args, ctx: dict) -> list[dict]:
         )
         for seed in sorted(set(ints(args.peer_seeds)) | set(ints(args.seeds))):
             if seed in ints(args.peer_seeds):
-                rows.append(medusa_llm_row(budget, seed, args, ctx))
+                for lr in floats(args.medusa_lrs):
+                    rows.append(medusa_llm_row(budget, seed, args, ctx, lr))
             if seed not in ints(args.seeds):
                 continue
             rows.append(ours_row("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed))
@@ -277,28 +282,33 @@ def run_medusa(args, ctx: dict) -> list[dict]:
     return rows
 
 
-def medusa_llm_row(budget: dict, seed: int, args, ctx: dict) -> dict:
-    """medusa-llm's train.py (its README's settings, --seed `seed`) at `budget`, imported and decoded."""
+def medusa_llm_row(budget: dict, seed: int, args, ctx: dict, lr: float = MEDUSA_LR) -> dict:
+    """medusa-llm's train.py (its README's settings, --seed `seed`; --learning_rate `lr`, its README's
+    unless given) at `budget`, imported and decoded."""
     import torch
     from trainer_run import finish_trainer, start_trainer
 
     e = budget["epochs"]
-    work = args.out / f"medusa-llm-e{e}-s{seed}"
+    work = args.out / (f"medusa-llm-e{e}-s{seed}" + ("" if lr == MEDUSA_LR else f"-lr{lr:g}"))
     work.mkdir()
     (work / "train.json").write_text(json.dumps(ctx["sharegpt"]))
     torch.save({"hidden": torch.zeros(1, 4, ctx["hidden"])}, work / "inputs.pt")
     flags = {**MEDUSA_README, "--num_train_epochs": str(e), "--max_steps": None, "--report_to": "none",
-             "--seed": str(seed)}  # fmt: skip
-    job = {"kind": "medusa", "work": str(work), "target": str(ctx["peer_target"]), "lr": 1e-3,
+             "--seed": str(seed), "--learning_rate": f"{lr:g}"}  # fmt: skip
+    job = {"kind": "medusa", "work": str(work), "target": str(ctx["peer_target"]), "lr": lr,
            "max_length": args.max_length, "args": flags, "inputs": str(work / "inputs.pt"),
            "out": str(work / "out.pt")}  # fmt: skip
     load = load_average()
     got = finish_trainer(start_trainer(ctx["env"], job, work).wait(), job, work)
     native = import_heads("medusa", Path(got["checkpoint"]), ctx["target"], work / "native")
     ev = evaluate(native, args.medusa_tree, work / "eval", args.eval_prompts, args.eval_new_tokens)
-    row = row_result("Medusa", "medusa-llm 0.1", budget, ctx["vicuna_tokens"], ev, got["wall_s"],
-                     got["maxrss_kb"] / 1024, PEER_CHANGES["medusa-llm"], seed=seed, load_average=load)  # fmt: skip
-    print(f"  medusa-llm seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
+    trainer = "medusa-llm 0.1" + ("" if lr == MEDUSA_LR else f" (lr {lr:g})")
+    changes = PEER_CHANGES["medusa-llm"] + (
+        [] if lr == MEDUSA_LR else [f"--learning_rate {lr:g} (README: 1e-3)"]
+    )
+    row = row_result("Medusa", trainer, budget, ctx["vicuna_tokens"], ev, got["wall_s"],
+                     got["maxrss_kb"] / 1024, changes, seed=seed, load_average=load)  # fmt: skip
+    print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
     return row
 
 
@@ -377,6 +387,10 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
 class ReportedRows(list):
     """The rows measured so far; each append rewrites the report (`write(rows)`), so a run cut short
     leaves what it measured."""
@@ -453,6 +467,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--eagle-lrs", default=f"{EAGLE_LR:g},1e-3", help="eagle-llm --lr values (its default first)"
+    )
+    p.add_argument(
+        "--medusa-lrs",
+        default=f"{MEDUSA_LR:g}",
+        help="medusa-llm --learning_rate values, one run each per peer seed (its README's first)",
     )
     p.add_argument("--eagle-tree", default="dynamic", help="EAGLE and EAGLE-3")
     p.add_argument("--medusa-tree", default="medusa-31")

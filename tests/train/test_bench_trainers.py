@@ -153,6 +153,14 @@ def test_ablations_are_medusa_llms_settings_as_our_recipe_overrides():
     assert bench.warmup_like_hf(5, 0.1) == 1
     with pytest.raises(SystemExit, match="decay 2"):  # an unknown ablation stops the bench
         bench.ablation_overrides("decay 2", budget)
+    # ours at medusa-llm's --learning_rate values (--medusa-lrs): the same rate, its README's first
+    assert [bench.ablation_overrides(f"lr {x}", budget) for x in ("2e-3", "3e-3", "5e-3")] == [
+        {"lr": 2e-3},
+        {"lr": 3e-3},
+        {"lr": 5e-3},
+    ]
+    assert bench.MEDUSA_LR == 1e-3 and bench.MEDUSA_README["--learning_rate"] == "0.001"
+    assert bench.floats("1e-3,,5e-3") == [1e-3, 5e-3]
 
 
 def test_rows_of_methods_not_run_are_carried_from_the_report_with_their_command(tmp_path):
@@ -226,7 +234,8 @@ def test_help_prints(capsys):
         bench.main(["--help"])
     except SystemExit as e:
         assert e.code == 0
-    assert "warmup 10%" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "warmup 10%" in out and "--medusa-lrs" in out
 
 
 # -- EAGLE-3: ours vs NVIDIA Model Optimizer ----------------------------------------------------------
