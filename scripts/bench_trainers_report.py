@@ -157,9 +157,44 @@ def verdicts(rows: list[dict]) -> list[str]:
                 f"in the mean; {base['n']} and {other['n']} runs{on})."
             )
             peers.append((base, other, r["trainer"], on))
+            matched = same_lr(rows, method, top, lr_of(r["trainer"]))
+            if matched:  # the peer at another learning rate: ours at that rate too, where it ran
+                mine_l, runs_l, on_l = common_seeds(matched, runs)
+                base_l, other_l = tau_range(mine_l), tau_range(runs_l)
+                out.append(
+                    f"{lead}at the same lr, {matched[0]['trainer']} {verdict_word(base_l, other_l)} against "
+                    f"{r['trainer']}: tau {fmt_range(base_l)} vs {fmt_range(other_l)} "
+                    f"({(base_l['mean'] / other_l['mean'] - 1) * 100:+.1f}% in the mean; {base_l['n']} and "
+                    f"{other_l['n']} runs{on_l})."
+                )
         if method in GOALS and peers:
             out.append(goal_line(method, where, *max(peers, key=lambda p: p[1]["mean"])))
     return out
+
+
+def lr_of(trainer: str) -> float | None:
+    """The learning rate a trainer line names, '... (lr 0.002)' or '... (lr 2e-3)'; None for any other."""
+    _, _, rest = trainer.partition(" (lr ")
+    if not rest.endswith(")") or "+" in rest:
+        return None
+    try:
+        return float(rest[:-1])
+    except ValueError:
+        return None
+
+
+def same_lr(rows: list[dict], method: str, budget: tuple, lr: float | None) -> list[dict]:
+    """Our runs of `method` at `budget` whose only change is learning rate `lr` (ablation 'lr X')."""
+    if lr is None:
+        return []
+    return [
+        r
+        for r in rows
+        if r["method"] == method
+        and r["trainer"].startswith("specheads (lr ")
+        and lr_of(r["trainer"]) == lr
+        and budget_key(r) == budget
+    ]
 
 
 def common_seeds(mine: list[dict], runs: list[dict]) -> tuple[list[dict], list[dict], str]:

@@ -163,6 +163,24 @@ def test_ablations_are_medusa_llms_settings_as_our_recipe_overrides():
     assert bench.floats("1e-3,,5e-3") == [1e-3, 5e-3]
 
 
+def test_a_peer_at_another_learning_rate_is_also_set_against_ours_at_that_rate():
+    """medusa-llm at --learning_rate 0.003 (--medusa-lrs) beside ours at lr 3e-3 (the ablation): the verdict
+    against the recipe stays, and one at the same rate follows it; a peer rate ours never ran gets none."""
+    ours = [row("Medusa", "specheads", 6, 1.5, seed=s) for s in (0, 1)]
+    ours_3 = [row("Medusa", "specheads (lr 3e-3)", 6, t, seed=s) for s, t in ((0, 2.1), (1, 2.1))]
+    peer_3 = [row("Medusa", "medusa-llm 0.1 (lr 0.003)", 6, t, seed=s) for s, t in ((0, 2.0), (1, 2.05))]
+    peer_5 = [row("Medusa", "medusa-llm 0.1 (lr 0.005)", 6, 2.4, seed=0)]
+    table = report.render_table(ours + ours_3 + peer_3 + peer_5)
+    assert "ours LOSES against medusa-llm 0.1 (lr 0.003): tau 1.50 [1.50-1.50] vs 2.02" in table
+    assert (
+        "at the same lr, specheads (lr 3e-3) wins against medusa-llm 0.1 (lr 0.003): tau 2.10 [2.10-2.10] vs "
+        "2.02 [2.00-2.05] (+3.7% in the mean; 2 and 2 runs on seeds 0, 1)." in table
+    )
+    assert "at the same lr, specheads (lr 5e-3)" not in table and "against medusa-llm 0.1 (lr 0.005)" in table
+    assert report.lr_of("specheads (lr 2e-3)") == report.lr_of("medusa-llm 0.1 (lr 0.002)") == 0.002
+    assert report.lr_of("specheads (loss all+lr 2e-3)") is None and report.lr_of("specheads") is None
+
+
 def test_rows_of_methods_not_run_are_carried_from_the_report_with_their_command(tmp_path):
     old = {"command": "bench --methods eagle", "load_average": {"start": [1, 2, 3]},
            "rows": [row("EAGLE", "specheads", 21, 2.5), row("Medusa", "specheads", 6, 1.4)]}  # fmt: skip
