@@ -28,7 +28,9 @@ runs     one run per seed: ours at each of --seeds (its `seed`), medusa-llm at e
          do not overlap.
 ablation --medusa-ablations: ours at the largest Medusa budget with one (or several, '+'-joined) of
          medusa-llm's settings in place of our recipe's (MEDUSA_ABLATIONS: its warm-up ratio, its
-         unweighted heads, its text labels), at every seed: what each difference buys in tau.
+         unweighted heads, its text labels), at every seed: what each difference buys in tau. --medusa-lrs
+         runs medusa-llm at other --learning_rate values too; set beside ours' `lr X` ablations, the report
+         adds a verdict at the same rate.
 decode   each checkpoint through `specheads import-heads` (the peers') and `specheads eval` on the tiny
          target's held-out prompts (--prompts heldout, --eval-prompts of them), the same tree for both; tau
          and the greedy identity to generate() (results.json's N/N) come from eval.
