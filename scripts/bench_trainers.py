@@ -174,6 +174,8 @@ MEDUSA_ABLATIONS = {
     "lr 2e-3": lambda b: {"lr": 2e-3},  # not theirs (both 1e-3): what lifted EAGLE-3 at its budget
     "lr 3e-3": lambda b: {"lr": 3e-3},
     "lr 5e-3": lambda b: {"lr": 5e-3},
+    "lr 8e-3": lambda b: {"lr": 8e-3},
+    "lr 1.2e-2": lambda b: {"lr": 1.2e-2},
 }
 
 
