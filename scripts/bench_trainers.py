@@ -62,8 +62,9 @@ that measured it. Writes REPORT/bench_trainers.json and REPORT/bench_trainers.md
 run, REPORT/learning_curve.png at the end (--report, default docs/bench_trainers/; --render redraws both
 from the JSON); the checkpoints and logs stay in --out (runs/bench-trainers).
 
-Beside it: bench_trainers_jobs.py (budgets, data, running and evaluating one side), bench_trainers_modelopt.py
-(Model Optimizer's job and the EAGLE-3 settings), bench_trainers_report.py (table and plot).
+Beside it: bench_trainers_jobs.py (budgets, data, running and evaluating one side), bench_trainers_medusa.py
+(medusa-llm's run and the Medusa ablations), bench_trainers_modelopt.py (Model Optimizer's job and the EAGLE-3
+settings), bench_trainers_report.py (table and plot).
 """
 
 from __future__ import annotations
@@ -95,6 +96,13 @@ from bench_trainers_jobs import (
     train_ours,
     vicuna_text,
 )
+from bench_trainers_medusa import (
+    MEDUSA_ABLATIONS,
+    MEDUSA_LLM_CHANGES,
+    MEDUSA_LR,
+    ablation_overrides,
+    medusa_llm_row,
+)
 from bench_trainers_modelopt import (
     EAGLE3_ABLATIONS,
     MODELOPT,
@@ -104,10 +112,8 @@ from bench_trainers_modelopt import (
     eagle3_ablation,
     eagle3_budget,
     joined_help,
-    joined_overrides,
     modelopt_job,
     modelopt_variant,
-    warmup_like_hf,
 )
 from bench_trainers_report import plot, render, render_table
 
@@ -116,35 +122,13 @@ CONSUMERS = ROOT / "tests" / "consumers"
 EAGLE_EPOCHS = 21  # main.py: `for epoch in range(num_epochs + 1)` with num_epochs 20
 EAGLE_SAVED = tuple(e for e in range(EAGLE_EPOCHS) if (e + 1) % 5)  # main.py saves state_e for these
 EAGLE_LR = 3e-5  # main.py's --lr default (linear warm-up over 2000 steps, hard-coded)
-MEDUSA_LR = 1e-3  # medusa-llm 0.1's README --learning_rate
-MEDUSA_README = {  # medusa-llm 0.1's README training command, less what cannot run here
-    "--per_device_train_batch_size": "8",
-    "--gradient_accumulation_steps": "4",
-    "--learning_rate": f"{MEDUSA_LR:g}",
-    "--weight_decay": "0.0",
-    "--warmup_steps": "0.1",  # README: --warmup_ratio 0.1; transformers 5 takes the ratio here
-    "--lr_scheduler_type": "cosine",
-    "--medusa_num_heads": "3",
-    "--medusa_num_layers": "1",
-    "--lazy_preprocess": "True",
-    "--save_strategy": "no",
-    "--logging_steps": "1",
-}
 PEER_CHANGES = {
     "eagle-llm": [
         "CPU fp32 (accelerate's bf16 autocast kept as main.py sets it; no CUDA)",
         "the trainer_run.py shims (CUDA calls, EConfig rope_scaling, an index file, DataLoader workers "
         "in-process, hard-coded paths, wandb disabled)",
     ],
-    "medusa-llm": [
-        "on the CPU without --bf16/--tf32; its train.py still loads the target in bf16 (hard-coded) and casts "
-        "its heads to the target's dtype, so it trains bf16 heads (ours: fp32), slowly on this CPU",
-        "1 process, not 4 GPUs (batch 8 x accumulation 4 per step, as one of its GPUs)",
-        "model_max_length 256 (the tiny target's context), not 2048",
-        "--num_train_epochs E for the budget (README: 1), --report_to none",
-        "--warmup_steps 0.1 for --warmup_ratio 0.1 (transformers 5 dropped the name)",
-        "the trainer_run.py shims (transformers 5 API, the heads' save, the tokenizer path)",
-    ],
+    "medusa-llm": MEDUSA_LLM_CHANGES,
 }
 OUR_CHANGES = {
     "eagle": [
@@ -161,27 +145,6 @@ OUR_CHANGES = {
         "loss_on=assistant (chat rows; the recipe's text rows use all)",
     ],
 }
-
-# Ours with one of medusa-llm's settings instead of our recipe's (issue 21 point 2: what each difference
-# buys), as recipe overrides at a budget. Under Adam a per-head loss weight barely moves independent heads
-# (it scales the head's gradients, which Adam divides out), so "decay 1" is expected to change little.
-MEDUSA_ABLATIONS = {
-    "warmup 10%": lambda b: {"warmup_steps": warmup_like_hf(b["steps"], 0.1)},  # theirs; ours: 20 steps
-    "decay 1": lambda b: {"decay": 1.0},  # their loss sums the heads unweighted; ours 0.8**k
-    "data labels": lambda b: {"labels": "data"},  # their labels are the text's; ours the target's
-    # not theirs: ours with the target's top token as a hard label (the fix the "data labels" runs point to)
-    "target top1": lambda b: {"labels": "target-top1"},
-    "lr 2e-3": lambda b: {"lr": 2e-3},  # not theirs (both 1e-3): what lifted EAGLE-3 at its budget
-    "lr 3e-3": lambda b: {"lr": 3e-3},
-    "lr 5e-3": lambda b: {"lr": 5e-3},
-    "lr 8e-3": lambda b: {"lr": 8e-3},
-    "lr 1.2e-2": lambda b: {"lr": 1.2e-2},
-}
-
-
-def ablation_overrides(names: str, budget: dict) -> dict:
-    """The overrides of a '+'-joined list of MEDUSA_ABLATIONS names at `budget`."""
-    return joined_overrides(names, MEDUSA_ABLATIONS, "--medusa-ablations", budget)
 
 
 def run_eagle(args, ctx: dict) -> list[dict]:
@@ -284,36 +247,6 @@ def run_medusa(args, ctx: dict) -> list[dict]:
                 extra = {"num_heads": 3, **ablation_overrides(variant, budget)}
                 rows.append(ours_row("medusa", budget, extra, args.medusa_tree, args, ctx, seed, variant))
     return rows
-
-
-def medusa_llm_row(budget: dict, seed: int, args, ctx: dict, lr: float = MEDUSA_LR) -> dict:
-    """medusa-llm's train.py (its README's settings, --seed `seed`; --learning_rate `lr`, its README's
-    unless given) at `budget`, imported and decoded."""
-    import torch
-    from trainer_run import finish_trainer, start_trainer
-
-    e = budget["epochs"]
-    work = args.out / (f"medusa-llm-e{e}-s{seed}" + ("" if lr == MEDUSA_LR else f"-lr{lr:g}"))
-    work.mkdir()
-    (work / "train.json").write_text(json.dumps(ctx["sharegpt"]))
-    torch.save({"hidden": torch.zeros(1, 4, ctx["hidden"])}, work / "inputs.pt")
-    flags = {**MEDUSA_README, "--num_train_epochs": str(e), "--max_steps": None, "--report_to": "none",
-             "--seed": str(seed), "--learning_rate": f"{lr:g}"}  # fmt: skip
-    job = {"kind": "medusa", "work": str(work), "target": str(ctx["peer_target"]), "lr": lr,
-           "max_length": args.max_length, "args": flags, "inputs": str(work / "inputs.pt"),
-           "out": str(work / "out.pt")}  # fmt: skip
-    load = load_average()
-    got = finish_trainer(start_trainer(ctx["env"], job, work).wait(), job, work)
-    native = import_heads("medusa", Path(got["checkpoint"]), ctx["target"], work / "native")
-    ev = evaluate(native, args.medusa_tree, work / "eval", args.eval_prompts, args.eval_new_tokens)
-    trainer = "medusa-llm 0.1" + ("" if lr == MEDUSA_LR else f" (lr {lr:g})")
-    changes = PEER_CHANGES["medusa-llm"] + (
-        [] if lr == MEDUSA_LR else [f"--learning_rate {lr:g} (README: 1e-3)"]
-    )
-    row = row_result("Medusa", trainer, budget, ctx["vicuna_tokens"], ev, got["wall_s"],
-                     got["maxrss_kb"] / 1024, changes, seed=seed, load_average=load)  # fmt: skip
-    print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
-    return row
 
 
 def run_eagle3(args, ctx: dict) -> list[dict]:

@@ -175,7 +175,7 @@ def verdicts(rows: list[dict]) -> list[str]:
 def lr_of(trainer: str) -> float | None:
     """The learning rate a trainer line names, '... (lr 0.002)' or '... (lr 2e-3)'; None for any other."""
     _, _, rest = trainer.partition(" (lr ")
-    if not rest.endswith(")") or "+" in rest:
+    if not rest.endswith(")"):
         return None
     try:
         return float(rest[:-1])

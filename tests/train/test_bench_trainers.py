@@ -15,6 +15,7 @@ spec.loader.exec_module(bench)
 report = sys.modules["bench_trainers_report"]
 modelopt = sys.modules["bench_trainers_modelopt"]
 jobs = sys.modules["bench_trainers_jobs"]
+medusa = sys.modules["bench_trainers_medusa"]
 
 
 def test_eagle_budget_follows_main_py_split_epochs_and_batch():
@@ -148,18 +149,18 @@ def test_an_ablation_is_measured_against_ours_on_the_seeds_both_ran():
 
 def test_ablations_are_medusa_llms_settings_as_our_recipe_overrides():
     budget = jobs.medusa_budget(128, 6)  # 24 steps
-    assert bench.ablation_overrides("warmup 10%", budget) == {"warmup_steps": 3}  # HF: ceil(0.1 * 24)
-    assert bench.ablation_overrides("decay 1+data labels", budget) == {"decay": 1.0, "labels": "data"}
-    assert bench.warmup_like_hf(5, 0.1) == 1
+    assert medusa.ablation_overrides("warmup 10%", budget) == {"warmup_steps": 3}  # HF: ceil(0.1 * 24)
+    assert medusa.ablation_overrides("decay 1+data labels", budget) == {"decay": 1.0, "labels": "data"}
+    assert modelopt.warmup_like_hf(5, 0.1) == 1
     with pytest.raises(SystemExit, match="decay 2"):  # an unknown ablation stops the bench
-        bench.ablation_overrides("decay 2", budget)
+        medusa.ablation_overrides("decay 2", budget)
     # ours at medusa-llm's --learning_rate values (--medusa-lrs): the same rate, its README's first
-    assert [bench.ablation_overrides(f"lr {x}", budget) for x in ("2e-3", "3e-3", "5e-3")] == [
+    assert [medusa.ablation_overrides(f"lr {x}", budget) for x in ("2e-3", "3e-3", "5e-3")] == [
         {"lr": 2e-3},
         {"lr": 3e-3},
         {"lr": 5e-3},
     ]
-    assert bench.MEDUSA_LR == 1e-3 and bench.MEDUSA_README["--learning_rate"] == "0.001"
+    assert medusa.MEDUSA_LR == 1e-3 and medusa.MEDUSA_README["--learning_rate"] == "0.001"
     assert bench.floats("1e-3,,5e-3") == [1e-3, 5e-3]
 
 
