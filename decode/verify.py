@@ -58,6 +58,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specheads.decode.sampling import sample
@@ -89,7 +90,15 @@ class Acceptance:
         """The outcome of a walk that accepted node ids `path` (root first) of a row whose nodes carry
         `tokens`, then drew or took `bonus`."""
         emitted = [tokens[i] for i in path[1:]] + [bonus]
-        return cls(path=torch.tensor(path, device=device), tokens=torch.tensor(emitted, device=device))
+        return cls(path=_ids(path, device), tokens=_ids(emitted, device))
+
+
+def _ids(values: list[int], device: torch.device) -> torch.Tensor:
+    """A list of ids as an int64 tensor on `device`; through numpy on the CPU, where `torch.tensor(list)`
+    costs several times more (7 against 1.3 µs, one thread): it runs twice a step."""
+    if device.type == "cpu":
+        return torch.from_numpy(np.array(values, dtype=np.int64))
+    return torch.tensor(values, dtype=torch.long, device=device)
 
 
 @dataclass(frozen=True)
@@ -124,12 +133,13 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor, walk: bool | None = Non
         walk = logits.device.type == "cpu"
     if not walk:
         return [_greedy_row(tree, logits, b) for b in range(tree.tokens.shape[0])]
+    argmax = _row_argmax(logits)
     results = []
     for b in range(tree.tokens.shape[0]):
         tokens, children = tree.tokens[b].tolist(), tree.row_children(b)
         path = [0]
         while True:
-            y = int(logits[b, path[-1]].argmax())
+            y = argmax(b, path[-1])
             matches = [c for c in children[path[-1]] if tokens[c] == y]
             if len(matches) != 1:
                 break
@@ -139,6 +149,16 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor, walk: bool | None = Non
         else:
             results.append(Acceptance.walked(path, tokens, y, tree.tokens.device))
     return results
+
+
+def _row_argmax(logits: torch.Tensor) -> Callable[[int, int], int]:
+    """(b, node) -> the argmax of logits[b, node] (the first of ties). On the CPU, in a dtype numpy has,
+    numpy's: torch's argmax over one row of the vocabulary costs some 15 times numpy's there (13 against
+    0.9 µs over 4096 logits, one thread), and the walk takes one per node it visits."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64, torch.float16):
+        rows = logits.detach().numpy()
+        return lambda b, node: int(rows[b, node].argmax())
+    return lambda b, node: int(logits[b, node].argmax())
 
 
 def _greedy_row(tree: DraftTree, logits: torch.Tensor, b: int) -> Acceptance:

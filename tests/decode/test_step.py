@@ -1,6 +1,8 @@
 """One step for every path (decode/step.py): the batch-1 layout gives the batch-1 verbs, and single
 decoding, batched decoding, the calibration's recording and the step timing all run `speculative_step`."""
 
+import time
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ from specheads.decode import (
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs, block_attention, compact_rows
 from specheads.decode.kv_cache import compact_cache
-from specheads.decode.step import speculative_step
+from specheads.decode.step import PhaseClock, speculative_step
 from specheads.decode.tree_inputs import additive_mask
 from specheads.decode.trees import DraftTree
 from specheads.evaluate.calibrate_dynamic import record_dynamic_steps
@@ -131,3 +133,17 @@ def test_every_path_runs_the_one_step(target, counted):
     timer = MeasuredTimer(target, (-1,), sequence, start=3, repeats=1)
     timer.target_steps([1, 3])
     assert len(counted) == 2 * 2  # (repeats + 1) rounds over two sizes
+
+
+def test_the_phase_clock_sums_each_phase_and_refuses_nesting():
+    clock = PhaseClock(sync=False)
+    for _ in range(3):
+        with clock("draft"):
+            time.sleep(0.002)
+        with clock("verify"):
+            pass
+    assert clock.totals["draft"] >= 0.006 and 0 <= clock.totals["verify"] < clock.totals["draft"]
+    with pytest.raises(RuntimeError, match="'verify' started inside phase 'draft'"):
+        with clock("draft"):
+            with clock("verify"):
+                pass

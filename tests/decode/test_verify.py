@@ -127,6 +127,25 @@ def test_greedy_equals_the_whole_tree_argmax_rule_on_random_trees(walk, static):
             assert acc.tokens.tolist() == [*tokens[b, path[1:]].tolist(), int(greedy[b, path[-1]])]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_the_walk_reads_the_argmax_in_any_dtype(dtype):
+    """The walk takes its argmax through numpy where numpy has the dtype (float16, float32, float64) and
+    through torch elsewhere (bfloat16): on random trees with ties everywhere, every dtype's walk equals the
+    whole-tree rule in float32, with int64 paths and tokens."""
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(50):
+        batch, nodes = 2, int(torch.randint(1, 10, (1,), generator=gen))
+        parents = torch.full((batch, nodes), -1)
+        for i in range(1, nodes):
+            parents[:, i] = torch.randint(0, i, (batch,), generator=gen)
+        tree = DraftTree(torch.randint(0, 4, (batch, nodes), generator=gen), parents)
+        logits = torch.randint(0, 3, (batch, nodes, 4), generator=gen).float()  # exact in every dtype
+        walked = verify_greedy(tree, logits.to(dtype), walk=True)
+        for got, want in zip(walked, verify_greedy(tree, logits, walk=False)):
+            assert got.path.dtype == got.tokens.dtype == torch.long
+            assert got.path.tolist() == want.path.tolist() and got.tokens.tolist() == want.tokens.tolist()
+
+
 # -- sampling: the tree walk on hand-made distributions ----------------------------------------------
 
 
