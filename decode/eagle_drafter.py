@@ -50,6 +50,7 @@ from specheads.decode.drafters import (
     sibling_index,
 )
 from specheads.decode.dynamic_tree import Candidates, candidates_to_tree, grow_rows, rerank
+from specheads.decode.kv_cache import new_cache
 from specheads.decode.sampling import draft_probs, draw_children
 from specheads.decode.tree_inputs import additive_mask
 from specheads.decode.trees import DraftTree, StaticTree
@@ -199,13 +200,11 @@ class EagleDrafter:
         Column i of row b reads the target's feature there and the token after it, at the position of
         slot start_b + i; it sees the row's entries before start_b and the real columns up to itself.
         """
-        from transformers import DynamicCache  # lazy: transformers adds seconds to every command's start
-
         weight = self.head.fc.weight
         features = {i: h.to(weight.device, weight.dtype) for i, h in context.hidden.items()}
         hidden = self.head.input_hidden(features)  # (B, M, H)
         if context.step == 0 or self.cache is None:
-            self.cache = DynamicCache()
+            self.cache = new_cache()
         past = self.cache.get_seq_length()
         pad, length = context.layout.pad.to(weight.device), context.layout.length.to(weight.device)
         start = context.start.to(weight.device)

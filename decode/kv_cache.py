@@ -7,7 +7,9 @@ next tree's root.
 
 On transformers 5.x a `DynamicCache` keeps one layer object per decoder layer, with `keys` and
 `values` of shape (B, H_kv, S, D_head); 4.4x kept them in `key_cache` / `value_cache` lists. Both
-grow by concatenation and `crop(-n)` drops the last n positions on every layer.
+grow by concatenation and `crop(-n)` drops the last n positions on every layer. On 5.x, `new_cache`
+swaps the layers for `BufferedLayer`s (kv_buffer.py): the same views, written in place in one buffer per
+layer, which compaction moves keys and values of at once.
 """
 
 from __future__ import annotations
@@ -18,15 +20,31 @@ import torch
 
 
 def new_cache():
-    """An empty `DynamicCache` with a full (unwindowed) layer per decoder layer.
+    """An empty `DynamicCache` with a full (unwindowed) layer per decoder layer: on transformers 5.x one
+    whose layers keep keys and values in a growing buffer (kv_buffer.py), which a tree step appends to,
+    crops and compacts without copying whole layers; on 4.4x the stock one.
 
     Built *without* `config` on purpose: a config-built cache gives sliding-window models
     `DynamicSlidingWindowLayer`s that drop old positions on their own, which breaks compaction by
     position (a window, where the model has one, is applied by the tree mask instead).
     """
-    from transformers import DynamicCache  # lazy: transformers adds seconds to every command's start
+    try:  # lazy: transformers adds seconds to every command's start
+        from specheads.decode.kv_buffer import buffered_cache
+    except ImportError:  # transformers 4.4x: no cache layers to replace
+        from transformers import DynamicCache  # lazy: as above
 
-    return DynamicCache()
+        return DynamicCache()
+    return buffered_cache()
+
+
+def layer_buffers(cache) -> list[torch.Tensor] | None:
+    """`kv_buffer.buffers(cache)`: each layer's (2, B, H_kv, capacity, D) buffer, or None for a stock cache.
+    Only called on a cache a forward has filled, so transformers is imported already."""
+    if getattr(cache, "layers", None) is None:  # transformers 4.4x
+        return None
+    from specheads.decode.kv_buffer import buffers  # lazy: transformers (imported by now; see above)
+
+    return buffers(cache)
 
 
 def kv_pairs(cache) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -55,7 +73,12 @@ def compact_cache(cache, past_len: int, path: torch.Tensor) -> None:
 
     Afterwards the cache holds past_len + n positions.
     """
-    layers = list(kv_pairs(cache))  # refuses sliding-window layers whatever moves
+    buffers = layer_buffers(cache)
+    # (keys, values) per layer, or a layer's buffer holding both, each moved as one tensor along its
+    # position dimension; the stock layers are checked for sliding windows whatever moves
+    moved = (
+        [(b, 3) for b in buffers] if buffers is not None else [(t, 2) for kv in kv_pairs(cache) for t in kv]
+    )
     total = cache.get_seq_length()
     n = path.numel()
     kept = past_len + n
@@ -63,10 +86,9 @@ def compact_cache(cache, past_len: int, path: torch.Tensor) -> None:
     # when the last is n - 1) is all in place: only the other nodes move.
     if n > 1 and int(path[-1]) != n - 1:
         source = past_len + path[1:].to(torch.long)  # (n - 1,) where the accepted nodes are now
-        for keys, values in layers:
-            index = source.to(keys.device)  # layers may sit on different devices (device_map)
+        for tensor, dim in moved:
+            index = source.to(tensor.device)  # layers may sit on different devices (device_map)
             # index_select copies before the write, so overlapping source and destination are safe.
-            keys.narrow(2, past_len + 1, n - 1).copy_(keys.index_select(2, index))
-            values.narrow(2, past_len + 1, n - 1).copy_(values.index_select(2, index))
+            tensor.narrow(dim, past_len + 1, n - 1).copy_(tensor.index_select(dim, index))
     if total > kept:
         cache.crop(-(total - kept))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specheads.decode import EagleDrafter, MedusaDrafter, SpeculativeDecoder, default_tree
+from specheads.decode import EagleDrafter, MedusaDrafter, SpeculativeDecoder, default_tree, new_cache
 from specheads.decode.batched import BatchedSpeculativeDecoder, as_batched
 from specheads.decode.batched_inputs import compact_rows, left_pad, left_padding, prefill_inputs
 from specheads.heads import (
@@ -215,12 +215,13 @@ def test_left_pad_and_padding_checks():
         as_batched(object())
 
 
-def test_compact_rows_moves_each_rows_columns_after_its_own_tokens():
+@pytest.mark.parametrize("make_cache", [new_cache, DynamicCache], ids=["buffered", "stock"])
+def test_compact_rows_moves_each_rows_columns_after_its_own_tokens(make_cache):
     """Row b's kept block columns land at [start_b, start_b + n_b); earlier slots are untouched; the cache
-    is cropped to the longest row."""
+    is cropped to the longest row. In the decoders' cache (a buffer per layer) and transformers' own."""
     past, block, heads, dim = 5, 4, 2, 3
     keys = torch.arange(3 * heads * (past + block) * dim, dtype=torch.float32).reshape(3, heads, -1, dim)
-    cache = DynamicCache()
+    cache = make_cache()
     cache.update(keys.clone(), -keys.clone(), 0)
     columns = torch.tensor([[0, 2, 3, 0], [0, 1, 0, 0], [0, 3, 0, 0]])
     counts, start = torch.tensor([3, 1, 2]), torch.tensor([5, 2, 4])

@@ -12,8 +12,8 @@ from helpers import tiny_model
 VOCAB = 264
 
 
-def tree_forward(model, prompt, draft):
-    cache = new_cache()
+def tree_forward(model, prompt, draft, make_cache=new_cache):
+    cache = make_cache()
     model(input_ids=prompt, past_key_values=cache, use_cache=True)
     inputs = tree_inputs(draft, prompt.shape[1], torch.float32)
     model(
@@ -39,14 +39,16 @@ def kv(cache):
     ],
     ids=["scattered", "in-place"],
 )
-def test_compacted_cache_equals_plain_cache_of_the_accepted_path(family, choices):
+@pytest.mark.parametrize("make_cache", [new_cache, DynamicCache], ids=["buffered", "stock"])
+def test_compacted_cache_equals_plain_cache_of_the_accepted_path(family, choices, make_cache):
+    """In the decoders' cache (a buffer per layer, kv_buffer.py) and in transformers' own."""
     model = tiny_model(family, vocab_size=VOCAB)
     g = torch.Generator().manual_seed(4)
     prompt = torch.randint(0, 256, (1, 7), generator=g)
     tree = default_tree("medusa-31")
     draft = DraftTree(torch.randint(0, 256, (1, tree.num_nodes), generator=g), torch.tensor([tree.parents]))
     path = torch.tensor([0, *(tree.choices.index(c) + 1 for c in choices)])
-    cache = tree_forward(model, prompt, draft)
+    cache = tree_forward(model, prompt, draft, make_cache)
     compact_cache(cache, past_len=7, path=path)
     assert cache.get_seq_length() == 7 + path.numel()
 
