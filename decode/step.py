@@ -204,9 +204,17 @@ class TreeDecoder:
         """
         check_attention_implementation(target.config)
         self.target, self.drafter = target, drafter
+        # the lm_head, for the device every step checks: `target.device` looks it up through transformers (10
+        # µs a step on the CPU); the module stays itself when the model moves (its weight may not)
+        self._lm_head = target.lm_head
         self.window = attention_window(target.config)
         # sdpa wants a float mask in the dtype of the queries, i.e. of the hidden states.
         self.mask_dtype = target.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The target's device (its lm_head's)."""
+        return self._lm_head.weight.device
 
     def tree_forward(self, tree: DraftTree, inputs: TreeInputs, cache) -> TargetOutput:
         """One target forward over the trees on top of the cache; logits (B, N, V)."""
@@ -311,7 +319,7 @@ def speculative_step(
         verify: the verification; None takes `decoder.verify_rows`. What it returns is what is compacted
             (calibration keeps only the root of each verified tree).
     """
-    with decoding_attention(decoder.target.device):
+    with decoding_attention(decoder.device):
         return _step(decoder, context, cache, layout, clock or PhaseClock(sync=False), verify)
 
 

@@ -147,3 +147,13 @@ def test_the_phase_clock_sums_each_phase_and_refuses_nesting():
         with clock("draft"):
             with clock("verify"):
                 pass
+
+
+def test_the_decoders_device_follows_the_target_when_it_moves():
+    """TreeDecoder.device reads the lm_head module it kept (not transformers' lookup, every step): the model
+    moving after the decoder was built moves it too."""
+    target = FrozenTarget(tiny_model("llama"))
+    decoder = SpeculativeDecoder(target, medusa(target))
+    assert decoder.device == target.device == torch.device("cpu")
+    target.model.to("meta")
+    assert decoder.device == target.device == torch.device("meta")
