@@ -29,21 +29,12 @@ class BufferedLayer(DynamicLayer):
 
     # keys and values: views, never stored. Setting None (what the base classes do to empty a layer) drops
     # the buffer; any other assignment would detach the layer from its buffer, so it is refused.
-    @property
-    def keys(self) -> torch.Tensor | None:
-        return None if self.buffer is None else self.buffer[0, :, :, : self.length]
+    keys = property(lambda self: self._view(0), lambda self, value: self._drop(value, "keys"))
+    values = property(lambda self: self._view(1), lambda self, value: self._drop(value, "values"))
 
-    @keys.setter
-    def keys(self, value: torch.Tensor | None) -> None:
-        self._drop(value, "keys")
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        return None if self.buffer is None else self.buffer[1, :, :, : self.length]
-
-    @values.setter
-    def values(self, value: torch.Tensor | None) -> None:
-        self._drop(value, "values")
+    def _view(self, part: int) -> torch.Tensor | None:
+        """The buffer's real positions of part 0 (keys) or 1 (values): (B, H_kv, length, D)."""
+        return None if self.buffer is None else self.buffer[part, :, :, : self.length]
 
     def _drop(self, value: torch.Tensor | None, name: str) -> None:
         if value is not None:

@@ -91,20 +91,27 @@ def test_siblings_with_one_token_follow_the_deeper_one():
         assert acc.path.tolist() == [0, 2, 4] and acc.tokens.tolist() == [1, 4, 7]
 
 
+def random_trees(seed: int, count: int, batch: int, max_nodes: int):
+    """`count` random batches of trees (parents, tokens (B, N)) with integer logits (B, N, 4) over V = 4:
+    ties and repeated sibling tokens are common."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(count):
+        nodes = int(torch.randint(1, max_nodes + 1, (1,), generator=gen))
+        parents = torch.full((batch, nodes), -1)
+        for i in range(1, nodes):
+            parents[:, i] = torch.randint(0, i, (batch,), generator=gen)
+        tokens = torch.randint(0, 4, (batch, nodes), generator=gen)
+        yield parents, tokens, torch.randint(0, 3, (batch, nodes, 4), generator=gen).float()
+
+
 @pytest.mark.parametrize("static", [False, True], ids=["grown", "static-shape"])
 @pytest.mark.parametrize("walk", [True, False], ids=["walk", "whole-tree"])
 def test_greedy_equals_the_whole_tree_argmax_rule_on_random_trees(walk, static):
     """Both ways of verify_greedy (the walk from the root, the argmax at every node) on random trees
     (batched, ties and repeated sibling tokens common at V = 4 in integer logits) return what the rule
     at every node gives."""
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(200):
-        batch, nodes = 3, int(torch.randint(1, 12, (1,), generator=gen))
-        parents = torch.full((batch, nodes), -1)
-        for i in range(1, nodes):
-            parents[:, i] = torch.randint(0, i, (batch,), generator=gen)
-        tokens = torch.randint(0, 4, (batch, nodes), generator=gen)
-        logits = torch.randint(0, 3, (batch, nodes, 4), generator=gen).float()
+    for parents, tokens, logits in random_trees(seed=0, count=200, batch=3, max_nodes=11):
+        batch, nodes = tokens.shape
         if static:  # one shape for every row, its children cached with it
             parents = parents[:1].expand(batch, -1)
             tree = DraftTree.on_shape(tokens, TreeShape.of(parents[0].tolist()))
@@ -132,14 +139,8 @@ def test_the_walk_reads_the_argmax_in_any_dtype(dtype):
     """The walk takes its argmax through numpy where numpy has the dtype (float16, float32, float64) and
     through torch elsewhere (bfloat16): on random trees with ties everywhere, every dtype's walk equals the
     whole-tree rule in float32, with int64 paths and tokens."""
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(50):
-        batch, nodes = 2, int(torch.randint(1, 10, (1,), generator=gen))
-        parents = torch.full((batch, nodes), -1)
-        for i in range(1, nodes):
-            parents[:, i] = torch.randint(0, i, (batch,), generator=gen)
-        tree = DraftTree(torch.randint(0, 4, (batch, nodes), generator=gen), parents)
-        logits = torch.randint(0, 3, (batch, nodes, 4), generator=gen).float()  # exact in every dtype
+    for parents, tokens, logits in random_trees(seed=1, count=50, batch=2, max_nodes=9):
+        tree = DraftTree(tokens, parents)  # integer logits: exact in every dtype
         walked = verify_greedy(tree, logits.to(dtype), walk=True)
         for got, want in zip(walked, verify_greedy(tree, logits, walk=False)):
             assert got.path.dtype == got.tokens.dtype == torch.long
