@@ -23,7 +23,13 @@ ALLOWED = {
 # train/builders/ when a name is first resolved (the method table loads methods/ by name the same way,
 # with importlib, not an import statement).
 # `python -m specheads.train` (the form `accelerate launch -m` runs) is the console script's `train`.
-ACROSS = {("heads/named_targets.py", "specheads.train.builders"), ("train/__main__.py", "specheads.cli")}
+# kv_cache.py reaches kv_buffer.py (whose cache layer subclasses transformers') only when a cache is made or
+# compacted, so importing the decoder still costs no transformers.
+ACROSS = {
+    ("heads/named_targets.py", "specheads.train.builders"),
+    ("train/__main__.py", "specheads.cli"),
+    ("decode/kv_cache.py", "specheads.decode.kv_buffer"),
+}
 # Imported inside functions, so that no command pays for them at start (`import specheads.commands` loads
 # none of them) or so that an optional one is needed only where it is used.
 LAZY = {"transformers", "accelerate", "deepspeed", "peft", "matplotlib", "gguf", "tokenizers", "fcntl"}
