@@ -26,7 +26,9 @@ class Method:
     """One method's entry. `cfg` is the recipe (train/config.TrainConfig), `heads` the head module.
 
     Training:
-        build_heads(cfg, target, train_rows) -> (heads, notes for the checkpoint's training record).
+        build_heads(cfg, target, label_counts) -> (heads, notes for the checkpoint's training record);
+            `label_counts` (V,) how often each token is a label in the training rows (EAGLE-3's draft
+            vocabulary), counted once per run and saved with the heads.
         target_layers(num_layers, chosen) -> the target layer ids its training reads (HF hidden_states
             indexing: num_layers = after the final norm), `chosen` the ids the recipe names (EAGLE-3's
             eagle3_layers); what the hidden-state cache stores.

@@ -14,7 +14,7 @@ from specheads.methods.medusa import last_layer
 from specheads.train.eagle_losses import DraftMetrics, eagle_loss
 
 
-def build_heads(cfg, target, train_rows=None) -> tuple[EagleHead, dict]:
+def build_heads(cfg, target, label_counts=None) -> tuple[EagleHead, dict]:
     """One EAGLE layer shaped like the target's decoder layers."""
     head = EagleHead(EagleConfig(layer_config_from(target.config), fc_bias=cfg.fc_bias))
     return head.to(target.device), {}

@@ -13,21 +13,22 @@ from specheads.heads import (
     layer_config_from,
 )
 from specheads.heads.methods import Method
-from specheads.train.eagle_losses import DraftMetrics, count_label_tokens, eagle3_loss
+from specheads.train.eagle_losses import DraftMetrics, eagle3_loss
 
 # draft_head_init (train/config.py): the draft's lm_head and norm drawn at random, or copied from the target
 DRAFT_HEAD_INITS = ("random", "target")
 
 
-def build_heads(cfg, target, train_rows) -> tuple[Eagle3Head, dict]:
-    """An EAGLE-3 head whose draft vocabulary is the most frequent label tokens of `train_rows`."""
+def build_heads(cfg, target, label_counts) -> tuple[Eagle3Head, dict]:
+    """An EAGLE-3 head whose draft vocabulary is the most frequent label tokens: `label_counts` (V,), the
+    training rows' (train/loop.py counts them once a run)."""
     size = min(cfg.draft_vocab_size, target.vocab_size)
     config = Eagle3Config(
         layer_config_from(target.config),
         draft_vocab_size=size,
         target_layers=tuple(target.layer_id(i) for i in cfg.eagle3_layers),
     )
-    counts = count_label_tokens(train_rows, target.vocab_size)
+    counts = label_counts
     draft_vocab = draft_vocab_from_counts(counts, size)
     coverage = counts[draft_vocab].sum().item() / max(counts.sum().item(), 1)
     head = Eagle3Head(config).set_draft_vocab(draft_vocab)

@@ -13,7 +13,7 @@ from specheads.heads.methods import Method
 from specheads.train.losses import HeadMetrics, medusa_loss
 
 
-def build_heads(cfg, target, train_rows=None) -> tuple[MedusaHeads, dict]:
+def build_heads(cfg, target, label_counts=None) -> tuple[MedusaHeads, dict]:
     """`cfg.num_heads` heads of `cfg.num_layers` residual blocks each, their lm_heads copied from the
     target's (or one lm_head shared with it)."""
     heads = MedusaHeads(

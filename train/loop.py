@@ -99,10 +99,20 @@ def token_rows(rows):
     return rows.expected if isinstance(rows, CachedRows) else rows
 
 
-def build_heads(cfg: TrainConfig, target: FrozenTarget, train_rows=None) -> tuple[nn.Module, dict]:
+def build_heads(
+    cfg: TrainConfig, target: FrozenTarget, train_rows=None, label_counts: torch.Tensor | None = None
+) -> tuple[nn.Module, dict]:
     """The heads `cfg.method` builds (its entry in the method table), on the target's device, and notes
-    for the training record."""
-    return method_named(cfg.method).build_heads(cfg, target, token_rows(train_rows))
+    for the training record. `label_counts`: the rows' (`label_counts_of`), when counted already."""
+    if label_counts is None:
+        label_counts = label_counts_of(train_rows or [], target)
+    return method_named(cfg.method).build_heads(cfg, target, label_counts)
+
+
+def label_counts_of(train_rows, target: FrozenTarget) -> torch.Tensor:
+    """(V,) how often each token is a label in the training rows: EAGLE-3's draft vocabulary is the most
+    frequent, and every checkpoint saves them (checkpoint.py). One pass over the rows, once a run."""
+    return count_label_tokens(token_rows(train_rows), target.vocab_size)
 
 
 def lr_lambda(step: int, cfg: TrainConfig) -> float:
@@ -351,10 +361,9 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
             record,
             verify=accelerator.is_local_main_process,  # checksums once
         )
+    label_counts = label_counts_of(train_rows, target)
     with gathered_lm_head(target):
-        heads, notes = build_heads(cfg, target, train_rows)
-    # saved with the heads (checkpoint.py)
-    label_counts = count_label_tokens(token_rows(train_rows), target.vocab_size)
+        heads, notes = build_heads(cfg, target, label_counts=label_counts)
     model, optimizer, target = build_objective(cfg, method, target, heads)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, cfg=cfg))
     fill_deepspeed_config(accelerator, cfg)

@@ -20,6 +20,7 @@ from specheads.heads import (
 from specheads.heads.checkpoint import draft_vocab_ids, read_head_config, read_label_counts
 from specheads.methods.eagle3 import build_heads
 from specheads.train.config import load_config
+from specheads.train.eagle_losses import count_label_tokens
 
 from helpers import causal_mask, tiny_config, tiny_model
 
@@ -169,7 +170,7 @@ def test_eagle3_head_starts_from_the_targets_lm_head_rows_and_norm():
     rows = [{"input_ids": list(range(10, 30)), "loss_mask": [1] * 20}]
     for init, same in (("target", True), ("random", False)):
         cfg = load_config(None, {"method": "eagle3", "draft_vocab_size": 6, "draft_head_init": init})
-        built, _ = build_heads(cfg, target, rows)
+        built, _ = build_heads(cfg, target, count_label_tokens(rows, V))
         rows_of_target = target.lm_head.weight[built.to_target_ids(torch.arange(6))]
         assert torch.equal(built.lm_head.weight, rows_of_target) is same
     with pytest.raises(ValueError, match="draft_head_init must be one of"):

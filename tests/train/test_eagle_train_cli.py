@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from specheads.cli import main as cli_main
-from specheads.heads import Eagle3Head, EagleHead, FrozenTarget, load_heads
+from specheads.heads import Eagle3Head, EagleHead, FrozenTarget, draft_vocab_from_counts, load_heads
+from specheads.heads.checkpoint import read_label_counts
+from specheads.train import eagle_losses
 from specheads.train.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,10 +67,14 @@ def test_eagle_recipe_trains(tiny_target_dirs, text_data, tmp_path, capsys):
     assert config["training"]["w_tok"] == 0.1
 
 
-def test_eagle3_recipe_trains(tiny_target_dirs, text_data, tmp_path, capsys):
+def test_eagle3_recipe_trains(tiny_target_dirs, text_data, tmp_path, capsys, monkeypatch):
     out = tmp_path / "eagle3"
     extra = ("ttt_steps=3", "draft_vocab_size=200", "eagle3_layers=1,2,4")
+    counted = []  # passes over the rows' labels, wherever count_label_tokens is called from
+    batches = eagle_losses._flat_label_batches
+    monkeypatch.setattr(eagle_losses, "_flat_label_batches", lambda *a: counted.append(1) or batches(*a))
     metrics = train("eagle3.yaml", tiny_target_dirs["qwen2"], text_data, out, *extra)
+    assert len(counted) == 1  # the rows' labels are counted once: the draft vocabulary and the checkpoint's
     assert "held-out top-1 per draft step" in capsys.readouterr().out
     steps = [m for m in metrics if m["split"] == "train"]
     assert steps[-1]["loss"] < steps[0]["loss"]
@@ -82,3 +88,5 @@ def test_eagle3_recipe_trains(tiny_target_dirs, text_data, tmp_path, capsys):
     seen = torch.tensor(tokenizer("abcdefghij0123456789klmnopqrstuvwxyz!?.,")["input_ids"])
     assert head.t2d[seen].all()
     assert config["training"]["draft_vocab_label_coverage"] == 1.0
+    # and it is the most frequent 200 of the label counts saved with the heads
+    assert torch.equal(head.t2d.nonzero()[:, 0], draft_vocab_from_counts(read_label_counts(out), 200))

@@ -65,7 +65,7 @@ def test_adam_beta2_reaches_the_optimizer(method):
         target = FrozenTarget(tiny_model("llama", vocab_size=264))
         cfg = load_config(None, [f"method={method}", *overrides])
         entry = methods()[cfg.method]
-        heads, _ = entry.build_heads(cfg, target, [])
+        heads, _ = entry.build_heads(cfg, target, None)
         _, optimizer, _ = build_objective(cfg, entry, target, heads)
         assert {g["betas"] for g in optimizer.param_groups} == {betas}
     with pytest.raises(ValueError, match="adam_beta2 must be in"):
