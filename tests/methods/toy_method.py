@@ -90,7 +90,7 @@ BIGRAM = Method(
     name="bigram",
     head_class=BigramHead,
     config_class=BigramConfig,
-    build_heads=lambda cfg, target, rows: (
+    build_heads=lambda cfg, target, label_counts: (
         BigramHead(BigramConfig(target.hidden_size, target.vocab_size)).to(target.device),
         {},
     ),
