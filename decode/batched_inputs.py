@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specheads.decode.kv_cache import compact_cache, kv_pairs, layer_buffers
+from specheads.decode.kv_cache import compact_cache, position_tensors
 from specheads.decode.tree_inputs import TreeInputs, additive_mask
 from specheads.decode.trees import DraftTree
 
@@ -242,20 +242,14 @@ def compact_rows(cache, past: int, columns: torch.Tensor, counts: torch.Tensor, 
     destination = start[:, None] + offsets  # (B, M)
     kept = offsets < counts[:, None]
     source = torch.where(kept, past + columns, destination)  # an ignored entry copies a slot onto itself
-    buffers = layer_buffers(cache)
-    if not torch.equal(source, destination) and buffers is not None:  # a layer's keys and values at once
-        for buffer in buffers:
-            shape = (2, -1, buffer.shape[2], -1, buffer.shape[4])
-            src = source.to(buffer.device)[None, :, None, :, None].expand(shape)  # (2, B, H_kv, M, D)
-            dst = destination.to(buffer.device)[None, :, None, :, None].expand(shape)
-            buffer.scatter_(3, dst, buffer.gather(3, src))
-    elif not torch.equal(source, destination):
-        for keys, values in kv_pairs(cache):
-            shape = (-1, keys.shape[1], -1, keys.shape[3])
-            src = source.to(keys.device)[:, None, :, None].expand(shape)  # (B, H_kv, M, D)
-            dst = destination.to(keys.device)[:, None, :, None].expand(shape)
-            keys.scatter_(2, dst, keys.gather(2, src))
-            values.scatter_(2, dst, values.gather(2, src))
+    if not torch.equal(source, destination):
+        for tensor, dim in position_tensors(cache):
+            index = [1] * tensor.ndim  # (B, M) along the batch and position dimensions
+            index[dim - 2], index[dim] = source.shape
+            shape = [*tensor.shape[:dim], m, *tensor.shape[dim + 1 :]]
+            src = source.to(tensor.device).view(index).expand(shape)  # e.g. (B, H_kv, M, D)
+            dst = destination.to(tensor.device).view(index).expand(shape)
+            tensor.scatter_(dim, dst, tensor.gather(dim, src))
     total, new_total = cache.get_seq_length(), int((start + counts).max())
     if total > new_total:
         cache.crop(-(total - new_total))

@@ -47,6 +47,16 @@ def layer_buffers(cache) -> list[torch.Tensor] | None:
     return buffers(cache)
 
 
+def position_tensors(cache) -> list[tuple[torch.Tensor, int]]:
+    """The tensors holding the cache's positions, each with its position dimension (the batch dimension is
+    two before it): a `BufferedLayer`'s buffer, keys and values at once, (2, B, H_kv, capacity, D) at 3; a
+    stock layer's keys and its values, (B, H_kv, S, D) at 2. Compaction moves positions in these."""
+    buffers = layer_buffers(cache)
+    if buffers is not None:
+        return [(buffer, 3) for buffer in buffers]
+    return [(tensor, 2) for pair in kv_pairs(cache) for tensor in pair]
+
+
 def kv_pairs(cache) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(keys, values) per initialised layer, each (B, H_kv, S, D_head)."""
     layers = getattr(cache, "layers", None)
@@ -73,12 +83,7 @@ def compact_cache(cache, past_len: int, path: torch.Tensor) -> None:
 
     Afterwards the cache holds past_len + n positions.
     """
-    buffers = layer_buffers(cache)
-    # (keys, values) per layer, or a layer's buffer holding both, each moved as one tensor along its
-    # position dimension; the stock layers are checked for sliding windows whatever moves
-    moved = (
-        [(b, 3) for b in buffers] if buffers is not None else [(t, 2) for kv in kv_pairs(cache) for t in kv]
-    )
+    moved = position_tensors(cache)  # the stock layers are checked for sliding windows whatever moves
     total = cache.get_seq_length()
     n = path.numel()
     kept = past_len + n

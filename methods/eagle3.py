@@ -28,9 +28,8 @@ def build_heads(cfg, target, label_counts) -> tuple[Eagle3Head, dict]:
         draft_vocab_size=size,
         target_layers=tuple(target.layer_id(i) for i in cfg.eagle3_layers),
     )
-    counts = label_counts
-    draft_vocab = draft_vocab_from_counts(counts, size)
-    coverage = counts[draft_vocab].sum().item() / max(counts.sum().item(), 1)
+    draft_vocab = draft_vocab_from_counts(label_counts, size)
+    coverage = label_counts[draft_vocab].sum().item() / max(label_counts.sum().item(), 1)
     head = Eagle3Head(config).set_draft_vocab(draft_vocab)
     if cfg.draft_head_init == "target":
         head.init_from_target(target.lm_head, target.norm)
