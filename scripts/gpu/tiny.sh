@@ -32,7 +32,7 @@ for m in medusa eagle eagle3; do  # Medusa-2's adapted target is another model: 
     h=$(latest_heads /tmp/runs/tiny-$m); [ -n "$h" ] || h=$(latest_heads .gpu/c1/tinyheads/$m); [ -n "$h" ] || continue
     H="$H $h"; case $m in medusa) TR="$TR medusa-63";; *) TR="$TR dynamic-32";; esac
 done
-for dt in float32 bfloat16; do  # bf16 decodes slower on this target (README "On a GPU"): 75 s fell 1 prompt short
+for dt in ${COMPARE_DTYPES:-float32 bfloat16}; do  # bf16 decodes slower on this target (README "On a GPU"): 75 s fell 1 prompt short
     timeout $([ $dt = bfloat16 ] && echo 110 || echo 75) python3 -m specheads compare --target tiny --heads $H --tree $TR \
         --prompts heldout --num-prompts ${NP:-8} --max-new-tokens ${NEW:-128} --device $DEV --dtype $dt --no-plots \
         --no-progress --out $R/compare-$dt > $R/compare-$dt.log 2>&1
