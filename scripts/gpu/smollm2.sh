@@ -7,6 +7,11 @@
 # generate() (identity), on one MT-Bench question a category.
 # BUDGET (seconds, default 520) bounds the whole script: later stages shrink or are skipped to fit.
 # Earlier loans carried answers distilled on the CPU (2,108, greedy); this one makes them where they are cheap.
+# Measured on the third loan (2026-11-27, H100): six processes of 352-prompt chunks with distill's default
+# static cache finished one chunk each in the 97 s they had (about 0.25 s a token step, where generate() on
+# this model is launch-bound at about 25 ms): static-cache generate() compiles the forward on CUDA, six times
+# at once. Hence `--cache dynamic` here (DCACHE), not yet measured. The rerun after that was refused
+# resuming, since the prompt files written again had a new mtime; distill now fingerprints their content.
 # Results: $OUT/sm.tgz (logs, summaries, reports), $OUT/heads.tgz.part-* (the heads, bf16) and
 # $OUT/data.tgz (the answers, for training on the CPU later); a summary at the end of the output.
 set -u
@@ -39,7 +44,7 @@ PY
 distill() {  # name, temperature, seed, half
     OMP_NUM_THREADS=2 timeout -k 10 $DC python3 -m specheads distill --source /tmp/sm/seed-$4.jsonl --target smollm2 \
         --out /tmp/sm/data/$1-$4 --temperature $2 --seed $3 --max-new-tokens ${DNEW:-256} --max-length 1024 --skip-long \
-        --batch-size ${DBATCH:-352} --chunk-rows ${DBATCH:-352} ${DROWS:+--max-rows $DROWS} --device $DEV --dtype float32 --no-progress \
+        --batch-size ${DBATCH:-352} --chunk-rows ${DBATCH:-352} ${DROWS:+--max-rows $DROWS} --device $DEV --dtype float32 --cache ${DCACHE:-dynamic} --no-progress \
         > $R/distill-$1-$4.log 2>&1
     echo "distill $1-$4 rc=$? at $(( $(date +%s) - T0 ))s" >> $R/summary.txt
 }

@@ -1,6 +1,7 @@
 """Self-distillation (`specheads distill`): regenerated turns, text windows, resuming, counts, failures."""
 
 import json
+import os
 
 import datasets
 import pytest
@@ -254,6 +255,13 @@ def test_command_line_on_a_saved_target(tiny_target_dirs, tmp_path, capsys):
     assert "read 3 prompts = written 3 + skipped 0 (done before) + failed 0" in capsys.readouterr().out
     assert distill_cli(argv) == 0
     assert "read 3 prompts = written 0 + skipped 3" in capsys.readouterr().out
+    rows.write_text(rows.read_text())  # the same prompts written again (a new mtime): still resumed
+    os.utime(rows, (1, 1))
+    assert distill_cli(argv) == 0
+    assert "read 3 prompts = written 0 + skipped 3" in capsys.readouterr().out
+    rows.write_text(rows.read_text().replace("Hi", "Hey"))  # other prompts: refused
+    with pytest.raises(ValueError, match="source_fingerprint: was"):
+        distill_cli(argv)
     assert distill_cli([*argv, "--overwrite", "--seed", "5"]) == 0
     assert "written 3 + skipped 0" in capsys.readouterr().out
     assert len(load_rows(out, cache_dir=tmp_path / "hf-cache")) == 3

@@ -441,6 +441,19 @@ def check_settings(out: Path, settings: dict) -> None:
     write_text(path, json.dumps(settings, indent=1))
 
 
+def content_fingerprint(rows) -> str:
+    """A hash of the rows' content in the order they are read: what a resume must find unchanged.
+
+    Not datasets' own fingerprint, which for a local file hashes its path and modification time: a
+    prompt file written again with the same content (`specheads seed-prompts` rerun) would refuse the
+    resume of a distillation that read it."""
+    digest = hashlib.sha256(json.dumps(list(rows.column_names)).encode())
+    for start in range(0, len(rows), 1024):
+        batch = rows[start : start + 1024]
+        digest.update(json.dumps(batch, sort_keys=True, default=str, ensure_ascii=False).encode())
+    return digest.hexdigest()[:16]
+
+
 def is_complete(out: Path) -> bool:
     """Whether `out` holds a finished distillation (its summary says so)."""
     try:
@@ -491,7 +504,7 @@ def distill(rows, target, out: Path, cfg: DistillConfig, *, source: str = "", pr
     record.pop("name_or_path")  # the same model copied elsewhere is the same model
     settings = {
         "source": source,
-        "source_fingerprint": getattr(rows, "_fingerprint", None),
+        "source_fingerprint": content_fingerprint(rows),
         "target": record,
         **settings_of(cfg),
     }
