@@ -57,7 +57,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-rows", type=int, default=d.chunk_rows, help="prompts per output part")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--max-rows", type=int, default=None, help="distil only the first N prompts")
-    p.add_argument("--cache", choices=("static", "dynamic"), default=d.cache, help="generate()'s KV cache")
+    p.add_argument(
+        "--cache",
+        choices=("static", "dynamic"),
+        default=d.cache,
+        help="generate()'s KV cache: static is about 2x faster on a CPU; on CUDA, transformers compiles the "
+        "forward for a static cache (six processes at once on an H100 then managed one 352-prompt chunk each in "
+        "97 s): use dynamic there",
+    )
     p.add_argument("--shuffle", action="store_true", help="shuffle the source rows with --seed first")
     p.add_argument(
         "--max-bad-rows",

@@ -55,9 +55,13 @@ for h in a b; do
 done
 wait
 echo "distill wall=$(( $(date +%s) - s ))s" >> $R/summary.txt
-D=""; for d in /tmp/sm/data/*; do
-    [ "$(python3 -c "from specheads.train.data.distillation import is_complete; print(is_complete('$d'))")" = True ] \
-        && D="$D,$d"
+D=""; for d in /tmp/sm/data/*; do  # a finished distillation by its folder; of one that ran out of time, the
+    # parts of its finished chunks (a part counts once its record is written), which load_rows reads as files
+    if [ "$(python3 -c "from specheads.train.data.distillation import is_complete; print(is_complete('$d'))")" = True ]; then
+        D="$D,$d"
+    else
+        for p in $d/part-*.jsonl; do k=$(basename $p .jsonl); [ -f $d/_chunks/${k#part-}.json ] && D="$D,$p"; done
+    fi
 done; D="data=[${D#,}]"
 echo "$D" | tee -a $R/summary.txt
 for d in /tmp/sm/data/*; do cp $d/_summary.json $R/distill-summary-$(basename $d).json 2>/dev/null; done
