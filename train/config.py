@@ -45,7 +45,7 @@ class TrainConfig:
     eval_data: list[str] = field(
         default_factory=list
     )  # held-out sources; empty: split off eval_fraction of data
-    eval_fraction: float = 0.02
+    eval_fraction: float = 0.02  # of the rows; of the distinct prompts when a prompt has several answers
     max_length: int = 512
     packing: bool = False
     loss_on: str = "assistant"  # for chat rows: "assistant", "last_assistant" or "all"

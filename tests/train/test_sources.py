@@ -4,6 +4,7 @@ stdlib-distilled, distilled once per target; the tiny recipes that train on it."
 import json
 from pathlib import Path
 
+import datasets
 import pytest
 import yaml
 
@@ -146,3 +147,32 @@ def test_max_bad_rows_is_a_recipe_key_for_reading_and_for_masking(tmp_path):
     with pytest.raises(BadRowsError, match="row 8"):  # its mask would be empty
         make_data(config(unmaskable, 0), tiny_tokenizer())
     assert len(make_data(config(unmaskable, 1), tiny_tokenizer())[0]) == 8
+
+
+def chat(prompt: str, answer: str) -> dict:
+    return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]}
+
+
+def test_the_held_out_split_keeps_every_answer_to_a_prompt_on_one_side(tmp_path):
+    """Two distillations of the same prompts (greedy, sampled) in two folders: a held-out prompt takes all
+    its answers with it, so no held-out row's prompt is trained on. One answer a prompt: the row split as
+    before, row for row."""
+    greedy, sampled = tmp_path / "greedy.jsonl", tmp_path / "sampled.jsonl"
+    greedy.write_text("".join(json.dumps(chat(f"prompt {i}", f"greedy {i}")) + "\n" for i in range(50)))
+    sampled.write_text("".join(json.dumps(chat(f"prompt {i}", f"sampled {i}")) + "\n" for i in range(50)))
+    cfg = load_config(None, {"data": [str(greedy), str(sampled)], "eval_fraction": 0.1, "seed": 3})
+    train, held = sources.rows_for(cfg)
+    prompts = {
+        side: [m[0]["content"] for m in rows["messages"]] for side, rows in (("t", train), ("h", held))
+    }
+    assert len(prompts["h"]) == 10 and len(set(prompts["h"])) == 5  # 5 prompts, both answers each
+    assert not set(prompts["h"]) & set(prompts["t"]) and len(prompts["t"]) == 90
+    assert sources.rows_for(cfg)[1]["messages"] == held["messages"]  # the seed decides it
+    one = load_config(None, {"data": [str(greedy)], "eval_fraction": 0.1, "seed": 3})
+    rows = sources.rows_for(one)
+    split = datasets.concatenate_datasets([sources._load(str(greedy), one)]).train_test_split(
+        test_size=0.1, seed=3
+    )
+    assert (
+        rows[1]["messages"] == split["test"]["messages"] and rows[0]["messages"] == split["train"]["messages"]
+    )

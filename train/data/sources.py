@@ -34,10 +34,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
 import datasets
+import torch
 from filelock import FileLock
 
 from specheads.heads import FrozenTarget
@@ -161,5 +163,34 @@ def rows_for(cfg: TrainConfig) -> tuple[datasets.Dataset, datasets.Dataset | Non
         return train, _load(cfg.data[0], cfg, heldout=True)
     if cfg.eval_fraction == 0 or len(train) < 2:
         return train, None
-    split = train.train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)
-    return split["train"], split["test"]
+    keys = prompt_keys(train)
+    if keys is None or len(set(keys)) == len(keys):  # one row a prompt: a split of the rows
+        split = train.train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)
+        return split["train"], split["test"]
+    return split_by_prompt(train, keys, cfg.eval_fraction, cfg.seed)
+
+
+def prompt_keys(rows: datasets.Dataset) -> list[str] | None:
+    """Each conversation's prompt (its turns before the first answer), or None for text rows."""
+    if "messages" not in rows.column_names:
+        return None
+    keys = []
+    for messages in rows["messages"]:
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+        keys.append(json.dumps(messages[:first], sort_keys=True, ensure_ascii=False))
+    return keys
+
+
+def split_by_prompt(
+    rows: datasets.Dataset, keys: list[str], fraction: float, seed: int
+) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Hold out `fraction` of the distinct prompts with every row that answers them.
+
+    Data that answers each prompt several times (a greedy and a sampled distillation of the same prompts)
+    would otherwise hold out rows whose prompt, answered another way, is trained on."""
+    distinct = sorted(set(keys))
+    order = torch.randperm(len(distinct), generator=torch.Generator().manual_seed(seed)).tolist()
+    held = {distinct[i] for i in order[: max(1, math.ceil(fraction * len(distinct)))]}
+    test = [i for i, k in enumerate(keys) if k in held]
+    train = [i for i, k in enumerate(keys) if k not in held]
+    return rows.select(train), rows.select(test)
