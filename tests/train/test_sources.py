@@ -176,3 +176,7 @@ def test_the_held_out_split_keeps_every_answer_to_a_prompt_on_one_side(tmp_path)
     assert (
         rows[1]["messages"] == split["test"]["messages"] and rows[0]["messages"] == split["train"]["messages"]
     )
+    same = tmp_path / "same.jsonl"  # one prompt answered 20 times: nothing to split by, so the rows are
+    same.write_text("".join(json.dumps(chat("prompt", f"answer {i}")) + "\n" for i in range(20)))
+    train, held = sources.rows_for(load_config(None, {"data": [str(same)], "eval_fraction": 0.1}))
+    assert (len(train), len(held)) == (18, 2)

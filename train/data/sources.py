@@ -164,7 +164,7 @@ def rows_for(cfg: TrainConfig) -> tuple[datasets.Dataset, datasets.Dataset | Non
     if cfg.eval_fraction == 0 or len(train) < 2:
         return train, None
     keys = prompt_keys(train)
-    if keys is None or len(set(keys)) == len(keys):  # one row a prompt: a split of the rows
+    if keys is None or len(set(keys)) in (1, len(keys)):  # one row a prompt (or one prompt): split the rows
         split = train.train_test_split(test_size=cfg.eval_fraction, seed=cfg.seed)
         return split["train"], split["test"]
     return split_by_prompt(train, keys, cfg.eval_fraction, cfg.seed)
