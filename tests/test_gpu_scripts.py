@@ -16,4 +16,4 @@ def test_gpu_script_parses(script):
 
 
 def test_every_gpu_stage_is_there():
-    assert {s.name for s in SCRIPTS} == {"env.sh", "prepare.sh", "tiny.sh", "smollm2.sh"}
+    assert {s.name for s in SCRIPTS} == {"env.sh", "prepare.sh", "setup.sh", "tiny.sh", "smollm2.sh", "smollm2-table.sh"}

