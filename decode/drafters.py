@@ -242,7 +242,12 @@ class MedusaDrafter:
                 logits = torch.stack([p(x) for p, x in zip(self.heads.lm_heads, features)])
             if self.vocab is not None:
                 logits = logits[..., self.vocab.to(logits.device)]  # (K, B, Vd)
-        else:  # (K, B, H) @ (K or 1, H, V or Vd): every head's projection in one matmul
+        elif self._projection.shape[0] == 1:  # one shared projection: one (K*B, H) @ (H, V or Vd) matmul
+            # (a broadcast (K, B, H) @ (1, H, V) runs a matrix-vector kernel per head: on this project's
+            # CPU, 1 thread, SmolLM2's 576 x 49152, 41 ms against 23 in fp32 and 212 against 10 in bf16)
+            k, b, h = features.shape
+            logits = (features.reshape(k * b, h) @ self._projection[0]).view(k, b, -1)
+        else:  # (K, B, H) @ (K, H, V or Vd): every head's own projection in one batched matmul
             logits = features @ self._projection
         device = logits.device
         q = None if context.sampling is None else draft_probs(logits, context.sampling)  # (K, B, V or Vd)
