@@ -9,9 +9,11 @@
 # Earlier loans carried answers distilled on the CPU (2,108, greedy); this one makes them where they are cheap.
 # Measured on the third loan (2026-11-27, H100): six processes of 352-prompt chunks with distill's default
 # static cache finished one chunk each in the 97 s they had (about 0.25 s a token step, where generate() on
-# this model is launch-bound at about 25 ms): static-cache generate() compiles the forward on CUDA, six times
-# at once. Hence `--cache dynamic` here (DCACHE), not yet measured. The rerun after that was refused
-# resuming, since the prompt files written again had a new mtime; distill now fingerprints their content.
+# this model is launch-bound at about 25 ms). The fourth loan's dynamic cache (DCACHE), eight processes of
+# 264-prompt chunks, was as slow: one chunk each in 117 s. distill passes disable_compile=True, so no compile is
+# to blame; the cause is not understood. The third loan's rerun was refused resuming, since the prompt files
+# written again had a new mtime; distill now fingerprints their content.
+# The fourth loan checked each answer folder in its own python (70 s for 14 folders); now one python checks all.
 # Results: $OUT/sm.tgz (logs, summaries, reports), $OUT/heads.tgz.part-* (the heads, bf16) and
 # $OUT/data.tgz (the answers, for training on the CPU later); a summary at the end of the output.
 set -u
@@ -57,16 +59,27 @@ if [ -f .gpu/c2/answers.tgz ]; then mkdir -p /tmp/sm/prev && tar xzf .gpu/c2/ans
 wait
 echo "distill wall=$(( $(date +%s) - s ))s" >> $R/summary.txt
 complete() { [ "$(python3 -c "from specheads.train.data.distillation import is_complete; print(is_complete('$1'))")" = True ]; }
-D=""; for d in /tmp/sm/data/* /tmp/sm/prev/*; do  # a finished distillation by its folder; of one that ran out of
-    # time, the parts of its finished chunks (a part counts once its record is written), which load_rows reads as files
-    [ -d "$d" ] || continue
-    case $d in /tmp/sm/prev/greedy-*) complete /tmp/sm/data/${d##*/} && continue;; esac  # the same greedy answers again
-    if complete $d; then
-        D="$D,$d"
-    else
-        for p in $d/part-*.jsonl; do k=$(basename $p .jsonl); [ -f $d/_chunks/${k#part-}.json ] && D="$D,$p"; done
-    fi
-done; D="data=[${D#,}]"
+# what trains: a finished distillation by its folder; of one that ran out of time, the parts of its finished
+# chunks (a part counts once its record is written), which load_rows reads as files; an earlier loan's greedy
+# answers only where this one's did not finish (the same answers again). One python for every folder.
+D=$(python3 - <<'PY'
+import glob, os
+from specheads.train.data.distillation import is_complete
+new, prev = sorted(glob.glob("/tmp/sm/data/*")), sorted(glob.glob("/tmp/sm/prev/*"))
+finished = {os.path.basename(d) for d in new if is_complete(d)}
+out = []
+for d in new + prev:
+    if not os.path.isdir(d) or (d in prev and d.rsplit("/", 1)[1].startswith("greedy-") and d.rsplit("/", 1)[1] in finished):
+        continue
+    if is_complete(d):
+        out.append(d)
+        continue
+    for part in sorted(glob.glob(f"{d}/part-*.jsonl")):
+        if os.path.exists(f"{d}/_chunks/{os.path.basename(part)[5:-6]}.json"):
+            out.append(part)
+print("data=[" + ",".join(out) + "]")
+PY
+)
 echo "$D" | tee -a $R/summary.txt
 for d in /tmp/sm/data/*; do cp $d/_summary.json $R/distill-summary-$(basename $d).json 2>/dev/null; done
 tar czf $OUT/data.tgz -C /tmp/sm data seed.jsonl; save
