@@ -35,6 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "any target but the tiny one, whose draft otherwise learns its corpus)",
     )
     p.add_argument(
+        "--partial",
+        action="store_true",
+        help="--data may be an unfinished `specheads distill` folder (one a time limit stopped): the draft "
+        "learns from its finished chunks",
+    )
+    p.add_argument(
         "--out", type=Path, default=None, help="output directory (default: the user cache, reused when valid)"
     )
     p.add_argument(
@@ -78,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise SystemExit(f"error: --steps must be >= 1, got {args.steps}")
     cfg = draft_config(args)
+    if args.partial and args.data is None:
+        raise SystemExit("error: --partial is for --data, a `specheads distill` folder")
     if args.device != "cpu" and args.data is None:
         raise SystemExit(
             "error: --device is for a distilled draft (--data); the corpus draft trains on the cpu"
@@ -90,7 +98,14 @@ def run(args: argparse.Namespace) -> int:
             f"--target {args.target} --out DIR` output"
         )
     out, meta, reused = ensure_tiny_draft(
-        target, cfg, args.out, force=args.force, progress=args.progress, data=args.data, device=args.device
+        target,
+        cfg,
+        args.out,
+        force=args.force,
+        progress=args.progress,
+        data=args.data,
+        device=args.device,
+        partial_data=args.partial,
     )
     print(f"{'reused' if reused else 'built'} tiny draft: {out}")
     agreement = f", top-1 {meta['heldout_top1']:.3f}" if "heldout_top1" in meta else ""

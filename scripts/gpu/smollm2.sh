@@ -58,7 +58,6 @@ done
 if [ -f .gpu/c2/answers.tgz ]; then mkdir -p /tmp/sm/prev && tar xzf .gpu/c2/answers.tgz -C /tmp/sm/prev; fi
 wait
 echo "distill wall=$(( $(date +%s) - s ))s" >> $R/summary.txt
-complete() { [ "$(python3 -c "from specheads.train.data.distillation import is_complete; print(is_complete('$1'))")" = True ]; }
 # what trains: a finished distillation by its folder; of one that ran out of time, the parts of its finished
 # chunks (a part counts once its record is written), which load_rows reads as files; an earlier loan's greedy
 # answers only where this one's did not finish (the same answers again). One python for every folder.
@@ -96,10 +95,10 @@ train() {  # method, steps, seconds at most: the three train at once (the GPU ha
 }
 TC=$(cap ${TRAIN_S:-200} ${DECODE_S:-140})
 train eagle3 ${STEPS3:-600} $TC & train medusa ${STEPSM:-800} $TC & train eagle ${STEPSE:-1000} $TC &
-G=$(ls -d /tmp/sm/data/greedy-a 2>/dev/null)  # the assisted draft, distilled from one finished answer set
-if [ -n "$G" ] && complete $G; then
-    (s=$(date +%s); timeout -k 10 $TC python3 -m specheads tiny-draft --target smollm2 --data $G --out /tmp/sm/draft \
-        --device $DEV --no-progress > $R/tiny-draft.log 2>&1
+G=$(ls -d /tmp/sm/data/greedy-a 2>/dev/null)  # the assisted draft, distilled from the greedy answers that finished
+if [ -n "$G" ]; then
+    (s=$(date +%s); timeout -k 10 $TC python3 -m specheads tiny-draft --target smollm2 --data $G --partial \
+        --out /tmp/sm/draft --device $DEV --no-progress > $R/tiny-draft.log 2>&1
      echo "tiny-draft rc=$? wall=$(( $(date +%s) - s ))s" >> $R/summary.txt) &
 fi
 wait; save; cat $R/summary.txt

@@ -138,6 +138,31 @@ def test_bad_data_is_named_before_any_training(target, distilled, tmp_path):
     assert not out.exists()
 
 
+def test_partial_data_trains_on_the_finished_chunks_of_an_unfinished_folder(
+    target, distilled, draft, tmp_path
+):
+    unfinished = tmp_path / "unfinished"  # as a time limit leaves one: no summary, a part without its record
+    shutil.copytree(distilled, unfinished)
+    (unfinished / "_summary.json").unlink()
+    (unfinished / "part-00099.jsonl").write_text(sorted(distilled.glob("part-*.jsonl"))[0].read_text())
+    with pytest.raises(ValueError, match="unfinished `specheads distill` output.*pass --partial"):
+        ensure_tiny_draft(target, DRAFT, tmp_path / "refused", progress=False, data=unfinished)
+    path, meta, reused = ensure_tiny_draft(
+        target, DRAFT, tmp_path / "d", progress=False, data=unfinished, partial_data=True
+    )
+    assert not reused and meta["data"]["complete"] is False and meta["data"]["finished_parts"] == 1
+    # the rows of the finished chunk only (the part without a record is not read): the finished folder's
+    assert (meta["data"]["train_rows"], meta["data"]["heldout_rows"]) == (6, 2)
+    assert meta["data"]["fingerprint"] == draft[1]["data"]["fingerprint"]
+    shutil.rmtree(unfinished / "_chunks")
+    with pytest.raises(ValueError, match=f"--data {unfinished}: no finished chunk yet"):
+        ensure_tiny_draft(
+            target, DRAFT, tmp_path / "none", progress=False, data=unfinished, partial_data=True
+        )
+    with pytest.raises(SystemExit, match="--partial is for --data"):
+        tiny_draft_cli(["--target", str(target), "--partial", "--out", str(tmp_path / "x"), "--no-progress"])
+
+
 def test_command_distills_then_reuses(target, distilled, tmp_path, capsys):
     argv = ["--target", str(target), "--data", str(distilled), "--out", str(tmp_path / "d"), "--steps", "2"]
     argv += ["--hidden-size", "32", "--num-layers", "1", "--intermediate-size", "64", "--max-length", "96"]

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from datasets import concatenate_datasets
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
@@ -58,6 +59,7 @@ from specheads.train.builders.tiny_target import (
 from specheads.train.builders.tiny_target import read_meta as read_target_meta
 from specheads.train.data import collate, load_rows, stdlib_corpus, tokenize_rows
 from specheads.train.data.checks import SETTINGS_FILE, check_distill_folder
+from specheads.train.data.distillation import finished_parts, is_complete
 from specheads.version import __version__
 
 META_FILE = "specheads_tiny_draft.json"
@@ -259,9 +261,10 @@ class DistilledDraftConfig:
         return self.steps
 
 
-def check_distill_data(data: Path, tokenizer) -> dict:
-    """The settings of the finished `specheads distill` output at `data`, checked to be in the target's
-    tokens; errors name --data and what was expected."""
+def check_distill_data(data: Path, tokenizer, partial_data: bool = False) -> dict:
+    """The settings of the finished `specheads distill` output at `data` (with `partial_data`, of one that may be
+    unfinished: its finished chunks are read), checked to be in the target's tokens; errors name --data and
+    what was expected."""
     data = Path(data).expanduser()
     if not data.is_dir():
         raise FileNotFoundError(
@@ -274,7 +277,15 @@ def check_distill_data(data: Path, tokenizer) -> dict:
             f"--data {data}: not a `specheads distill` output (no readable {SETTINGS_FILE}); the draft learns "
             f"from the target's own answers: run `specheads distill --target T --out {data}` first"
         ) from None
-    check_distill_folder(data, f"--data {data}")  # finished, its parts holding what its summary counts
+    if not partial_data:
+        try:
+            check_distill_folder(
+                data, f"--data {data}"
+            )  # finished, its parts holding what its summary counts
+        except ValueError as e:
+            raise ValueError(f"{e}; or pass --partial to train on its finished chunks") from None
+    elif not finished_parts(data):
+        raise ValueError(f"--data {data}: no finished chunk yet (no part with its record in _chunks/)")
     theirs, ours = settings.get("target", {}).get("vocab_hash"), vocab_hash(tokenizer)
     if theirs != ours:
         raise ValueError(
@@ -285,10 +296,10 @@ def check_distill_data(data: Path, tokenizer) -> dict:
 
 
 def data_fingerprint(data: Path) -> str:
-    """sha256 of a distill folder's settings and parts: the rows the draft learns from."""
+    """sha256 of a distill folder's settings and finished parts: the rows the draft learns from."""
     data = Path(data).expanduser()
     digest = hashlib.sha256()
-    for file in [data / SETTINGS_FILE, *sorted(data.glob("part-*.jsonl"))]:
+    for file in [data / SETTINGS_FILE, *finished_parts(data)]:
         digest.update(file.name.encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -296,7 +307,10 @@ def data_fingerprint(data: Path) -> str:
 def distilled_rows(data: Path, tokenizer, cfg: DistilledDraftConfig):
     """(training rows, held-out rows): the folder's conversations in the target's chat template, labels on
     the assistant tokens (end of turn included), as `specheads train` tokenises them."""
-    rows = load_rows(Path(data).expanduser(), include_capped=True)  # a capped answer is still the target's
+    parts = finished_parts(Path(data).expanduser())  # all of a finished folder; with --partial, what finished
+    rows = concatenate_datasets(
+        [load_rows(p, include_capped=True) for p in parts]
+    )  # capped: still the target's
     tokens = tokenize_rows(rows, tokenizer, max_length=cfg.max_length, loss_on="assistant")
     heldout = min(cfg.heldout_rows, len(tokens) // 4)
     if len(tokens) - heldout < 1:
@@ -423,6 +437,8 @@ def build_distilled(
         "data": {
             "path": str(data),
             "fingerprint": identity["data"],
+            "finished_parts": len(finished_parts(data)),
+            "complete": is_complete(data),
             "train_rows": len(train_rows),
             "heldout_rows": len(heldout_rows),
             "distilled": {k: settings.get(k) for k in ("source", "temperature", "max_new_tokens", "seed")},
@@ -466,12 +482,14 @@ def ensure_tiny_draft(
     progress: bool = True,
     data: Path | None = None,
     device: str = "cpu",
+    partial_data: bool = False,
 ) -> tuple[Path, dict, bool]:
     """Build the draft for `target_dir`, or reuse a finished build with the same settings and target.
 
     Without `data` the draft is trained on the tiny target's corpus (TinyDraftConfig); with `data`, a
     `specheads distill` folder of the target's answers, it is distilled from them (DistilledDraftConfig),
-    and the key names the data too; `device` is where that one trains. Returns (directory, build record,
+    and the key names the data too; `device` is where that one trains; `partial_data` accepts an unfinished
+    folder and reads its finished chunks. Returns (directory, build record,
     reused). An explicit `out` holding anything else is never overwritten without `force`.
     """
     if cfg is None:
@@ -481,7 +499,7 @@ def ensure_tiny_draft(
     tokenizer, _ = load_target_side(target_dir)
     identity = target_identity(Path(target_dir).expanduser(), tokenizer)
     if data is not None:
-        settings = check_distill_data(data, tokenizer)  # before any key, folder or training
+        settings = check_distill_data(data, tokenizer, partial_data)  # before any key, folder or training
         identity["data"] = data_fingerprint(data)
     key = draft_key(cfg, identity)
     out = Path(out).expanduser() if out is not None else default_output_dir(key)

@@ -454,6 +454,14 @@ def content_fingerprint(rows) -> str:
     return digest.hexdigest()[:16]
 
 
+def finished_parts(out: Path) -> list[Path]:
+    """The parts of `out` whose chunk record is written (a part alone does not count as done), in order:
+    every part of a finished distillation; the finished chunks of one a time limit stopped."""
+    out = Path(out)
+    parts = sorted(out.glob("part-*.jsonl"))
+    return [p for p in parts if chunk_record_path(out, int(p.stem.removeprefix("part-"))).is_file()]
+
+
 def is_complete(out: Path) -> bool:
     """Whether `out` holds a finished distillation (its summary says so)."""
     try:
