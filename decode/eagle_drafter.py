@@ -36,6 +36,7 @@ draw from q.
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 from torch import nn
@@ -55,6 +56,10 @@ from specheads.decode.sampling import draft_probs, draw_children
 from specheads.decode.tree_inputs import additive_mask
 from specheads.decode.trees import DraftTree, StaticTree
 from specheads.heads.target import FrozenTarget
+
+# "0": grow every level of a dynamic tree, without EAGLE-2's exact early stop (an A/B switch: the stop's check
+# reads each level's values back, a synchronisation on an accelerator; the tree is the same either way)
+EARLY_STOP = "SPECHEADS_EAGLE_EARLY_STOP"
 
 
 class EagleDrafter:
@@ -86,6 +91,7 @@ class EagleDrafter:
                 the lm_head alone. None: the whole vocabulary. The target verifies every draft, so the
                 output is the same either way; only which tokens are proposed changes.
         """
+        self.early_stop = os.environ.get(EARLY_STOP, "1") != "0"
         if vocab is not None and head.method == "eagle3":
             raise ValueError("EAGLE-3 heads draft over their own vocabulary; `vocab` is for EAGLE-1/2 heads")
         self.vocab = check_vocab(vocab, target.vocab_size, target.lm_head.weight.device)
@@ -382,8 +388,9 @@ class EagleDrafter:
             fed_of.scatter_(1, frontier, first + torch.arange(k, device=device).expand(b, k))
             return logprobs
 
+        keep = self.total_tokens - 1 if self.early_stop else None
         candidates = self.grown = grow_rows(
-            root_logprobs, expand, top_k=self.top_k, depth=self.depth, keep=self.total_tokens - 1
+            root_logprobs, expand, top_k=self.top_k, depth=self.depth, keep=keep
         )
         fed_of = nn.functional.pad(fed_of, (0, len(candidates) - fed_of.shape[1]), value=-1)
         trees, sources = [], []

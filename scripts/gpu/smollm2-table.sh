@@ -1,6 +1,7 @@
 # Device call 3, on the machine scripts/gpu/smollm2.sh left warm: the bf16 table on SmolLM2 with the heads and
 # the assisted draft it trained (/tmp/sm): `compare` against generate(), prompt lookup and assisted generation,
-# one MT-Bench question a category (first turns), NEW new tokens (default 128). Results: $OUT/table.tgz.
+# one MT-Bench question a category (first turns), NEW new tokens (default 128); first (AB=1, default) EAGLE-3's
+# decoder efficiency with and without EAGLE-2's early stop. Results: $OUT/table.tgz.
 set -u
 source scripts/gpu/env.sh
 DEV=${DEV:-cuda}; R=/tmp/res/table; mkdir -p $R
@@ -13,6 +14,16 @@ for m in medusa eagle eagle3; do
     H="$H $h"; case $m in medusa) TR="$TR medusa-63";; *) TR="$TR dynamic-60";; esac
 done
 DM=""; [ -f /tmp/sm/draft/config.json ] && DM="--draft-model /tmp/sm/draft"
+# A/B, EAGLE-3 alone (issue 18: its bf16 efficiency): EAGLE-2's exact early stop reads each level's values back
+# (a GPU sync a level); SPECHEADS_EAGLE_EARLY_STOP=0 grows every level instead (the same trees)
+E3=$(latest_heads /tmp/sm/eagle3)
+for stop in 1 0; do
+    [ -n "$E3" ] && [ "${AB:-1}" = 1 ] || break
+    SPECHEADS_EAGLE_EARLY_STOP=$stop timeout 45 python3 scripts/bench_efficiency.py --target smollm2 --heads $E3 \
+        --tree dynamic-60 --prompts /tmp/keep/mt-bench-8.jsonl --num-prompts 2 --max-new-tokens 64 --device $DEV \
+        --dtype bfloat16 --out $R/efficiency-eagle3-stop$stop.json > $R/efficiency-eagle3-stop$stop.log 2>&1
+    echo "efficiency eagle3 early stop=$stop rc=$?"; cat $R/efficiency-eagle3-stop$stop.md 2>/dev/null | tail -1; save
+done
 timeout ${CMP_S:-240} python3 -m specheads compare --target smollm2 --heads $H --tree $TR $DM \
     --prompts /tmp/keep/mt-bench-8.jsonl --max-turns 1 --max-new-tokens ${NEW:-128} --warmup 1 \
     --device $DEV --dtype bfloat16 --no-plots --no-progress --out $R/compare-bf16 > $R/compare-bf16.log 2>&1

@@ -6,7 +6,7 @@ import torch
 from transformers import DynamicCache
 
 from specheads.decode import SpeculativeDecoder, StaticTree, default_tree
-from specheads.decode.eagle_drafter import EagleDrafter
+from specheads.decode.eagle_drafter import EARLY_STOP, EagleDrafter
 from specheads.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, FrozenTarget, layer_config_from
 from specheads.train.eagle_losses import eagle3_loss, eagle_loss
 
@@ -133,6 +133,29 @@ def test_random_heads_equal_generate(family, method, tree):
         out = decoder.generate(prompt, max_new_tokens=20)
         assert torch.equal(out.tokens, reference_generate(model, prompt, 20)), prompt.tolist()
         assert out.tokens.shape[1] == 1 + sum(out.accept_lengths)
+
+
+def test_the_early_stop_switch_grows_every_level_and_drafts_the_same(monkeypatch):
+    """SPECHEADS_EAGLE_EARLY_STOP=0 (an A/B switch for accelerators) expands all depth - 1 levels; the
+    trees, and so the output, are the ones the early stop drafts."""
+    model = tiny_model("llama", vocab_size=VOCAB)
+    target = FrozenTarget(model)
+    head = make_head("eagle3", target, seed=3)
+
+    def decode(switch: str):
+        monkeypatch.setenv(EARLY_STOP, switch)
+        drafter = EagleDrafter(head, target, top_k=2, depth=6, total_tokens=4)
+        feeds, trees, feed, propose = [], [], drafter._feed, drafter.propose
+        drafter._feed = lambda *a, **k: feeds.append(a[2]) or feed(*a, **k)
+        drafter.propose = lambda context: trees.append(propose(context)) or trees[-1]
+        out = SpeculativeDecoder(target, drafter).generate(random_prompts(1, seed=2)[0], max_new_tokens=16)
+        return out.tokens, [(t.tokens.tolist(), t.parents.tolist()) for t in trees], feeds
+
+    runs = {switch: decode(switch) for switch in ("1", "0")}
+    (early_out, early_trees, early_feeds), (full_out, full_trees, full_feeds) = runs["1"], runs["0"]
+    assert torch.equal(early_out, full_out) and early_trees == full_trees
+    assert len(full_feeds) == len(full_trees) * 5  # every level below the first, every step
+    assert len(early_feeds) < len(full_feeds)  # a 4-node tree stops growing before depth 6
 
 
 @pytest.mark.parametrize("tree", ["static", "dynamic"])
