@@ -25,3 +25,13 @@ latest_heads() {
     if [ -f "$1/model.safetensors" ]; then echo "$1"; return; fi
     ls -d "$1"/checkpoints/step-* 2>/dev/null | sort -t- -k2 -n | tail -1
 }
+# H and TR: the newest heads of ROOT/{medusa,eagle,eagle3} that exist, and a tree each (medusa-63 for
+# Medusa, EAGLE_TREE for the EAGLE heads), in that order
+heads_and_trees() {  # ROOT EAGLE_TREE
+    H=""; TR=""
+    local m h
+    for m in medusa eagle eagle3; do
+        h=$(latest_heads "$1/$m"); [ -n "$h" ] || continue
+        H="$H $h"; case $m in medusa) TR="$TR medusa-63";; *) TR="$TR $2";; esac
+    done
+}

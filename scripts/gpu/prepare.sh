@@ -32,21 +32,16 @@ tail -c +$((SPLIT + 1)) "$WHEEL" > .gpu/c2/partB
 if [ -z "$TINYHEADS" ] && [ -n "${2:-}" ]; then  # earlier answers: each folder's finished parts, with their records
     tar czf .gpu/c2/answers.tgz -C "$2" $(cd "$2" && ls -d */part-*.jsonl */_chunks */_settings.json */_summary.json 2>/dev/null)
 fi
-python3 - <<'PY' > .gpu/c2/mt-bench-8.jsonl
-import json
-seen = set()
-for line in open("../shared/data/mt_bench_question.jsonl"):
-    q = json.loads(line)
-    if q["category"] not in seen:
-        seen.add(q["category"]); print(json.dumps(q))
-PY
-python3 - <<'PY' > .gpu/c2/mt-bench-16.jsonl
-import json
-seen = {}
-for line in open("../shared/data/mt_bench_question.jsonl"):
-    q = json.loads(line)
-    if seen.get(q["category"], 0) < 2:
-        seen[q["category"]] = seen.get(q["category"], 0) + 1; print(json.dumps(q))
+python3 - <<'PY'  # the first one and the first two MT-Bench questions of each category
+import collections, json
+seen = collections.Counter()
+with open(".gpu/c2/mt-bench-8.jsonl", "w") as eight, open(".gpu/c2/mt-bench-16.jsonl", "w") as sixteen:
+    for line in open("../shared/data/mt_bench_question.jsonl"):
+        category = json.loads(line)["category"]
+        seen[category] += 1
+        for out, most in ((eight, 1), (sixteen, 2)):
+            if seen[category] <= most:
+                out.write(line if line.endswith("\n") else line + "\n")
 PY
 for m in $([ -n "$TINYHEADS" ] && echo medusa eagle eagle3); do
     mkdir -p .gpu/c1/tinyheads/$m && cp "$TINYHEADS"/$m/*.json "$TINYHEADS"/$m/*.safetensors .gpu/c1/tinyheads/$m/

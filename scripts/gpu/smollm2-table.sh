@@ -8,11 +8,7 @@ DEV=${DEV:-cuda}; R=/tmp/res/table; mkdir -p $R
 save() { tar czf $OUT/table.tgz -C /tmp/res table 2>/dev/null; }
 trap save EXIT
 [ -d /tmp/sm ] || { echo "fresh machine: /tmp/sm is gone (scripts/gpu/smollm2.sh first)"; exit 3; }
-H=""; TR=""
-for m in medusa eagle eagle3; do
-    h=$(latest_heads /tmp/sm/$m); [ -n "$h" ] || continue
-    H="$H $h"; case $m in medusa) TR="$TR medusa-63";; *) TR="$TR dynamic-60";; esac
-done
+heads_and_trees /tmp/sm dynamic-60
 DM=""; [ -f /tmp/sm/draft/config.json ] && DM="--draft-model /tmp/sm/draft"
 # A/B, EAGLE-3 alone (issue 18: its bf16 efficiency): EAGLE-2's exact early stop reads each level's values back
 # (a GPU sync a level); SPECHEADS_EAGLE_EARLY_STOP=0 grows every level instead (the same trees)

@@ -63,19 +63,15 @@ echo "distill wall=$(( $(date +%s) - s ))s" >> $R/summary.txt
 # answers only where this one's did not finish (the same answers again). One python for every folder.
 D=$(python3 - <<'PY'
 import glob, os
-from specheads.train.data.distillation import is_complete
+from specheads.train.data.distillation import finished_parts, is_complete
 new, prev = sorted(glob.glob("/tmp/sm/data/*")), sorted(glob.glob("/tmp/sm/prev/*"))
 finished = {os.path.basename(d) for d in new if is_complete(d)}
 out = []
 for d in new + prev:
-    if not os.path.isdir(d) or (d in prev and d.rsplit("/", 1)[1].startswith("greedy-") and d.rsplit("/", 1)[1] in finished):
+    name = os.path.basename(d)
+    if not os.path.isdir(d) or (d in prev and name.startswith("greedy-") and name in finished):
         continue
-    if is_complete(d):
-        out.append(d)
-        continue
-    for part in sorted(glob.glob(f"{d}/part-*.jsonl")):
-        if os.path.exists(f"{d}/_chunks/{os.path.basename(part)[5:-6]}.json"):
-            out.append(part)
+    out += [d] if is_complete(d) else [str(p) for p in finished_parts(d)]
 print("data=[" + ",".join(out) + "]")
 PY
 )
@@ -103,11 +99,9 @@ if [ -n "$G" ]; then
 fi
 wait; save; cat $R/summary.txt
 for m in eagle3 medusa eagle; do tail -n 2 $R/train-$m.log; done
-H=""; TR=""
-for m in medusa eagle eagle3; do
-    h=$(latest_heads /tmp/sm/$m); [ -n "$h" ] || continue
-    H="$H $h"; case $m in medusa) TR="$TR medusa-63";; *) TR="$TR dynamic-60";; esac
-    mkdir -p /tmp/sm/back/$m && cp $h/*.json $h/*.safetensors /tmp/sm/back/$m/
+heads_and_trees /tmp/sm dynamic-60
+for h in $H; do  # .../<method> or .../<method>/checkpoints/step-K
+    m=$(basename ${h%/checkpoints/*}); mkdir -p /tmp/sm/back/$m && cp $h/*.json $h/*.safetensors /tmp/sm/back/$m/
 done
 [ -f /tmp/sm/draft/config.json ] && cp -r /tmp/sm/draft /tmp/sm/back/draft
 # the heads come back in bf16 (they trained under bf16 autocast): $OUT takes 16 MB a file, 64 MB in all
