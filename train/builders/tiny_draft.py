@@ -278,10 +278,8 @@ def check_distill_data(data: Path, tokenizer, partial_data: bool = False) -> dic
             f"from the target's own answers: run `specheads distill --target T --out {data}` first"
         ) from None
     if not partial_data:
-        try:
-            check_distill_folder(
-                data, f"--data {data}"
-            )  # finished, its parts holding what its summary counts
+        try:  # finished, its parts holding what its summary counts
+            check_distill_folder(data, f"--data {data}")
         except ValueError as e:
             raise ValueError(f"{e}; or pass --partial to train on its finished chunks") from None
     elif not finished_parts(data):
@@ -295,19 +293,17 @@ def check_distill_data(data: Path, tokenizer, partial_data: bool = False) -> dic
     return settings
 
 
-def data_fingerprint(data: Path) -> str:
-    """sha256 of a distill folder's settings and finished parts: the rows the draft learns from."""
-    data = Path(data).expanduser()
+def data_fingerprint(data: Path, parts: list[Path]) -> str:
+    """sha256 of a distill folder's settings and the parts read from it: the rows the draft learns from."""
     digest = hashlib.sha256()
-    for file in [data / SETTINGS_FILE, *finished_parts(data)]:
+    for file in [Path(data).expanduser() / SETTINGS_FILE, *parts]:
         digest.update(file.name.encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def distilled_rows(data: Path, tokenizer, cfg: DistilledDraftConfig):
-    """(training rows, held-out rows): the folder's conversations in the target's chat template, labels on
-    the assistant tokens (end of turn included), as `specheads train` tokenises them."""
-    parts = finished_parts(Path(data).expanduser())  # all of a finished folder; with --partial, what finished
+def distilled_rows(data: Path, parts: list[Path], tokenizer, cfg: DistilledDraftConfig):
+    """(training rows, held-out rows): the conversations of the folder's `parts` in the target's chat
+    template, labels on the assistant tokens (end of turn included), as `specheads train` tokenises them."""
     rows = concatenate_datasets(
         [load_rows(p, include_capped=True) for p in parts]
     )  # capped: still the target's
@@ -400,17 +396,19 @@ def build_distilled(
     out: Path,
     identity: dict,
     settings: dict,
+    parts: list[Path],
     progress: bool = True,
     device: str = "cpu",
 ) -> dict:
     """Train a draft for the target at `target_dir` on its answers in the distill folder `data`, into
     `out` (a temporary folder renamed at the end). `identity` (the target's and the data's, as the key
-    names them) and `settings` (the folder's, checked) come from ensure_tiny_draft, which read them.
+    names them), `settings` (the folder's, checked) and `parts` (the part files to read) come from
+    ensure_tiny_draft, which read them.
     `device` is where it trains (fp32 either way; the key does not name it, the build record does)."""
     started = time.time()
     target_dir, data = Path(target_dir).expanduser(), Path(data).expanduser()
     tokenizer, target_config = load_target_side(target_dir)
-    train_rows, heldout_rows = distilled_rows(data, tokenizer, cfg)
+    train_rows, heldout_rows = distilled_rows(data, parts, tokenizer, cfg)
     pad = partial(  # right padding, one row per sequence
         collate, pad_token_id=tokenizer.pad_token_id, packing=False, max_length=cfg.max_length
     )
@@ -437,7 +435,7 @@ def build_distilled(
         "data": {
             "path": str(data),
             "fingerprint": identity["data"],
-            "finished_parts": len(finished_parts(data)),
+            "finished_parts": len(parts),
             "complete": is_complete(data),
             "train_rows": len(train_rows),
             "heldout_rows": len(heldout_rows),
@@ -500,7 +498,9 @@ def ensure_tiny_draft(
     identity = target_identity(Path(target_dir).expanduser(), tokenizer)
     if data is not None:
         settings = check_distill_data(data, tokenizer, partial_data)  # before any key, folder or training
-        identity["data"] = data_fingerprint(data)
+        # the parts read, listed once: a distillation still running may finish another one meanwhile
+        parts = finished_parts(Path(data).expanduser())
+        identity["data"] = data_fingerprint(data, parts)
     key = draft_key(cfg, identity)
     out = Path(out).expanduser() if out is not None else default_output_dir(key)
     meta = read_meta(out)
@@ -511,7 +511,7 @@ def ensure_tiny_draft(
         raise FileExistsError(f"{out} holds {what}; refusing to overwrite it (pass --force)")
     if data is not None:
         built = build_distilled(
-            target_dir, data, cfg, out, identity, settings, progress=progress, device=device
+            target_dir, data, cfg, out, identity, settings, parts, progress=progress, device=device
         )
         return out, built, False
     return out, build(target_dir, cfg, out, progress=progress), False
