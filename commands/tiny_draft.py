@@ -2,8 +2,8 @@
 generation (train/builders/tiny_draft.py).
 
     specheads tiny-draft --target tiny                       trained on the tiny target's corpus
-    specheads tiny-draft --target smollm2 --data DIR         distilled from the target's answers in DIR,
-                                                             a `specheads distill --target smollm2` output
+    specheads tiny-draft --target smollm2 --data DIR ...     distilled from the target's answers in DIR,
+                                                             `specheads distill --target smollm2` outputs
 """
 
 from __future__ import annotations
@@ -30,15 +30,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data",
         type=Path,
+        nargs="+",
         default=None,
-        help="a `specheads distill` output of the target's answers to distill the draft from (needed for "
-        "any target but the tiny one, whose draft otherwise learns its corpus)",
+        help="`specheads distill` outputs of the target's answers to distill the draft from, one or several "
+        "(read in the order given; the last rows held out), needed for any target but the tiny one, whose "
+        "draft otherwise learns its corpus",
     )
     p.add_argument(
         "--partial",
         action="store_true",
-        help="--data may be an unfinished `specheads distill` folder (one a time limit stopped): the draft "
-        "learns from its finished chunks",
+        help="--data may be unfinished `specheads distill` folders (ones a time limit stopped): the draft "
+        "learns from their finished chunks",
     )
     p.add_argument(
         "--out", type=Path, default=None, help="output directory (default: the user cache, reused when valid)"

@@ -2,7 +2,7 @@
 
 import json
 import shutil
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,13 @@ DRAFT = DistilledDraftConfig(
     warmup_steps=1,
     heldout_rows=2,
 )
+# DRAFT as `specheads tiny-draft` flags (its hidden knobs), --steps apart
+DRAFT_FLAGS = [
+    arg
+    for f in fields(DRAFT)
+    if f.name != "steps" and getattr(DRAFT, f.name) != f.default
+    for arg in ("--" + f.name.replace("_", "-"), str(getattr(DRAFT, f.name)))
+]
 QUESTIONS = ["How do I join two paths?", "What does sorted return?", "Explain a dict.", "Open a file."]
 
 
@@ -161,6 +168,39 @@ def test_partial_data_trains_on_the_finished_chunks_of_an_unfinished_folder(
         )
     with pytest.raises(SystemExit, match="--partial is for --data"):
         tiny_draft_cli(["--target", str(target), "--partial", "--out", str(tmp_path / "x"), "--no-progress"])
+
+
+def test_several_folders_train_on_all_their_rows_in_the_order_given(
+    target, distilled, draft, tmp_path, capsys
+):
+    """`--data A B`: the shards of one distillation, or greedy and sampled answers, read in that order."""
+    second = tmp_path / "second"  # another distillation's folder: its own settings and answers
+    shutil.copytree(distilled, second)
+    settings = json.loads((second / "_settings.json").read_text())
+    settings["seed"] = 7
+    (second / "_settings.json").write_text(json.dumps(settings))
+    path, meta, reused = ensure_tiny_draft(
+        target, DRAFT, tmp_path / "d", progress=False, data=[distilled, second]
+    )
+    assert not reused and meta["data"]["finished_parts"] == 2 and meta["data"]["complete"] is True
+    # 8 + 8 conversations; the held-out rows are the last (of the last folder), as for one folder
+    assert (meta["data"]["train_rows"], meta["data"]["heldout_rows"]) == (14, 2)
+    assert [f["path"] for f in meta["data"]["folders"]] == [str(distilled), str(second)]
+    assert [f["distilled"]["seed"] for f in meta["data"]["folders"]] == [0, 7]
+    assert meta["data"]["fingerprint"] != draft[1]["data"]["fingerprint"]
+    assert draft[1]["data"]["folders"][0]["path"] == str(distilled)  # one folder: a list of one
+    swapped = ensure_tiny_draft(target, DRAFT, tmp_path / "s", progress=False, data=[second, distilled])[1]
+    assert swapped["data"]["fingerprint"] != meta["data"]["fingerprint"]  # the order is the rows' order
+    with pytest.raises(ValueError, match="a folder is named twice"):
+        ensure_tiny_draft(target, DRAFT, tmp_path / "twice", progress=False, data=[distilled, distilled])
+    with pytest.raises(FileNotFoundError, match=f"--data {tmp_path / 'nowhere'}: no such folder"):
+        ensure_tiny_draft(
+            target, DRAFT, tmp_path / "n", progress=False, data=[distilled, tmp_path / "nowhere"]
+        )
+    assert not (tmp_path / "twice").exists() and not (tmp_path / "n").exists()
+    argv = ["--target", str(target), "--data", str(distilled), str(second), "--out", str(tmp_path / "d")]
+    assert tiny_draft_cli([*argv, "--no-progress", "--steps", "4", *DRAFT_FLAGS]) == 0
+    assert "reused tiny draft" in capsys.readouterr().out  # the command's --data A B: the same key
 
 
 def test_command_distills_then_reuses(target, distilled, tmp_path, capsys):

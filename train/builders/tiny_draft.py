@@ -24,7 +24,7 @@ The key then names the data's bytes too. The draft ties its embeddings (at a 491
 they are most of it) and starts them as the target's, projected on their top principal axes.
 
     specheads distill --target smollm2 --source seed-prompts.jsonl --temperature 0 --out DIR
-    specheads tiny-draft --target smollm2 --data DIR
+    specheads tiny-draft --target smollm2 --data DIR [DIR ...]
 """
 
 from __future__ import annotations
@@ -293,24 +293,28 @@ def check_distill_data(data: Path, tokenizer, partial_data: bool = False) -> dic
     return settings
 
 
-def data_fingerprint(data: Path, parts: list[Path]) -> str:
-    """sha256 of a distill folder's settings and the parts read from it: the rows the draft learns from."""
+def data_fingerprint(folders: dict[Path, list[Path]]) -> str:
+    """sha256 of each distill folder's settings and the parts read from it, in the order given: the rows
+    the draft learns from (one folder's is what it was before several could be given)."""
     digest = hashlib.sha256()
-    for file in [Path(data).expanduser() / SETTINGS_FILE, *parts]:
-        digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    for data, parts in folders.items():
+        for file in [Path(data).expanduser() / SETTINGS_FILE, *parts]:
+            digest.update(file.name.encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def distilled_rows(data: Path, parts: list[Path], tokenizer, cfg: DistilledDraftConfig):
-    """(training rows, held-out rows): the conversations of the folder's `parts` in the target's chat
-    template, labels on the assistant tokens (end of turn included), as `specheads train` tokenises them."""
+def distilled_rows(folders: dict[Path, list[Path]], tokenizer, cfg: DistilledDraftConfig):
+    """(training rows, held-out rows): the conversations of the folders' parts, in order, in the target's
+    chat template, labels on the assistant tokens (end of turn included), as `specheads train` tokenises
+    them; the held-out rows are the last ones (of the last folder)."""
     rows = concatenate_datasets(
-        [load_rows(p, include_capped=True) for p in parts]
+        [load_rows(p, include_capped=True) for parts in folders.values() for p in parts]
     )  # capped: still the target's
     tokens = tokenize_rows(rows, tokenizer, max_length=cfg.max_length, loss_on="assistant")
     heldout = min(cfg.heldout_rows, len(tokens) // 4)
     if len(tokens) - heldout < 1:
-        raise ValueError(f"--data {data}: no rows left to train on after tokenising ({len(tokens)} rows)")
+        named = " ".join(str(d) for d in folders)
+        raise ValueError(f"--data {named}: no rows left to train on after tokenising ({len(tokens)} rows)")
     split = len(tokens) - heldout
     return tokens.select(range(split)), tokens.select(range(split, len(tokens)))
 
@@ -391,24 +395,23 @@ def rows_loss(model, rows, make_batch, batch_size: int) -> tuple[float, float]:
 
 def build_distilled(
     target_dir: Path,
-    data: Path,
+    folders: dict[Path, list[Path]],
     cfg: DistilledDraftConfig,
     out: Path,
     identity: dict,
-    settings: dict,
-    parts: list[Path],
+    settings: dict[Path, dict],
     progress: bool = True,
     device: str = "cpu",
 ) -> dict:
-    """Train a draft for the target at `target_dir` on its answers in the distill folder `data`, into
-    `out` (a temporary folder renamed at the end). `identity` (the target's and the data's, as the key
-    names them), `settings` (the folder's, checked) and `parts` (the part files to read) come from
-    ensure_tiny_draft, which read them.
+    """Train a draft for the target at `target_dir` on its answers in distill folders, into `out` (a
+    temporary folder renamed at the end). `folders` (each folder and the part files read from it),
+    `settings` (each folder's, checked) and `identity` (the target's and the data's, as the key names
+    them) come from ensure_tiny_draft, which read them.
     `device` is where it trains (fp32 either way; the key does not name it, the build record does)."""
     started = time.time()
-    target_dir, data = Path(target_dir).expanduser(), Path(data).expanduser()
+    target_dir = Path(target_dir).expanduser()
     tokenizer, target_config = load_target_side(target_dir)
-    train_rows, heldout_rows = distilled_rows(data, parts, tokenizer, cfg)
+    train_rows, heldout_rows = distilled_rows(folders, tokenizer, cfg)
     pad = partial(  # right padding, one row per sequence
         collate, pad_token_id=tokenizer.pad_token_id, packing=False, max_length=cfg.max_length
     )
@@ -433,13 +436,22 @@ def build_distilled(
         "builder": asdict(cfg),
         "target": {"path": str(target_dir), **{k: v for k, v in identity.items() if k != "data"}},
         "data": {
-            "path": str(data),
             "fingerprint": identity["data"],
-            "finished_parts": len(parts),
-            "complete": is_complete(data),
+            "finished_parts": sum(len(parts) for parts in folders.values()),
+            "complete": all(is_complete(data) for data in folders),
             "train_rows": len(train_rows),
             "heldout_rows": len(heldout_rows),
-            "distilled": {k: settings.get(k) for k in ("source", "temperature", "max_new_tokens", "seed")},
+            "folders": [
+                {
+                    "path": str(data),
+                    "finished_parts": len(parts),
+                    "complete": is_complete(data),
+                    "distilled": {
+                        k: settings[data].get(k) for k in ("source", "temperature", "max_new_tokens", "seed")
+                    },
+                }
+                for data, parts in folders.items()
+            ],
         },
         "steps": cfg.steps,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -478,16 +490,17 @@ def ensure_tiny_draft(
     out: Path | None = None,
     force: bool = False,
     progress: bool = True,
-    data: Path | None = None,
+    data: Path | list[Path] | None = None,
     device: str = "cpu",
     partial_data: bool = False,
 ) -> tuple[Path, dict, bool]:
     """Build the draft for `target_dir`, or reuse a finished build with the same settings and target.
 
-    Without `data` the draft is trained on the tiny target's corpus (TinyDraftConfig); with `data`, a
-    `specheads distill` folder of the target's answers, it is distilled from them (DistilledDraftConfig),
-    and the key names the data too; `device` is where that one trains; `partial_data` accepts an unfinished
-    folder and reads its finished chunks. Returns (directory, build record,
+    Without `data` the draft is trained on the tiny target's corpus (TinyDraftConfig); with `data`, one
+    `specheads distill` folder of the target's answers or several (the shards of one distillation, or
+    greedy and sampled answers), it is distilled from them in that order (DistilledDraftConfig), and the
+    key names the data too; `device` is where that one trains; `partial_data` accepts unfinished folders
+    and reads their finished chunks. Returns (directory, build record,
     reused). An explicit `out` holding anything else is never overwritten without `force`.
     """
     if cfg is None:
@@ -497,10 +510,16 @@ def ensure_tiny_draft(
     tokenizer, _ = load_target_side(target_dir)
     identity = target_identity(Path(target_dir).expanduser(), tokenizer)
     if data is not None:
-        settings = check_distill_data(data, tokenizer, partial_data)  # before any key, folder or training
+        given = [Path(d).expanduser() for d in ([data] if isinstance(data, (str, Path)) else data)]
+        if not given:
+            raise ValueError("--data: no folder given")
+        if len({d.resolve() for d in given}) < len(given):
+            raise ValueError(f"--data {' '.join(map(str, given))}: a folder is named twice")
+        # before any key, folder or training: each folder checked
+        settings = {d: check_distill_data(d, tokenizer, partial_data) for d in given}
         # the parts read, listed once: a distillation still running may finish another one meanwhile
-        parts = finished_parts(Path(data).expanduser())
-        identity["data"] = data_fingerprint(data, parts)
+        folders = {d: finished_parts(d) for d in given}
+        identity["data"] = data_fingerprint(folders)
     key = draft_key(cfg, identity)
     out = Path(out).expanduser() if out is not None else default_output_dir(key)
     meta = read_meta(out)
@@ -511,7 +530,7 @@ def ensure_tiny_draft(
         raise FileExistsError(f"{out} holds {what}; refusing to overwrite it (pass --force)")
     if data is not None:
         built = build_distilled(
-            target_dir, data, cfg, out, identity, settings, parts, progress=progress, device=device
+            target_dir, folders, cfg, out, identity, settings, progress=progress, device=device
         )
         return out, built, False
     return out, build(target_dir, cfg, out, progress=progress), False
