@@ -23,7 +23,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -32,6 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs, compact_rows, pad_rows
 from specheads.decode.drafters import SampledTree
+from specheads.decode.packed_linear import PackedLinears
 from specheads.decode.sampling import SamplingParams, check_generator, sample, sampling_probs
 from specheads.decode.tree_inputs import TreeInputs, attention_window, check_attention_implementation
 from specheads.decode.trees import DraftTree
@@ -210,6 +211,7 @@ class TreeDecoder:
         self.window = attention_window(target.config)
         # sdpa wants a float mask in the dtype of the queries, i.e. of the hidden states.
         self.mask_dtype = target.embed_tokens.weight.dtype
+        self.packed = PackedLinears.for_target(target)  # fp32 on the CPU: weights packed per tree size
 
     @property
     def device(self) -> torch.device:
@@ -225,13 +227,14 @@ class TreeDecoder:
                 f"({cache.get_seq_length()} cached + {tree.num_nodes} nodes): the last mask dimension must be "
                 f"the real KV length"
             )
-        return self.target(
-            inputs.input_ids,
-            attention_mask=inputs.attention_mask,
-            position_ids=inputs.position_ids,
-            past_key_values=cache,
-            capture=tuple(self.drafter.capture_layers),
-        )
+        with self.packed.rows(inputs.input_ids.numel()) if self.packed else nullcontext():
+            return self.target(
+                inputs.input_ids,
+                attention_mask=inputs.attention_mask,
+                position_ids=inputs.position_ids,
+                past_key_values=cache,
+                capture=tuple(self.drafter.capture_layers),
+            )
 
     def features(
         self, hidden: dict[int, torch.Tensor], paths: torch.Tensor | None

@@ -1,0 +1,104 @@
+"""PackedLinears: the target's fp32 linears multiply MKL-packed weights for the tree forward's row count, on
+the CPU, and the decoder stays identical to `generate()` with them (decode/packed_linear.py)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_decoder import VOCAB, random_medusa
+from torch import nn
+
+from specheads.decode import MedusaDrafter, SpeculativeDecoder, default_tree
+from specheads.decode.packed_linear import ENV, PackedLinears, available
+from specheads.heads import FrozenTarget
+
+from decode_helpers import random_prompts, reference_generate
+from helpers import tiny_model
+
+# x86 torch builds carry MKL; where a build does not, the decoder must leave the layers alone (tested below)
+MKL = available()
+
+
+def layers() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(48, 96), nn.Linear(96, 40, bias=False)).eval()
+
+
+def plain(model: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    for layer in model:
+        x = F.linear(x, layer.weight, layer.bias)
+    return x
+
+
+def swapped(model: nn.Module) -> list[bool]:
+    return ["forward" in layer.__dict__ for layer in model.modules() if isinstance(layer, nn.Linear)]
+
+
+def test_inside_rows_n_the_linears_multiply_packed_weights_and_afterwards_their_own():
+    if not MKL:
+        assert PackedLinears.for_target(FrozenTarget(tiny_model("llama", vocab_size=VOCAB))) is None
+        return
+    model, x = layers(), torch.randn(1, 5, 48)  # (B, T, H): 5 rows in all
+    packed = PackedLinears(model)
+    with torch.no_grad(), packed.rows(5):
+        assert swapped(model) == [True, True]
+        inside = model(x)
+        other = model(torch.randn(3, 48))  # another row count inside the block: at::linear, as without it
+    assert swapped(model) == [False, False]
+    with torch.no_grad():
+        assert torch.allclose(inside, plain(model, x), atol=1e-5, rtol=1e-5)  # another summation order
+        y = torch.randn(3, 48)
+        with packed.rows(5):
+            fallback = model(y)
+        assert torch.equal(fallback, plain(model, y))
+    assert other.shape == (3, 40) and set(packed.packed) == {5}
+    with pytest.raises(RuntimeError, match="inside"), packed.rows(5):
+        raise RuntimeError("inside")
+    assert swapped(model) == [False, False]  # put back after an error too
+
+
+def test_packs_few_rows_per_row_count_up_to_a_few_then_leaves_the_layers_alone():
+    if not MKL:  # nothing to pack: no target gets a packing
+        assert PackedLinears.for_target(FrozenTarget(tiny_model("llama", vocab_size=VOCAB))) is None
+        return
+    model = layers()
+    packed = PackedLinears(model)
+    with packed.rows(PackedLinears.MAX_ROWS + 1):  # many rows: sgemm packs well enough by itself
+        assert swapped(model) == [False, False]
+    counts = list(range(1, PackedLinears.MAX_ROW_COUNTS + 2))
+    for n in counts:
+        with packed.rows(n):
+            assert swapped(model) == [n <= PackedLinears.MAX_ROW_COUNTS] * 2
+    assert sorted(packed.packed) == counts[:-1]
+
+
+def test_only_an_fp32_target_on_the_cpu_is_packed_once_and_the_switch_turns_it_off(monkeypatch):
+    target = FrozenTarget(tiny_model("llama", vocab_size=VOCAB))
+    first = PackedLinears.for_target(target)
+    assert (first is not None) == MKL
+    assert PackedLinears.for_target(target) is first  # the decoders of one comparison share it
+    bf16 = FrozenTarget(tiny_model("llama", vocab_size=VOCAB).to(torch.bfloat16))
+    assert PackedLinears.for_target(bf16) is None
+    monkeypatch.setenv(ENV, "0")
+    assert PackedLinears.for_target(FrozenTarget(tiny_model("llama", vocab_size=VOCAB))) is None
+
+
+@pytest.mark.parametrize("tree_name", ["chain-4", "medusa-63"])
+def test_the_decoder_packs_for_its_tree_and_equals_generate(tree_name, monkeypatch):
+    model = tiny_model("llama", vocab_size=VOCAB)
+    target = FrozenTarget(model)
+    tree = default_tree(tree_name)
+    decoder = SpeculativeDecoder(target, MedusaDrafter(random_medusa(target), tree))
+    assert (decoder.packed is not None) == MKL
+    outputs = []
+    for prompt in random_prompts(3, seed=2):
+        out = decoder.generate(prompt, max_new_tokens=24)
+        assert torch.equal(out.tokens, reference_generate(model, prompt, 24)), prompt.tolist()
+        outputs.append(out.tokens)
+    if MKL:
+        assert tree.num_nodes in decoder.packed.packed  # the tree forward's rows: one prompt, N nodes
+    assert swapped(model) == [False] * len(swapped(model))
+    monkeypatch.setenv(ENV, "0")  # the same decoding without packing: the same tokens
+    unpacked = SpeculativeDecoder(FrozenTarget(model), MedusaDrafter(random_medusa(target), tree))
+    assert unpacked.packed is None
+    for prompt, tokens in zip(random_prompts(3, seed=2), outputs):
+        assert torch.equal(unpacked.generate(prompt, max_new_tokens=24).tokens, tokens)
