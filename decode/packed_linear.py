@@ -8,7 +8,8 @@ multiply against the packed copy for a fixed row count; torch exposes that as
 `torch.ops.mkl._mkl_reorder_linear_weight` / `_mkl_linear`, what Inductor's CPU freezing uses. A speculative
 step's tree forward always has the same row count (B x N nodes), so the decoder packs for it:
 
-    packed = PackedLinears.for_target(target)     # None where it does not apply (GPU, bf16, no MKL, off)
+    packed = PackedLinears.for_target(target)     # None where it does not apply: GPU, bf16, a small
+                                                  # model, no MKL, switched off
     with packed.rows(n):                          # inside, every linear over n rows uses its packed copy
         target(...)
 
@@ -31,6 +32,9 @@ from torch import nn
 ENV = "SPECHEADS_PACKED_LINEARS"
 
 
+_MKL_LINEAR = torch.ops.mkl._mkl_linear.default if hasattr(torch.ops.mkl, "_mkl_linear") else None
+
+
 def available() -> bool:
     """Whether this torch can pack fp32 weights for MKL (x86 builds with MKL)."""
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
@@ -44,6 +48,10 @@ class PackedLinears:
     # past a few dozen rows sgemm's own packing is a small part of the product (and batched decoding's row
     # counts, B x N as rows finish, would each cost a copy of the weights)
     MAX_ROWS = 64
+    # below this many bytes of linear weights a model sits in the CPU's caches, where a packed copy beside
+    # the weights costs more than the repacking it saves (the 2 MB tiny target decoded about 12% slower
+    # against generate() packed, in two paired runs); SmolLM2-135M has 513 MiB
+    MIN_TOTAL_BYTES = 128 << 20
 
     def __init__(self, model: nn.Module):
         self.linears = [
@@ -53,12 +61,15 @@ class PackedLinears:
 
     @classmethod
     def for_target(cls, target) -> PackedLinears | None:
-        """The packing of a FrozenTarget on the CPU in fp32, one per target (the decoders of a comparison
-        share it), unless switched off; else None."""
+        """The packing of a FrozenTarget on the CPU in fp32 with at least MIN_TOTAL_BYTES of linear weights,
+        one per target (the decoders of a comparison share it), unless switched off; else None."""
         if os.environ.get(ENV, "1") == "0" or not available():
             return None
         if target.device.type != "cpu" or target.dtype != torch.float32:
             return None
+        weights = {id(m.weight): m.weight for m in target.model.modules() if isinstance(m, nn.Linear)}
+        if sum(w.numel() * w.element_size() for w in weights.values()) < cls.MIN_TOTAL_BYTES:
+            return None  # a model the caches hold
         if getattr(target, "_packed_linears", None) is None:
             target._packed_linears = cls(target.model)
         return target._packed_linears
@@ -88,6 +99,6 @@ def _packed_forward(layer: nn.Linear, packed: torch.Tensor, n: int):
     weight, bias = layer.weight, layer.bias
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkl._mkl_linear(x, packed, weight, bias, n)
+        return _MKL_LINEAR(x, packed, weight, bias, n)
 
     return forward

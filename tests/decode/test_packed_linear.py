@@ -18,6 +18,12 @@ from helpers import tiny_model
 MKL = available()
 
 
+@pytest.fixture(autouse=True)
+def small_models_pack(monkeypatch):
+    """These tests' models are far below the size where packing starts (MIN_TOTAL_BYTES): packed anyway."""
+    monkeypatch.setattr(PackedLinears, "MIN_TOTAL_BYTES", 0)
+
+
 def layers() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(48, 96), nn.Linear(96, 40, bias=False)).eval()
@@ -71,15 +77,19 @@ def test_packs_few_rows_per_row_count_up_to_a_few_then_leaves_the_layers_alone()
     assert sorted(packed.packed) == counts[:-1]
 
 
-def test_only_an_fp32_target_on_the_cpu_is_packed_once_and_the_switch_turns_it_off(monkeypatch):
+def test_only_a_large_fp32_target_on_the_cpu_is_packed_once_and_the_switch_turns_it_off(monkeypatch):
     target = FrozenTarget(tiny_model("llama", vocab_size=VOCAB))
     first = PackedLinears.for_target(target)
     assert (first is not None) == MKL
     assert PackedLinears.for_target(target) is first  # the decoders of one comparison share it
     bf16 = FrozenTarget(tiny_model("llama", vocab_size=VOCAB).to(torch.bfloat16))
     assert PackedLinears.for_target(bf16) is None
+    small = FrozenTarget(tiny_model("llama", vocab_size=VOCAB))
+    monkeypatch.setattr(PackedLinears, "MIN_TOTAL_BYTES", 10 << 20)  # a model the caches hold: not packed
+    assert PackedLinears.for_target(small) is None
+    monkeypatch.setattr(PackedLinears, "MIN_TOTAL_BYTES", 0)
     monkeypatch.setenv(ENV, "0")
-    assert PackedLinears.for_target(FrozenTarget(tiny_model("llama", vocab_size=VOCAB))) is None
+    assert PackedLinears.for_target(small) is None
 
 
 @pytest.mark.parametrize("tree_name", ["chain-4", "medusa-63"])
