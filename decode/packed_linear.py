@@ -30,14 +30,16 @@ import torch
 from torch import nn
 
 ENV = "SPECHEADS_PACKED_LINEARS"
-
-
 _MKL_LINEAR = torch.ops.mkl._mkl_linear.default if hasattr(torch.ops.mkl, "_mkl_linear") else None
 
 
 def available() -> bool:
     """Whether this torch can pack fp32 weights for MKL (x86 builds with MKL)."""
-    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+    return (
+        torch.backends.mkl.is_available()
+        and _MKL_LINEAR is not None
+        and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
+    )
 
 
 class PackedLinears:
