@@ -17,7 +17,10 @@ Other row counts inside the block (the prefill, a shorter last tree) take `_mkl_
 `at::linear`, the same kernel as before. The packed product sums in another order than the unpacked one,
 as any kernel change does: fp32 argmaxes are unchanged in the identity tests, but not bit-identical logits.
 The packed copies are kept per row count asked for (a few: each decoder's tree size); each costs about a
-copy of the linear weights. `SPECHEADS_PACKED_LINEARS=0` turns it off (the A/B switch of the benchmarks).
+copy of the linear weights. The first MAX_ROW_COUNTS counts are packed and later ones never, so what a
+timing sees is what decoding gets: `--tree auto`'s sweep (sizes 1, 2, 4, 8, ... in that order) packs the
+small sizes and times the larger ones unpacked, as a decoder of that size would then run.
+`SPECHEADS_PACKED_LINEARS=0` turns it off (the A/B switch of the benchmarks).
 """
 
 from __future__ import annotations

@@ -4,10 +4,13 @@ the CPU, and the decoder stays identical to `generate()` with them (decode/packe
 import pytest
 import torch
 import torch.nn.functional as F
+from test_batched import PAD, generate_one, make_drafter, prompts_of
 from test_decoder import VOCAB, random_medusa
 from torch import nn
 
 from specheads.decode import MedusaDrafter, SpeculativeDecoder, default_tree
+from specheads.decode.batched import BatchedSpeculativeDecoder
+from specheads.decode.batched_inputs import left_pad
 from specheads.decode.packed_linear import ENV, PackedLinears, available
 from specheads.heads import FrozenTarget
 
@@ -112,3 +115,16 @@ def test_the_decoder_packs_for_its_tree_and_equals_generate(tree_name, monkeypat
     assert unpacked.packed is None
     for prompt, tokens in zip(random_prompts(3, seed=2), outputs):
         assert torch.equal(unpacked.generate(prompt, max_new_tokens=24).tokens, tokens)
+
+
+def test_batched_decoding_packs_its_rows_and_equals_generate():
+    model = tiny_model("llama", vocab_size=VOCAB)
+    target = FrozenTarget(model)
+    prompts = prompts_of()[:4]  # 4 rows of a 16-node tree: 64 rows a forward, then fewer as rows finish
+    decoder = BatchedSpeculativeDecoder(target, make_drafter("medusa", target))
+    out = decoder.generate(*left_pad(prompts, PAD), 20)
+    for r, prompt in enumerate(prompts):
+        assert out.rows[r].tokens[0].tolist() == generate_one(model, prompt, 20), r
+    if MKL:
+        assert 4 * 16 in decoder.packed.packed and all(n % 16 == 0 for n in decoder.packed.packed)
+    assert swapped(model) == [False] * len(swapped(model))
