@@ -91,7 +91,13 @@ train() {  # method, steps, seconds at most: the three train at once (the GPU ha
 }
 TC=$(cap ${TRAIN_S:-200} ${DECODE_S:-140})
 train eagle3 ${STEPS3:-600} $TC & train medusa ${STEPSM:-800} $TC & train eagle ${STEPSE:-1000} $TC &
-G=$(ls -d /tmp/sm/data/greedy-a 2>/dev/null)  # the assisted draft, distilled from the greedy answers that finished
+# the assisted draft, distilled from every answer folder (this loan's and the carried ones) with a finished chunk,
+# the sampled first and the greedy last (its held-out rows are the last ones)
+G=$(python3 -c '
+import glob, os
+from specheads.train.data.distillation import finished_parts
+ds = [d for d in sorted(glob.glob("/tmp/sm/prev/*") + glob.glob("/tmp/sm/data/*")) if os.path.isdir(d) and finished_parts(d)]
+print(" ".join(sorted(ds, key=lambda d: os.path.basename(d).startswith("greedy-"))))')
 if [ -n "$G" ]; then
     (s=$(date +%s); timeout -k 10 $TC python3 -m specheads tiny-draft --target smollm2 --data $G --partial \
         --out /tmp/sm/draft --device $DEV --no-progress > $R/tiny-draft.log 2>&1
