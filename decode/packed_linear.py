@@ -26,7 +26,7 @@ small sizes and times the larger ones unpacked, as a decoder of that size would 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -62,7 +62,8 @@ class PackedLinears:
         self.linears = [
             m for m in model.modules() if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32
         ]
-        self.packed: dict[int, list[torch.Tensor]] = {}
+        # per row count, each layer's forward over its packed weight, built once (a step only swaps them in)
+        self.packed: dict[int, list[Callable[[torch.Tensor], torch.Tensor]]] = {}
 
     @classmethod
     def for_target(cls, target) -> PackedLinears | None:
@@ -86,13 +87,14 @@ class PackedLinears:
         first MAX_ROW_COUNTS, leaves the layers as they are."""
         if n not in self.packed and n <= self.MAX_ROWS and len(self.packed) < self.MAX_ROW_COUNTS:
             self.packed[n] = [
-                torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), n) for m in self.linears
+                _packed_forward(m, torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), n), n)
+                for m in self.linears
             ]
         if n not in self.packed:
             yield
             return
-        for layer, packed in zip(self.linears, self.packed[n]):
-            layer.forward = _packed_forward(layer, packed, n)
+        for layer, forward in zip(self.linears, self.packed[n]):
+            layer.forward = forward
         try:
             yield
         finally:

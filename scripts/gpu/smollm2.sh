@@ -60,21 +60,27 @@ wait
 echo "distill wall=$(( $(date +%s) - s ))s" >> $R/summary.txt
 # what trains: a finished distillation by its folder; of one that ran out of time, the parts of its finished
 # chunks (a part counts once its record is written), which load_rows reads as files; an earlier loan's greedy
-# answers only where this one's did not finish (the same answers again). One python for every folder.
-D=$(python3 - <<'PY'
+# answers only where this one's did not finish (the same answers again). Its second line, G: the folders the
+# assisted draft distils from, every one (this loan's and the carried ones) with a finished chunk, the sampled
+# first and the greedy last (its held-out rows are the last ones). One python for every folder.
+DG=$(python3 - <<'PY'
 import glob, os
 from specheads.train.data.distillation import finished_parts, is_complete
 new, prev = sorted(glob.glob("/tmp/sm/data/*")), sorted(glob.glob("/tmp/sm/prev/*"))
 finished = {os.path.basename(d) for d in new if is_complete(d)}
-out = []
+out, draft = [], []
 for d in new + prev:
     name = os.path.basename(d)
+    parts = finished_parts(d) if os.path.isdir(d) else []
+    draft += [d] if parts else []
     if not os.path.isdir(d) or (d in prev and name.startswith("greedy-") and name in finished):
         continue
-    out += [d] if is_complete(d) else [str(p) for p in finished_parts(d)]
+    out += [d] if is_complete(d) else [str(p) for p in parts]
 print("data=[" + ",".join(out) + "]")
+print(" ".join(sorted(draft, key=lambda d: os.path.basename(d).startswith("greedy-"))))
 PY
 )
+D=$(echo "$DG" | sed -n 1p); G=$(echo "$DG" | sed -n 2p)
 echo "$D" | tee -a $R/summary.txt
 for d in /tmp/sm/data/*; do cp $d/_summary.json $R/distill-summary-$(basename $d).json 2>/dev/null; done
 tar czf $OUT/data.tgz -C /tmp/sm data seed.jsonl; save
@@ -91,14 +97,7 @@ train() {  # method, steps, seconds at most: the three train at once (the GPU ha
 }
 TC=$(cap ${TRAIN_S:-200} ${DECODE_S:-140})
 train eagle3 ${STEPS3:-600} $TC & train medusa ${STEPSM:-800} $TC & train eagle ${STEPSE:-1000} $TC &
-# the assisted draft, distilled from every answer folder (this loan's and the carried ones) with a finished chunk,
-# the sampled first and the greedy last (its held-out rows are the last ones)
-G=$(python3 -c '
-import glob, os
-from specheads.train.data.distillation import finished_parts
-ds = [d for d in sorted(glob.glob("/tmp/sm/prev/*") + glob.glob("/tmp/sm/data/*")) if os.path.isdir(d) and finished_parts(d)]
-print(" ".join(sorted(ds, key=lambda d: os.path.basename(d).startswith("greedy-"))))')
-if [ -n "$G" ]; then
+if [ -n "$G" ]; then  # the assisted draft, from the folders G names (above)
     (s=$(date +%s); timeout -k 10 $TC python3 -m specheads tiny-draft --target smollm2 --data $G --partial \
         --out /tmp/sm/draft --device $DEV --no-progress > $R/tiny-draft.log 2>&1
      echo "tiny-draft rc=$? wall=$(( $(date +%s) - s ))s" >> $R/summary.txt) &

@@ -431,27 +431,28 @@ def build_distilled(
     train_on_rows(model, train_rows, make_batch, cfg, progress)
     loss, top1 = rows_loss(model, heldout_rows, make_batch, cfg.batch_size)
     model.to("cpu")
+    read = [
+        {
+            "path": str(data),
+            "finished_parts": len(parts),
+            "complete": is_complete(data),
+            "distilled": {
+                k: settings[data].get(k) for k in ("source", "temperature", "max_new_tokens", "seed")
+            },
+        }
+        for data, parts in folders.items()
+    ]
     meta = {
         "key": draft_key(cfg, identity),
         "builder": asdict(cfg),
         "target": {"path": str(target_dir), **{k: v for k, v in identity.items() if k != "data"}},
         "data": {
             "fingerprint": identity["data"],
-            "finished_parts": sum(len(parts) for parts in folders.values()),
-            "complete": all(is_complete(data) for data in folders),
+            "finished_parts": sum(f["finished_parts"] for f in read),
+            "complete": all(f["complete"] for f in read),
             "train_rows": len(train_rows),
             "heldout_rows": len(heldout_rows),
-            "folders": [
-                {
-                    "path": str(data),
-                    "finished_parts": len(parts),
-                    "complete": is_complete(data),
-                    "distilled": {
-                        k: settings[data].get(k) for k in ("source", "temperature", "max_new_tokens", "seed")
-                    },
-                }
-                for data, parts in folders.items()
-            ],
+            "folders": read,
         },
         "steps": cfg.steps,
         "parameters": sum(p.numel() for p in model.parameters()),
