@@ -57,9 +57,22 @@ from specheads.decode.tree_inputs import additive_mask
 from specheads.decode.trees import DraftTree, StaticTree
 from specheads.heads.target import FrozenTarget
 
-# "0": grow every level of a dynamic tree, without EAGLE-2's exact early stop (an A/B switch: the stop's check
-# reads each level's values back, a synchronisation on an accelerator; the tree is the same either way)
+# EAGLE-2's exact early stop: "1" checks after each level whether the tree is settled and stops growing it,
+# "0" grows every level. The tree is the same either way; only the cost differs. The check reads each level's
+# values back, a synchronisation on an accelerator. Unset: on for the CPU, where it saves draft forwards, and
+# off elsewhere (an H100 in bf16, SmolLM2, dynamic-60: off was faster in 3 of 4 paired runs, 1.10x in the
+# geometric mean; docs/gpu/h100-s12-smollm2-early-stop-ab.md)
 EARLY_STOP = "SPECHEADS_EAGLE_EARLY_STOP"
+
+
+def early_stop_for(device: torch.device) -> bool:
+    """Whether dynamic trees stop growing once settled on `device` (EARLY_STOP overrides the default)."""
+    switch = os.environ.get(EARLY_STOP, "").strip()
+    if switch not in ("", "0", "1"):
+        raise ValueError(
+            f"{EARLY_STOP}={switch!r}: use 1 (stop early), 0 (grow every level) or leave it unset"
+        )
+    return device.type == "cpu" if switch == "" else switch == "1"
 
 
 class EagleDrafter:
@@ -91,7 +104,7 @@ class EagleDrafter:
                 the lm_head alone. None: the whole vocabulary. The target verifies every draft, so the
                 output is the same either way; only which tokens are proposed changes.
         """
-        self.early_stop = os.environ.get(EARLY_STOP, "1") != "0"
+        self.early_stop = early_stop_for(target.lm_head.weight.device)
         if vocab is not None and head.method == "eagle3":
             raise ValueError("EAGLE-3 heads draft over their own vocabulary; `vocab` is for EAGLE-1/2 heads")
         self.vocab = check_vocab(vocab, target.vocab_size, target.lm_head.weight.device)

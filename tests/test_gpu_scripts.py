@@ -23,6 +23,7 @@ def test_every_gpu_stage_is_there():
         "tiny.sh",
         "smollm2.sh",
         "smollm2-table.sh",
+        "park.sh",
     }
 
 

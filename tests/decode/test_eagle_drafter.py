@@ -6,7 +6,7 @@ import torch
 from transformers import DynamicCache
 
 from specheads.decode import SpeculativeDecoder, StaticTree, default_tree
-from specheads.decode.eagle_drafter import EARLY_STOP, EagleDrafter
+from specheads.decode.eagle_drafter import EARLY_STOP, EagleDrafter, early_stop_for
 from specheads.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, FrozenTarget, layer_config_from
 from specheads.train.eagle_losses import eagle3_loss, eagle_loss
 
@@ -156,6 +156,26 @@ def test_the_early_stop_switch_grows_every_level_and_drafts_the_same(monkeypatch
     assert torch.equal(early_out, full_out) and early_trees == full_trees
     assert len(full_feeds) == len(full_trees) * 5  # every level below the first, every step
     assert len(early_feeds) < len(full_feeds)  # a 4-node tree stops growing before depth 6
+
+
+def test_the_early_stop_defaults_to_on_for_the_cpu_and_off_on_accelerators(monkeypatch):
+    """Unset, EAGLE-2's early stop is on where it saves draft forwards (the CPU) and off on an accelerator,
+    where its per-level read-back is a synchronisation; the switch forces either, and a bad value is named."""
+    monkeypatch.delenv(EARLY_STOP, raising=False)
+    assert early_stop_for(torch.device("cpu")) is True
+    assert early_stop_for(torch.device("cuda", 0)) is False
+    assert early_stop_for(torch.device("meta")) is False
+    for switch, expected in (("1", True), ("0", False), (" 0 ", False)):
+        monkeypatch.setenv(EARLY_STOP, switch)
+        assert early_stop_for(torch.device("cpu")) is expected
+        assert early_stop_for(torch.device("cuda", 0)) is expected
+    monkeypatch.setenv(EARLY_STOP, "off")
+    with pytest.raises(ValueError, match="SPECHEADS_EAGLE_EARLY_STOP='off'"):
+        early_stop_for(torch.device("cpu"))
+    monkeypatch.delenv(EARLY_STOP)
+    model = tiny_model("llama", vocab_size=VOCAB)
+    target = FrozenTarget(model)
+    assert EagleDrafter(make_head("eagle", target), target, top_k=2, depth=3, total_tokens=4).early_stop
 
 
 @pytest.mark.parametrize("tree", ["static", "dynamic"])
