@@ -32,6 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs, compact_rows, pad_rows
 from specheads.decode.drafters import SampledTree
+from specheads.decode.grouped_attention import forced_grouped_attention, grouped_attention_for
 from specheads.decode.packed_linear import PackedLinears
 from specheads.decode.sampling import SamplingParams, check_generator, sample, sampling_probs
 from specheads.decode.tree_inputs import TreeInputs, attention_window, check_attention_implementation
@@ -212,6 +213,8 @@ class TreeDecoder:
         # sdpa wants a float mask in the dtype of the queries, i.e. of the hidden states.
         self.mask_dtype = target.embed_tokens.weight.dtype
         self.packed = PackedLinears.for_target(target)  # fp32 on the CPU: weights packed per tree size
+        # on the CPU: grouped heads attended without copying the cache to every head (grouped_attention.py)
+        self.grouped = grouped_attention_for(target)
 
     @property
     def device(self) -> torch.device:
@@ -227,7 +230,8 @@ class TreeDecoder:
                 f"({cache.get_seq_length()} cached + {tree.num_nodes} nodes): the last mask dimension must be "
                 f"the real KV length"
             )
-        with self.packed.rows(inputs.input_ids.numel()) if self.packed else nullcontext():
+        packed = self.packed.rows(inputs.input_ids.numel()) if self.packed else nullcontext()
+        with packed, forced_grouped_attention() if self.grouped else nullcontext():
             return self.target(
                 inputs.input_ids,
                 attention_mask=inputs.attention_mask,
