@@ -10,6 +10,11 @@ trap save EXIT
 [ -d /tmp/sm ] || { echo "fresh machine: /tmp/sm is gone (scripts/gpu/smollm2.sh first)"; exit 3; }
 heads_and_trees /tmp/sm dynamic-60
 DM=""; [ -f /tmp/sm/draft/config.json ] && DM="--draft-model /tmp/sm/draft"
+# where a forward's time goes (the fifth loan: generate() at about 30 tokens/s on this 135M model, 29-35 ms a
+# one-token forward): the device's busy share of the baseline's step and of the tree forwards
+timeout ${PROF_S:-60} python3 scripts/profile_forward.py --target smollm2 --device $DEV --dtype bfloat16 \
+    --out $R/profile-bf16.json > $R/profile-bf16.log 2>&1
+echo "profile bf16 rc=$?"; cat $R/profile-bf16.md 2>/dev/null; save
 # A/B, EAGLE-3 alone (issue 18: its bf16 efficiency): EAGLE-2's exact early stop reads each level's values back
 # (a GPU sync a level); SPECHEADS_EAGLE_EARLY_STOP=0 grows every level instead (the same trees). Off is the
 # default on CUDA since the fifth loan (off faster in 3 of 4 pairs); AB_S seconds a run
