@@ -18,8 +18,8 @@ Other row counts inside the block (the prefill, a shorter last tree) take `_mkl_
 as any kernel change does: fp32 argmaxes are unchanged in the identity tests, but not bit-identical logits.
 The packed copies are kept per row count asked for (a few: each decoder's tree size); each costs about a
 copy of the linear weights. The first MAX_ROW_COUNTS counts are packed and later ones never, so what a
-timing sees is what decoding gets: `--tree auto`'s sweep (sizes 1, 2, 4, 8, ... in that order) packs the
-small sizes and times the larger ones unpacked, as a decoder of that size would then run.
+timing sees is what decoding gets. `--tree auto`'s sweep (evaluate/step_timing.py) times each size packed
+and releases it afterwards, so every size is timed as a decoder of that size alone would run it.
 `SPECHEADS_PACKED_LINEARS=0` turns it off (the A/B switch of the benchmarks).
 """
 
@@ -100,6 +100,11 @@ class PackedLinears:
         finally:
             for layer in self.linears:
                 del layer.forward  # back to the class's forward
+
+    def release(self, n: int) -> None:
+        """Drop the packed copies for `n` rows (a timing sweep's, once that size is timed), freeing their
+        memory and their place among the MAX_ROW_COUNTS."""
+        self.packed.pop(n, None)
 
 
 def _packed_forward(layer: nn.Linear, packed: torch.Tensor, n: int):

@@ -3,7 +3,10 @@
 A target step (the decoder's own step: tree inputs, the tree forward, greedy verification, compaction) is
 timed per tree size on a binary tree of that many nodes, and a drafter's `propose` once per kind of work
 (`same_work`: EAGLE-2 drafters of depth 1 draft the same candidates), both on a cache of realistic length,
-interleaved over the repeats after an untimed round; each keeps its fastest run.
+interleaved over the repeats after an untimed round; each keeps its fastest run. Where the target's weights
+are packed per row count (decode/packed_linear.py, fp32 on the CPU), the step sizes are timed one after
+another instead, each packed for its own rounds, so the packing's cap on row counts never leaves a larger
+size timed unpacked.
 """
 
 from __future__ import annotations
@@ -89,12 +92,27 @@ class MeasuredTimer:
             self.decoder.drafter.tree = tree
             self.decoder.step(context, cache)
 
+        def run(n: int) -> float:
+            took = self._seconds(lambda: step(trees[n]))
+            if cache.get_seq_length() > past:  # back to `past` for the next run
+                cache.crop(-(cache.get_seq_length() - past))
+            return took
+
         seconds: dict[int, list[float]] = {n: [] for n in sizes}
-        for _ in range(self.repeats + 1):
-            for n, tree in trees.items():
-                seconds[n].append(self._seconds(lambda tree=tree: step(tree)))
-                if cache.get_seq_length() > past:  # back to `past` for the next run
-                    cache.crop(-(cache.get_seq_length() - past))
+        packed = self.decoder.packed
+        if packed is None:  # the sizes interleaved over the rounds: each sees the load of the others
+            for _ in range(self.repeats + 1):
+                for n in sizes:
+                    seconds[n].append(run(n))
+        else:
+            # weights packed per row count (decode/packed_linear.py): one size at a time, packed for its rounds
+            # (the first, untimed, packs) and released after unless a decoder already uses it, so every size
+            # is timed as its decoder would run it and the sweep leaves no copies behind
+            for n in sizes:
+                kept = n in packed.packed
+                seconds[n] = [run(n) for _ in range(self.repeats + 1)]
+                if not kept:
+                    packed.release(n)
         return {n: min(s[1:]) for n, s in seconds.items()}
 
     def drafts(self, drafters: Sequence[Drafter]) -> list[float]:

@@ -1,6 +1,8 @@
 """PackedLinears: the target's fp32 linears multiply MKL-packed weights for the tree forward's row count, on
 the CPU, and the decoder stays identical to `generate()` with them (decode/packed_linear.py)."""
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,7 @@ from specheads.decode import MedusaDrafter, SpeculativeDecoder, default_tree
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
 from specheads.decode.packed_linear import ENV, PackedLinears, available
+from specheads.evaluate.step_timing import MeasuredTimer
 from specheads.heads import FrozenTarget
 
 from decode_helpers import random_prompts, reference_generate
@@ -128,3 +131,33 @@ def test_batched_decoding_packs_its_rows_and_equals_generate():
     if MKL:
         assert 4 * 16 in decoder.packed.packed and all(n % 16 == 0 for n in decoder.packed.packed)
     assert swapped(model) == [False] * len(swapped(model))
+
+
+def test_the_calibration_sweep_times_every_size_packed_and_leaves_no_copies_behind(monkeypatch):
+    """`--tree auto`'s step timing: more sizes than the packing keeps row counts, each timed with its weights
+    packed (one size at a time), and released after, except a size a decoder already uses."""
+    model = tiny_model("llama", vocab_size=VOCAB)
+    target = FrozenTarget(model)
+    sequence = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))
+    timer = MeasuredTimer(target, (-1,), sequence, start=10, repeats=2)
+    packed = timer.decoder.packed
+    if not MKL:
+        assert packed is None and set(timer.target_steps([1, 2, 4])) == {1, 2, 4}
+        return
+    sizes = list(range(1, PackedLinears.MAX_ROW_COUNTS + 3))  # more sizes than row counts kept
+    with packed.rows(3):  # a decoder of 3 nodes already uses its packing
+        pass
+    inside, rows = [], packed.rows
+
+    @contextmanager
+    def recording(n):
+        with rows(n):
+            inside.append((n, all(swapped(model))))
+            yield
+
+    monkeypatch.setattr(packed, "rows", recording)
+    steps = timer.target_steps(sizes)
+    assert set(steps) == set(sizes) and all(seconds > 0 for seconds in steps.values())
+    assert sorted({n for n, _ in inside}) == sizes and all(packed_then for _, packed_then in inside)
+    assert [n for n, _ in inside] == [n for n in sizes for _ in range(3)]  # one size at a time, 3 rounds
+    assert set(packed.packed) == {3}  # the decoder's packing stays; the sweep's are released
