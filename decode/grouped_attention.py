@@ -59,10 +59,8 @@ def forced_grouped_attention() -> Iterator[None]:
 def supported() -> bool:
     """Whether this torch and transformers route sdpa calls with a mask to `enable_gqa` when forced: asked
     of transformers' own decision function, so a version without the switch is simply left alone."""
-    if use_gqa_in_sdpa is None or tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (
-        2,
-        5,
-    ):
+    torch_version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if use_gqa_in_sdpa is None or torch_version < (2, 5):  # sdpa's enable_gqa came with torch 2.5
         return False
     mask, key = torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 8)
     with forced_grouped_attention():
