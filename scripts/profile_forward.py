@@ -48,6 +48,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def device_time(event) -> float:
+    """An op's own microseconds on the device (the attribute's name changed across torch versions)."""
+    return getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0))
+
+
 def profiled(run, device: torch.device, repeats: int, top: int) -> dict:
     """Wall seconds a call of `run` (the mean of `repeats`, after two untimed calls) and its top ops."""
     for _ in range(2):
@@ -70,7 +75,6 @@ def profiled(run, device: torch.device, repeats: int, top: int) -> dict:
         ],
     }
     if device.type == "cuda":
-        device_time = lambda e: getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))  # noqa: E731
         kernels = sorted(events, key=lambda e: -device_time(e))[:top]
         busy = sum(device_time(e) for e in events) / 1e6 / repeats
         row["device_busy_seconds"] = busy
