@@ -19,7 +19,9 @@ TRANSFORMERS_SDPA_FORCE_GQA=1. The decoder sets it for its tree forward only:
 
 SmolLM2-135M (9 query heads, 3 key/value heads), fp32, 1 thread, the machine loaded: one tree forward took
 1.09-1.13x as long without it over 300 cached tokens, and 1.13-1.23x over 900, with equal logits.
-`SPECHEADS_GROUPED_ATTENTION=0` turns it off (the A/B switch of the benchmarks).
+`SPECHEADS_GROUPED_ATTENTION=0` turns it off (the A/B switch of the benchmarks). The variable is the
+process's: another thread's sdpa call during a tree forward takes the same route, with the same results
+(on CUDA more slowly).
 """
 
 from __future__ import annotations
