@@ -11,7 +11,6 @@ size timed unpacked.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
@@ -21,6 +20,7 @@ from specheads.decode.decoder import SpeculativeDecoder
 from specheads.decode.drafters import DraftContext, Drafter
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.kv_cache import new_cache
+from specheads.decode.step import timed
 from specheads.decode.trees import DraftTree
 from specheads.heads.target import FrozenTarget
 
@@ -69,11 +69,7 @@ class MeasuredTimer:
         return [steps[n] for n in nodes], self.drafts(drafters)
 
     def _seconds(self, run: Callable[[], Any]) -> float:
-        _sync(self.target.device)
-        begin = time.perf_counter()
-        run()
-        _sync(self.target.device)
-        return time.perf_counter() - begin
+        return timed(run, self.target.device)[1]
 
     def target_steps(self, sizes: Sequence[int]) -> dict[int, float]:
         """Per size N: one decoder step (tree inputs, forward, greedy verification and compaction) over a
@@ -172,8 +168,3 @@ def measured_timer(
     length = sequence.shape[1]
     start = min(prompt_len + (length - prompt_len) // 2, length - repeats - 2)
     return MeasuredTimer(target, capture_layers, sequence, start, repeats)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

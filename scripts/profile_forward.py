@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import time
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs
 from specheads.decode.decoder import SpeculativeDecoder
 from specheads.decode.kv_cache import new_cache
-from specheads.decode.step import decoding_attention
+from specheads.decode.step import decoding_attention, timed
 from specheads.decode.trees import DraftTree
 from specheads.heads import FrozenTarget
 from specheads.heads.atomic import write_json, write_text
@@ -43,46 +42,32 @@ class _NoDrafter:
     capture_layers: tuple[int, ...] = ()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def device_time(event) -> float:
     """An op's own microseconds on the device (the attribute's name changed across torch versions)."""
     return getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0))
 
 
+def top_ops(events, micros, top: int, repeats: int) -> list[dict]:
+    """The `top` events by `micros(event)` (their own microseconds over all repeats), per forward."""
+    return [
+        {"op": e.key, "self_seconds": micros(e) / 1e6 / repeats, "calls": e.count // repeats}
+        for e in sorted(events, key=lambda e: -micros(e))[:top]
+    ]
+
+
 def profiled(run, device: torch.device, repeats: int, top: int) -> dict:
     """Wall seconds a call of `run` (the mean of `repeats`, after two untimed calls) and its top ops."""
-    for _ in range(2):
-        run()
-    _sync(device)
+    timed(lambda: [run() for _ in range(2)], device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        begin = time.perf_counter()
-        for _ in range(repeats):
-            run()
-        _sync(device)
-        wall = (time.perf_counter() - begin) / repeats
-    events = prof.key_averages()
-    host = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
-    row = {
-        "wall_seconds": wall,
-        "host_ops": [
-            {"op": e.key, "self_seconds": e.self_cpu_time_total / 1e6 / repeats, "calls": e.count // repeats}
-            for e in host
-        ],
-    }
+        _, seconds = timed(lambda: [run() for _ in range(repeats)], device)
+    wall, events = seconds / repeats, prof.key_averages()
+    row = {"wall_seconds": wall, "host_ops": top_ops(events, lambda e: e.self_cpu_time_total, top, repeats)}
     if device.type == "cuda":
-        kernels = sorted(events, key=lambda e: -device_time(e))[:top]
         busy = sum(device_time(e) for e in events) / 1e6 / repeats
         row["device_busy_seconds"] = busy
         row["device_busy_share"] = busy / wall if wall > 0 else 0.0
-        row["device_ops"] = [
-            {"op": e.key, "self_seconds": device_time(e) / 1e6 / repeats, "calls": e.count // repeats}
-            for e in kernels
-        ]
+        row["device_ops"] = top_ops(events, device_time, top, repeats)
     return row
 
 
