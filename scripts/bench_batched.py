@@ -22,7 +22,6 @@ import argparse
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,6 +29,7 @@ import torch
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
 from specheads.decode.decoder import PHASES
+from specheads.decode.step import timed
 from specheads.evaluate.baseline import generate_rows, pad_token_id
 from specheads.evaluate.eval_drafters import add_tree_argument, drafter_for
 from specheads.evaluate.prompts import encode_prompts, read_prompts
@@ -38,26 +38,13 @@ from specheads.heads import FrozenTarget, load_heads
 DEFAULT_HEADS = Path("runs/quickstart/medusa")
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def baseline(target: FrozenTarget, ids, mask, max_new_tokens: int) -> tuple[list[list[int]], float]:
     """The target's own batched greedy `generate`: each row's new tokens up to its EOS, and the wall seconds."""
-    sync(target.device)
-    start = time.perf_counter()
-    rows = generate_rows(target, ids, max_new_tokens, mask)
-    sync(target.device)
-    return rows, time.perf_counter() - start
+    return timed(lambda: generate_rows(target, ids, max_new_tokens, mask), target.device)
 
 
 def speculative(decoder: BatchedSpeculativeDecoder, ids, mask, max_new_tokens: int):
-    sync(decoder.target.device)
-    start = time.perf_counter()
-    out = decoder.generate(ids, mask, max_new_tokens, profile=True)
-    sync(decoder.target.device)
-    return out, time.perf_counter() - start
+    return timed(lambda: decoder.generate(ids, mask, max_new_tokens, profile=True), decoder.target.device)
 
 
 def bench_batch_size(decoder, prompts, batch_size: int, args, pad_id: int) -> dict:

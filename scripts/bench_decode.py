@@ -22,7 +22,6 @@ import json
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,6 +29,8 @@ import torch
 from specheads.decode import DEFAULT_TREES, MedusaDrafter, SpeculativeDecoder, StaticTree, default_tree
 from specheads.decode.decoder import PHASES
 from specheads.decode.kv_cache import new_cache
+from specheads.decode.step import timed
+from specheads.evaluate.baseline import generate_rows
 from specheads.heads import FrozenTarget, load_heads
 from specheads.train.builders.tiny_target import HELDOUT_FILE
 
@@ -58,37 +59,29 @@ def choose_tree(args, num_heads: int) -> StaticTree:
     return default_tree(args.tree, num_heads=num_heads)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 @torch.no_grad()
 def plain_decode(target: FrozenTarget, prompt: torch.Tensor, n: int) -> tuple[list[int], float, float]:
     """Greedy decoding one token per forward; returns (tokens, prefill seconds, seconds per decode step)."""
     cache = new_cache()
-    sync(target.device)
-    start = time.perf_counter()
-    token = target(prompt, past_key_values=cache).logits[:, -1:].argmax(-1)  # (1, 1)
-    sync(target.device)
-    prefill = time.perf_counter() - start
-    tokens = [int(token)]
-    for _ in range(n - 1):
-        token = target(token, past_key_values=cache).logits[:, -1:].argmax(-1)
-        tokens.append(int(token))
-    sync(target.device)
-    return tokens, prefill, (time.perf_counter() - start - prefill) / max(1, n - 1)
-
-
-@torch.no_grad()
-def baseline_generate(target: FrozenTarget, prompt: torch.Tensor, n: int) -> tuple[torch.Tensor, float]:
-    sync(target.device)
-    start = time.perf_counter()
-    out = target.model.generate(
-        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, do_sample=False
+    token, prefill = timed(
+        lambda: target(prompt, past_key_values=cache).logits[:, -1:].argmax(-1), target.device
     )
-    sync(target.device)
-    return out[:, prompt.shape[1] :], time.perf_counter() - start
+    tokens = [int(token)]
+
+    def rest() -> None:
+        nonlocal token
+        for _ in range(n - 1):
+            token = target(token, past_key_values=cache).logits[:, -1:].argmax(-1)
+            tokens.append(int(token))
+
+    _, seconds = timed(rest, target.device)
+    return tokens, prefill, seconds / max(1, n - 1)
+
+
+def baseline_generate(target: FrozenTarget, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
+    """The target's own greedy `generate` (evaluate.baseline): the new tokens up to EOS, and the wall seconds."""
+    rows, seconds = timed(lambda: generate_rows(target, prompt, n), target.device)
+    return rows[0], seconds
 
 
 def bench(args) -> dict:
@@ -124,9 +117,9 @@ def bench(args) -> dict:
                 "new_tokens": out.tokens.shape[1],
                 "steps": out.steps,
                 "mean_accept_length": out.mean_accept_length,
-                "identical_to_baseline": torch.equal(out.tokens, reference),
+                "identical_to_baseline": out.tokens[0].tolist() == reference,
                 "seconds": decode_seconds,
-                "baseline_new_tokens": reference.shape[1],
+                "baseline_new_tokens": len(reference),
                 "baseline_seconds": generate_seconds,
                 "step_seconds": (decode_seconds - out.timings.get("prefill", 0.0)) / max(1, out.steps),
                 "plain_step_seconds": plain_step,

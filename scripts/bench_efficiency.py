@@ -29,6 +29,7 @@ here, never asserted in tests; the machine is named in the JSON with its load av
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import statistics
@@ -40,7 +41,7 @@ import torch
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs
 from specheads.decode.decoder import PHASES, SpeculativeDecoder
 from specheads.decode.kv_cache import new_cache
-from specheads.decode.step import decoding_attention
+from specheads.decode.step import decoding_attention, timed
 from specheads.decode.trees import DraftTree
 from specheads.evaluate.baseline import generate_rows
 from specheads.evaluate.eval_drafters import drafter_for
@@ -82,13 +83,7 @@ class CostCurve:
             # forward: built before the clock (a static tree's are cached; timing them here once made
             # t(64) 15-60% dearer than the decoder's own tree forward, and efficiencies above 1)
             inputs = batched_tree_inputs(tree, self.layout, self.past, decoder.mask_dtype, decoder.window)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            decoder.tree_forward(tree, inputs, self.cache)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            seconds = time.perf_counter() - start
+            _, seconds = timed(functools.partial(decoder.tree_forward, tree, inputs, self.cache), device)
             self.cache.crop(-n)  # back to the past alone
             if record:
                 self.samples[n].append(seconds)
