@@ -1,4 +1,5 @@
-"""Side by side with the peers' own trainers on the tiny target (issue 21): tau for the same budget.
+"""Side by side with the peers' own trainers on the tiny target, and SmolLM2 for EAGLE-3 (issue 21): tau for the
+same budget.
 
     nice -n 15 env OMP_NUM_THREADS=1 python scripts/bench_trainers.py --overwrite \
         --medusa-ablations "warmup 10%,data labels,decay 1"
@@ -57,6 +58,13 @@ EAGLE-3  modelopt runs in its own env (tests/consumers/modelopt_env.py: its tran
          ("defaults") and with some of our settings (MODELOPT_VARIANTS), each at every --peer-seeds (its
          training.seed). The verdict adds whether ours clears the best peer's tau by issue 21's 5% (GOALS).
 
+--target smollm2 runs the EAGLE-3 comparison on SmolLM2-135M-Instruct (README "A real target"): the rows are
+         the target's own greedy answers (--answer-tokens at most) to the first --eagle3-rows of the project's
+         seed prompts, in its chat template; ours trains recipes/smollm2-135m/eagle3.yaml (every row: no
+         held-out share), modelopt fuses the same layers (HF 2, 15, 27: its own default there) over the same
+         draft-vocabulary size; tau is `specheads eval` on --eval-prompts MT-Bench questions, one a category in
+         turn. eagle-llm and medusa-llm read Vicuna-templated rows, built for the tiny target alone.
+
 --methods picks what runs; the other methods' rows are carried from --report's JSON, each with the command
 that measured it. Writes REPORT/bench_trainers.json and REPORT/bench_trainers.md (the table) after every
 run, REPORT/learning_curve.png at the end (--report, default docs/bench_trainers/; --render redraws both
@@ -80,8 +88,11 @@ from pathlib import Path
 
 from bench_trainers_jobs import (
     EAGLE_BS,
+    RECIPES,
     ROOT,
+    chat_conversations,
     eagle_budget,
+    eval_prompts,
     evaluate,
     import_heads,
     load_average,
@@ -90,6 +101,7 @@ from bench_trainers_jobs import (
     medusa_budget,
     message_rows,
     peer_target,
+    recipe_path,
     row_result,
     run_measured,
     sharegpt_rows,
@@ -106,14 +118,14 @@ from bench_trainers_medusa import (
 from bench_trainers_modelopt import (
     EAGLE3_ABLATIONS,
     MODELOPT,
-    MODELOPT_CHANGES,
-    MODELOPT_DRAFT_VOCAB,
     MODELOPT_VARIANTS,
     eagle3_ablation,
     eagle3_budget,
     joined_help,
+    modelopt_changes,
     modelopt_job,
     modelopt_variant,
+    recipe_eagle3,
 )
 from bench_trainers_report import plot, render, render_table
 
@@ -212,12 +224,18 @@ def ours_row(
     extra = {"eval_batches": args.our_eval_batches, "seed": seed, **extra}  # an ablation may set its seeds
     name = f"ours-{method}-e{budget['epochs']}-s{seed}" + (f"-{variant}" if variant else "")
     load = load_average()
-    got = train_ours(method, ctx["rows_path"], budget, out / name, extra)
-    ev = evaluate(Path(got["heads"]), tree, out / f"eval-{name}", args.eval_prompts, args.eval_new_tokens)
+    got = train_ours(method, ctx["rows_path"], budget, out / name, extra, args.target)
+    ev = evaluate(Path(got["heads"]), tree, out / f"eval-{name}", args.eval_prompts, args.eval_new_tokens,
+                  args.target, ctx["eval_source"])  # fmt: skip
     label = {"eagle": "EAGLE", "medusa": "Medusa", "eagle3": "EAGLE-3"}[method]
     trainer = "specheads" + (f" ({variant})" if variant else "")
+    changes = list(changes or OUR_CHANGES[method])
+    if args.target != "tiny":
+        changes.append(
+            "eval_fraction=0 (the recipe holds 2% of its rows out; here it trains on every row, as modelopt)"
+        )
     row = row_result(label, trainer, budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
-                     changes or OUR_CHANGES[method], overrides=got["overrides"], seed=seed,
+                     changes, overrides=got["overrides"], seed=seed,
                      load_average=load)  # fmt: skip
     print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
     return row
@@ -253,12 +271,14 @@ def run_eagle3(args, ctx: dict) -> list[dict]:
     """At each budget, largest first, seed by seed: modelopt (each of --modelopt-variants, --peer-seeds as
     its training.seed) and ours (--seeds), both drafting over the same number of tokens (draft_vocab)."""
     rows, n = ctx["rows"], len(ctx["conversations"])
-    vocab = min(MODELOPT_DRAFT_VOCAB, distinct_chat_tokens(ctx["target"], ctx["conversations"]))
+    layers, recipe_vocab = recipe_eagle3(recipe_path(args.target, "eagle3"))
+    ctx = {**ctx, "eagle3_layers": layers}  # modelopt fuses the same target layers
+    vocab = min(recipe_vocab, distinct_chat_tokens(ctx["target"], ctx["conversations"]))
     ours_extra, ours_changes = {}, []
-    if vocab < MODELOPT_DRAFT_VOCAB:  # calibrate_frequent_vocab needs that many distinct tokens in the rows
+    if vocab < recipe_vocab:  # calibrate_frequent_vocab needs that many distinct tokens in the rows
         ours_extra = {"draft_vocab_size": vocab}
         ours_changes = [f"draft_vocab_size={vocab} (the rows' distinct tokens, all modelopt can calibrate; "
-                        f"the recipe's {MODELOPT_DRAFT_VOCAB})"]  # fmt: skip
+                        f"the recipe's {recipe_vocab})"]  # fmt: skip
     variants = args.modelopt_variants.split(",")
     ablations = [a for a in args.eagle3_ablations.split(",") if a]
     epochs = sorted(ints(args.eagle3_epochs), reverse=True)
@@ -310,10 +330,12 @@ def modelopt_row(budget: dict, seed: int, variant: str, vocab: int, args, ctx: d
     if got["global_step"] != budget["steps"]:
         raise RuntimeError(f"{name}: modelopt took {got['global_step']} steps, the budget {budget['steps']}")
     native = import_heads("eagle3", Path(got["export"]), ctx["target"], work / "native")
-    ev = evaluate(native, args.eagle_tree, work / "eval", args.eval_prompts, args.eval_new_tokens)
+    ev = evaluate(native, args.eagle_tree, work / "eval", args.eval_prompts, args.eval_new_tokens, args.target,
+                  ctx["eval_source"])  # fmt: skip
     trainer = MODELOPT + ("" if variant == "defaults" else f" ({variant})")
+    changes = modelopt_changes(json.loads((ctx["target"] / "config.json").read_text()), ctx["eagle3_layers"])
     losses = [h["loss"] for h in got["log_history"] if "loss" in h]
-    row = row_result("EAGLE-3", trainer, budget, ctx["chat_tokens"], ev, wall, rss, MODELOPT_CHANGES, seed=seed,
+    row = row_result("EAGLE-3", trainer, budget, ctx["chat_tokens"], ev, wall, rss, changes, seed=seed,
                      load_average=load, overrides=job["overrides"], stages_s=got["seconds"],
                      first_last_loss=[losses[0], losses[-1]] if losses else None)  # fmt: skip
     print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
@@ -341,15 +363,16 @@ class ReportedRows(list):
         self.write(self)
 
 
-def data_context(target: Path, conversations: list, out: Path, peer_dir: Path, env: Path) -> dict:
-    """The rows in both formats under `out` and what the runs read about them."""
+def data_context(target: Path, conversations: list, out: Path, peer_dir: Path | None, env: Path) -> dict:
+    """The rows in both formats under `out` and what the runs read about them (the peers' Vicuna view only
+    with `peer_dir`: the tiny target's)."""
     from transformers import AutoTokenizer
 
     out.mkdir()
     rows_path = out / "rows.jsonl"
     rows_path.write_text("".join(json.dumps(r) + "\n" for r in message_rows(conversations)))
     (out / "sharegpt.json").write_text(json.dumps(sharegpt_rows(conversations), indent=1))
-    ours_tok, peer_tok = AutoTokenizer.from_pretrained(target), AutoTokenizer.from_pretrained(peer_dir)
+    ours_tok = AutoTokenizer.from_pretrained(target)
     chats = [ours_tok.apply_chat_template(r["messages"], tokenize=False) for r in message_rows(conversations)]
     return {
         "env": env,
@@ -360,7 +383,11 @@ def data_context(target: Path, conversations: list, out: Path, peer_dir: Path, e
         "rows_path": rows_path,
         "hidden": json.loads((target / "config.json").read_text())["hidden_size"],
         "chat_tokens": sum(len(ours_tok(c, add_special_tokens=False).input_ids) for c in chats) / len(chats),
-        "vicuna_tokens": mean_tokens(peer_tok, [vicuna_text(p_, a) for p_, a in conversations]),
+        "vicuna_tokens": None
+        if peer_dir is None
+        else mean_tokens(
+            AutoTokenizer.from_pretrained(peer_dir), [vicuna_text(p, a) for p, a in conversations]
+        ),
     }
 
 
@@ -383,6 +410,13 @@ def carried_rows(report: Path, methods: list[str]) -> tuple[list[dict], dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--target",
+        default="tiny",
+        choices=sorted(RECIPES),
+        help="the target both sides train on: tiny (every method) or smollm2 (EAGLE-3: ours against Model "
+        "Optimizer; data the target's own answers to the project's seed prompts, tau on MT-Bench)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-trainers", help="work directory")
     p.add_argument("--report", type=Path, default=ROOT / "docs" / "bench_trainers", help="JSON, table, PNG")
     p.add_argument("--rows", type=int, default=16, help="conversations (N) for EAGLE")
@@ -458,11 +492,18 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(CONSUMERS))
     import modelopt_env
 
+    from specheads.heads.named_targets import resolve_target
     from specheads.train.builders.tiny_target import ensure_tiny_target
 
     import consumer_env
 
     methods = args.methods.split(",")
+    if args.target != "tiny" and methods != ["eagle3"]:
+        raise SystemExit(
+            f"--target {args.target}: only --methods eagle3 (ours against Model Optimizer, which reads the "
+            f"target's own chat template); eagle-llm and medusa-llm read Vicuna-templated rows this bench "
+            f"builds for the tiny target alone"
+        )
     for v in filter(None, args.medusa_ablations.split(",")):
         ablation_overrides(v, medusa_budget(1, 1))  # a bad name stops here, before any work
     for v in args.modelopt_variants.split(","):
@@ -478,12 +519,21 @@ def main(argv: list[str] | None = None) -> int:
     env = consumer_env.env_dir()
     if not (env / "PINS").is_file():
         consumer_env.build(env)
-    target, _, _ = ensure_tiny_target(progress=False)
     n = max(args.rows if "eagle" in methods else 0, args.medusa_rows if "medusa" in methods else 0,
             args.eagle3_rows if "eagle3" in methods else 0)  # fmt: skip
-    print(f"data: {n} conversations from the training files", flush=True)
-    conversations = make_conversations(target, n, args.prompt_tokens, args.answer_tokens, args.seed)
-    peer_dir = peer_target(target, args.out / "peer-target", args.max_length)
+    if args.target == "tiny":
+        target, _, _ = ensure_tiny_target(progress=False)
+        print(f"data: {n} conversations from the training files", flush=True)
+        conversations = make_conversations(target, n, args.prompt_tokens, args.answer_tokens, args.seed)
+        peer_dir = peer_target(target, args.out / "peer-target", args.max_length)
+    else:
+        target = Path(resolve_target(args.target))
+        print(f"data: the target's answers to {n} seed prompts", flush=True)
+        conversations = chat_conversations(target, n, args.answer_tokens, args.seed)
+        peer_dir = None
+    eval_source = eval_prompts(args.target, args.out, args.eval_prompts)
+    layers, _ = recipe_eagle3(recipe_path(args.target, "eagle3"))
+    its_changes = modelopt_changes(json.loads((target / "config.json").read_text()), layers)
     carried, carried_from = carried_rows(args.report, methods)
     data: dict = {}
 
@@ -502,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {k: str(v) for k, v in vars(args).items()},
             "data": data,
             "carried_from": carried_from,
-            "peer_changes": {**PEER_CHANGES, MODELOPT: MODELOPT_CHANGES},
+            "peer_changes": {**PEER_CHANGES, MODELOPT: its_changes},
             "our_changes": OUR_CHANGES,
             "ablations": {k: v(medusa_budget(args.medusa_rows, max(ints(args.medusa_epochs))))
                           for k, v in MEDUSA_ABLATIONS.items()},
@@ -526,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
             data[method] = {"conversations": rows, "prompt_tokens": args.prompt_tokens,
                             "answer_tokens": args.answer_tokens, "mean_row_tokens_ours": ctx["chat_tokens"],
                             "mean_row_tokens_peers": ctx["vicuna_tokens"]}  # fmt: skip
-            run(args, {**ctx, "rows": results})
+            run(args, {**ctx, "rows": results, "eval_source": eval_source})
     write(results, final=True)
     print(render_table(results))
     print(f"wrote {args.report}/bench_trainers.json, bench_trainers.md, learning_curve.png")

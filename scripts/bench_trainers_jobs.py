@@ -16,6 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# the recipe folder of each target the bench trains on: `--target tiny` (the default) or `smollm2`
+RECIPES = {"tiny": "tiny", "smollm2": "smollm2-135m"}
 EAGLE_TRAIN_FRACTION = 0.95  # eagle-llm's main.py: datapath[:int(len(datapath) * 0.95)]
 EAGLE_BS = 4  # main.py's --bs default
 
@@ -82,6 +84,51 @@ def make_conversations(target_dir: Path, n: int, prompt_tokens: int, answer_toke
         if answer.strip():
             out.append((prompt, answer))
     return out
+
+
+def chat_conversations(target_dir: Path, n: int, answer_tokens: int, seed: int, batch: int = 16) -> list:
+    """[(prompt text, answer text)] for a chat target: the first n of the project's seed prompts in `seed`'s
+    order (train/data/seed_prompts.py; never MT-Bench or Spec-Bench, which a test proves) and, as the answer,
+    the target's own greedy reply in its chat template (at most `answer_tokens`, cut at its EOS)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specheads.train.data.seed_prompts import seed_prompts
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    prompts = [r["messages"][0]["content"] for r in seed_prompts(seed)][:n]
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
+    out = []
+    for start in range(0, len(prompts), batch):
+        chunk = prompts[start : start + batch]
+        texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                         add_generation_prompt=True) for p in chunk]  # fmt: skip
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            gen = model.generate(**enc, max_new_tokens=answer_tokens, do_sample=False, pad_token_id=pad)
+        for prompt, row in zip(chunk, gen[:, enc.input_ids.shape[1] :].tolist()):
+            end = next((i for i, t in enumerate(row) if t in eos), len(row))
+            out.append((prompt, tok.decode(row[:end], skip_special_tokens=True)))
+    return out
+
+
+def eval_prompts(target: str, out: Path, n: int) -> str:
+    """What `specheads eval --prompts` reads for `target`: the tiny target's held-out files, else n MT-Bench
+    questions, one from each category in turn (every 10th: MT-Bench lists ten a category), in a file under
+    `out`."""
+    if target == "tiny":
+        return "heldout"
+    from specheads.heads.question_sets import prompt_set_path
+
+    lines = Path(prompt_set_path("mt-bench")).read_text().splitlines()
+    picked = [lines[(i % 8) * 10 + i // 8] for i in range(min(n, len(lines)))]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "mt-bench-eval.jsonl").write_text("\n".join(picked) + "\n")
+    return str(out / "mt-bench-eval.jsonl")
 
 
 def sharegpt_rows(conversations: list) -> list[dict]:
@@ -159,7 +206,14 @@ def run_measured(cmd: list[str], log: Path, env: dict | None = None) -> tuple[fl
     return wall, usage.ru_maxrss / 1024
 
 
-def train_ours(method: str, data: Path, budget: dict, out: Path, extra: dict) -> dict:
+def recipe_path(target: str, method: str) -> Path:
+    """Our recipe for `method` on `target` (RECIPES)."""
+    if target not in RECIPES:
+        raise SystemExit(f"--target {target!r}: the bench has recipes for {sorted(RECIPES)}")
+    return ROOT / "recipes" / RECIPES[target] / f"{method}.yaml"
+
+
+def train_ours(method: str, data: Path, budget: dict, out: Path, extra: dict, target: str = "tiny") -> dict:
     overrides = {
         "data": f"[{data}]",
         "max_steps": budget["steps"],
@@ -169,9 +223,11 @@ def train_ours(method: str, data: Path, budget: dict, out: Path, extra: dict) ->
         "loss_on": "assistant",
         "report_to": "none",
         "output_dir": str(out),
+        # a chat target's recipe holds out a share of its data; here both sides train on every row
+        **({} if target == "tiny" else {"eval_fraction": 0}),
         **extra,
     }
-    recipe = ROOT / "recipes" / "tiny" / f"{method}.yaml"
+    recipe = recipe_path(target, method)
     args = ["train", str(recipe), *(f"{k}={v}" for k, v in overrides.items()), "--no-progress", "--overwrite"]
     wall, rss = run_measured(specheads_cmd(*args), out.parent / f"{out.name}.log")
     return {
@@ -188,8 +244,17 @@ def import_heads(fmt: str, checkpoint: Path, target: Path, out: Path) -> Path:
     return out
 
 
-def evaluate(heads: Path, tree: str, out: Path, prompts: int, new_tokens: int) -> dict:
-    args = ["eval", "--target", "tiny", "--heads", str(heads), "--prompts", "heldout", "--tree", tree]
+def evaluate(
+    heads: Path,
+    tree: str,
+    out: Path,
+    prompts: int,
+    new_tokens: int,
+    target: str = "tiny",
+    source: str = "heldout",
+) -> dict:
+    """`specheads eval` of `heads` on `target`, `prompts` of `source` (eval_prompts), with `tree`."""
+    args = ["eval", "--target", target, "--heads", str(heads), "--prompts", source, "--tree", tree]
     args += ["--num-prompts", str(prompts), "--max-new-tokens", str(new_tokens), "--out", str(out)]
     run_measured(specheads_cmd(*args, "--no-progress", "--overwrite"), out.parent / f"{out.name}.log")
     return json.loads((out / "results.json").read_text())

@@ -18,8 +18,6 @@ from pathlib import Path
 # override below is listed among the row's changes (MODELOPT_CHANGES). The draft layer is the target's
 # (ours: Eagle3Head's stock layer); the recipe's is a Llama-3-8B layer (14336, 32 x 128, 8 KV heads).
 MODELOPT = "modelopt 0.47.0"
-MODELOPT_AUX_LAYERS = [0, 1, 2]  # its 0-based layer outputs = our recipe's HF hidden_states 1, 2, 3
-MODELOPT_DRAFT_VOCAB = 2048  # our recipe's draft_vocab_size (modelopt's recipe: the whole vocabulary)
 MODELOPT_CPU = {
     "training.bf16": False,
     "training.tf32": False,
@@ -71,9 +69,6 @@ MODELOPT_CHANGES = [
     "CPU fp32: bf16, tf32 and eagle_use_torch_compile false (recipe: true); logging_steps 1, report_to none",
     "num_train_epochs E, per_device_train_batch_size B for the budget (recipe: 1, 1); training_seq_len "
     "--max-length (recipe: 2048; every row padded to it, as its collator does)",
-    "the draft layer sized to the target's (intermediate 352, 2 heads of 64, 2 KV heads, fp32; recipe: an 8B "
-    "layer)",
-    "aux layers [0, 1, 2] = ours' HF 1, 2, 3 (its default for 4 layers: [0, 1])",
     "draft vocabulary the size of ours, by its calibrate_frequent_vocab over the rows (recipe: the whole "
     "vocabulary), its ids put in id order before training (as ours keeps them)",
     "exported without the recipe's YaRN rope_scaling (factor 32, on a draft trained without it; its "
@@ -83,6 +78,35 @@ MODELOPT_CHANGES = [
     "answer_only_loss false kept (its loss on every token of the chat; ours on the answer's); seed S is its "
     "training.seed (data order), main.py seeds the draft's initial weights with 0",
 ]
+
+
+def recipe_eagle3(recipe: Path) -> tuple[list[int], int]:
+    """Our EAGLE-3 recipe's target layers (HF hidden_states ids) and draft-vocabulary size: modelopt is given
+    the same (its aux layer ids count decoder layers from 0, so HF id l is its l - 1)."""
+    import yaml
+
+    config = yaml.safe_load(recipe.read_text())
+    return [int(i) for i in config["eagle3_layers"]], int(config["draft_vocab_size"])
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """modelopt's own aux layers for a target of `num_layers` (hf_eagle.py's default_eagle_aux_layer_ids)."""
+    return sorted({1, max(0, num_layers // 2 - 1), max(0, num_layers - 4)})
+
+
+def modelopt_changes(target_config: dict, hf_layers: list[int]) -> list[str]:
+    """MODELOPT_CHANGES with what depends on the target: its draft layer's size and the aux layers."""
+    c, aux = target_config, [i - 1 for i in hf_layers]
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return [
+        *MODELOPT_CHANGES[:3],
+        f"the draft layer sized to the target's (intermediate {c['intermediate_size']}, "
+        f"{c['num_attention_heads']} heads of {head_dim}, {c['num_key_value_heads']} KV heads, fp32; recipe: "
+        "an 8B layer)",
+        f"aux layers {aux} = ours' HF {', '.join(map(str, hf_layers))} (its default for "
+        f"{c['num_hidden_layers']} layers: {default_aux_layers(c['num_hidden_layers'])})",
+        *MODELOPT_CHANGES[3:],
+    ]
 
 
 def eagle3_budget(rows: int, epochs: int, batch: int) -> dict:
@@ -96,10 +120,11 @@ def eagle3_budget(rows: int, epochs: int, batch: int) -> dict:
 def modelopt_job(ctx: dict, work: Path, budget: dict, seed: int, variant: str, draft_vocab: int) -> dict:
     """modelopt_train.py's job: main.py's recipe overrides (a dotlist, as its command line takes them)."""
     layer = json.loads((ctx["target"] / "config.json").read_text())
+    head_dim = layer.get("head_dim") or layer["hidden_size"] // layer["num_attention_heads"]
     arch = {"intermediate_size": layer["intermediate_size"], "num_attention_heads": layer["num_attention_heads"],
-            "num_key_value_heads": layer["num_key_value_heads"], "head_dim": layer["head_dim"],
+            "num_key_value_heads": layer["num_key_value_heads"], "head_dim": head_dim,
             "rms_norm_eps": layer["rms_norm_eps"], "torch_dtype": "float32", "draft_vocab_size": draft_vocab,
-            "eagle_aux_hidden_state_layer_ids": MODELOPT_AUX_LAYERS}  # fmt: skip
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ctx["eagle3_layers"]]}  # fmt: skip
     overrides = {
         "model.model_name_or_path": str(ctx["target"]),
         "data.data_path": str(ctx["rows_path"]),

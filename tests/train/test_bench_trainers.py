@@ -274,7 +274,12 @@ def modelopt_ctx(tmp_path):
     layer = {"intermediate_size": 352, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64,
              "rms_norm_eps": 1e-6}  # fmt: skip
     (target / "config.json").write_text(bench.json.dumps(layer))
-    return {"target": target, "rows_path": tmp_path / "rows.jsonl", "max_length": 256}
+    return {
+        "target": target,
+        "rows_path": tmp_path / "rows.jsonl",
+        "max_length": 256,
+        "eagle3_layers": [1, 2, 3],
+    }
 
 
 def test_modelopt_job_is_its_recipe_with_the_budget_the_cpu_and_our_layers_and_vocabulary(tmp_path):
@@ -301,6 +306,72 @@ def test_modelopt_job_is_its_recipe_with_the_budget_the_cpu_and_our_layers_and_v
     tuned = modelopt.modelopt_job(ctx, tmp_path / "w", budget, 0, "lr 1e-3+warmup 10%", 557)
     assert "training.learning_rate=0.001" in tuned["overrides"]
     assert "training.warmup_steps=8" in tuned["overrides"]  # the HF Trainer's ceil(0.1 * 80)
+
+
+@pytest.mark.parametrize("target", ["tiny", "smollm2"])
+def test_modelopt_fuses_our_recipes_layers_and_drafts_over_its_vocabulary_size(target):
+    """Each target's EAGLE-3 recipe says which target layers both trainers fuse and how many tokens both draft
+    over (the bench lowers both to the rows' distinct tokens when fewer)."""
+    import yaml
+
+    recipe = jobs.recipe_path(target, "eagle3")
+    config = yaml.safe_load(recipe.read_text())
+    layers, vocab = modelopt.recipe_eagle3(recipe)
+    assert (layers, vocab) == (config["eagle3_layers"], config["draft_vocab_size"])
+    assert config["target"] == target and config["method"] == "eagle3"
+
+
+def test_modelopt_aux_layers_are_ours_counted_from_zero_and_its_default_is_named():
+    """modelopt counts decoder layers from 0 where HF's hidden_states count the embedding as 0: our HF ids
+    1, 2, 3 are its 0, 1, 2. On SmolLM2 (30 layers) our recipe's 2, 15, 27 are its own default 1, 14, 26."""
+    assert modelopt.default_aux_layers(4) == [0, 1] and modelopt.default_aux_layers(30) == [1, 14, 26]
+    smollm2 = {"intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+               "hidden_size": 576, "num_hidden_layers": 30}  # fmt: skip
+    changes = modelopt.modelopt_changes(smollm2, [2, 15, 27])
+    assert "aux layers [1, 14, 26] = ours' HF 2, 15, 27 (its default for 30 layers: [1, 14, 26])" in changes
+    assert any(
+        "intermediate 1536, 9 heads of 64, 3 KV heads" in c for c in changes
+    )  # head_dim from the width
+    assert len(changes) == len(modelopt.MODELOPT_CHANGES) + 2
+
+
+def test_modelopt_job_reads_the_head_dim_from_the_width_when_the_config_has_none(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    layer = {"intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576,
+             "rms_norm_eps": 1e-5}  # fmt: skip
+    (target / "config.json").write_text(bench.json.dumps(layer))
+    ctx = {
+        "target": target,
+        "rows_path": tmp_path / "r.jsonl",
+        "max_length": 256,
+        "eagle3_layers": [2, 15, 27],
+    }
+    job = modelopt.modelopt_job(ctx, tmp_path / "w", modelopt.eagle3_budget(8, 1, 4), 0, "defaults", 8192)
+    arch = dict(item.split("=", 1) for item in job["overrides"])["eagle.eagle_architecture_config"]
+    arch = bench.json.loads(arch)
+    assert arch["head_dim"] == 64 and arch["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+
+
+def test_smollm2_runs_eagle3_alone_and_says_why():
+    with pytest.raises(SystemExit, match="only --methods eagle3"):
+        bench.main(["--target", "smollm2", "--methods", "medusa,eagle3"])
+
+
+def test_smollm2_is_evaluated_on_mt_bench_one_question_a_category_in_turn(tmp_path):
+    """The tiny target's tau comes from its held-out files; a chat target's from MT-Bench, spread over the
+    categories (the first 10 questions are all writing)."""
+    import json
+
+    assert jobs.eval_prompts("tiny", tmp_path, 12) == "heldout"
+    path = jobs.eval_prompts("smollm2", tmp_path / "e", 9)
+    questions = [json.loads(line) for line in open(path)]
+    assert len(questions) == 9
+    assert (
+        len({q["category"] for q in questions[:8]}) == 8
+        and questions[8]["category"] == questions[0]["category"]
+    )
+    assert questions[8]["question_id"] == questions[0]["question_id"] + 1
 
 
 def test_an_unknown_modelopt_variant_stops_the_bench():
@@ -358,3 +429,17 @@ def test_eagle3_ablations_are_modelopts_settings_as_our_recipe_overrides():
     assert modelopt.eagle3_ablation("init seed 0", budget, seed=2) == {"seed": 0, "data_seed": 2}
     with pytest.raises(SystemExit, match="ttt 7"):  # an unknown ablation stops the bench
         modelopt.eagle3_ablation("ttt 7", budget)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_chat_rows_are_the_targets_greedy_answers_to_the_seed_prompts_in_order(tiny_target_dirs):
+    """For a chat target the rows are the project's seed prompts (never MT-Bench or Spec-Bench) answered by
+    the target, greedily in its own template; batched with left padding, each answer is the one the prompt
+    gets alone."""
+    from specheads.train.data.seed_prompts import seed_prompts
+
+    target = tiny_target_dirs["llama"]
+    rows = jobs.chat_conversations(target, 3, 5, seed=0, batch=3)
+    assert [p for p, _ in rows] == [r["messages"][0]["content"] for r in seed_prompts(0)[:3]]
+    alone = [jobs.chat_conversations(target, i + 1, 5, seed=0, batch=1)[i] for i in range(3)]
+    assert rows == alone and all(isinstance(a, str) for _, a in rows)
