@@ -268,17 +268,20 @@ def test_eagle3_budget_is_modelopt_trainers_steps_with_its_last_short_batch_drop
     assert (short["steps"], short["rows_seen"], short["peer_rows"]) == (14, 56, 30)
 
 
-def modelopt_ctx(tmp_path):
+TINY_LAYER = {"intermediate_size": 352, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64,
+              "rms_norm_eps": 1e-6}  # fmt: skip
+
+
+def modelopt_ctx(tmp_path, layer: dict = TINY_LAYER, eagle3_layers: tuple = (1, 2, 3)) -> dict:
+    """What modelopt_job reads: a target folder with `layer` as its config.json, and our recipe's layers."""
     target = tmp_path / "target"
     target.mkdir()
-    layer = {"intermediate_size": 352, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64,
-             "rms_norm_eps": 1e-6}  # fmt: skip
     (target / "config.json").write_text(bench.json.dumps(layer))
     return {
         "target": target,
         "rows_path": tmp_path / "rows.jsonl",
         "max_length": 256,
-        "eagle3_layers": [1, 2, 3],
+        "eagle3_layers": list(eagle3_layers),
     }
 
 
@@ -336,17 +339,9 @@ def test_modelopt_aux_layers_are_ours_counted_from_zero_and_its_default_is_named
 
 
 def test_modelopt_job_reads_the_head_dim_from_the_width_when_the_config_has_none(tmp_path):
-    target = tmp_path / "target"
-    target.mkdir()
-    layer = {"intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576,
-             "rms_norm_eps": 1e-5}  # fmt: skip
-    (target / "config.json").write_text(bench.json.dumps(layer))
-    ctx = {
-        "target": target,
-        "rows_path": tmp_path / "r.jsonl",
-        "max_length": 256,
-        "eagle3_layers": [2, 15, 27],
-    }
+    smollm2 = {"intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576,
+               "rms_norm_eps": 1e-5}  # fmt: skip
+    ctx = modelopt_ctx(tmp_path, smollm2, (2, 15, 27))
     job = modelopt.modelopt_job(ctx, tmp_path / "w", modelopt.eagle3_budget(8, 1, 4), 0, "defaults", 8192)
     arch = dict(item.split("=", 1) for item in job["overrides"])["eagle.eagle_architecture_config"]
     arch = bench.json.loads(arch)
