@@ -18,6 +18,7 @@ top-2) and a grandchild under the first (head 1's top-1).
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -253,14 +254,25 @@ def _as_path(path) -> tuple[int, ...]:
     return tuple(path)
 
 
+def named_tree_paths(name: str) -> tuple[tuple[int, ...], ...]:
+    """The paths of a named static tree: one of DEFAULT_TREES, or `chain-K` (K >= 1: the top guess at each of
+    K depths, one node a depth: the cheapest tree to draft K deep)."""
+    if name in DEFAULT_TREES:
+        return DEFAULT_TREES[name]
+    chain = re.fullmatch(r"chain-([1-9][0-9]*)", name)
+    if chain is None:
+        raise ValueError(
+            f"unknown tree {name!r}; expected one of {sorted(DEFAULT_TREES)}, or chain-K with K >= 1"
+        )
+    return tuple((0,) * depth for depth in range(1, int(chain.group(1)) + 1))
+
+
 def default_tree(name: str, num_heads: int | None = None) -> StaticTree:
-    """One of DEFAULT_TREES, keeping only the paths that `num_heads` heads can fill.
+    """A named static tree (`named_tree_paths`), keeping only the paths that `num_heads` heads can fill.
 
     Dropping every path deeper than the number of heads keeps the tree prefix-closed.
     """
-    if name not in DEFAULT_TREES:
-        raise ValueError(f"unknown tree {name!r}; expected one of {sorted(DEFAULT_TREES)}")
-    choices = [p for p in DEFAULT_TREES[name] if num_heads is None or len(p) <= num_heads]
+    choices = [p for p in named_tree_paths(name) if num_heads is None or len(p) <= num_heads]
     return StaticTree.from_choices(choices, num_heads=num_heads)
 
 

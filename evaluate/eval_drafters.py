@@ -37,12 +37,13 @@ EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_TOTAL_TOKENS = 8, 5, 32
 def add_tree_argument(parser, *, per_heads: bool = False, auto: bool = False) -> None:
     """`--tree`, as every command that decodes with heads takes it (eval, compare, the batched benchmark).
 
-    A name is one of DEFAULT_TREES (a static tree, cut to the heads' depth), dynamic[-N] for EAGLE heads
+    A name is one of DEFAULT_TREES or chain-K (a static tree, cut to the heads' depth), dynamic[-N] for EAGLE heads
     (EAGLE-2, N nodes), or, where `auto`, auto (calibrate.py); `drafter_for` reads it. `per_heads`: one
     name for every --heads directory or one each.
     """
     help = (
-        f"draft tree: one of {', '.join(sorted(DEFAULT_TREES))}, cut to the heads' depth (default for "
+        f"draft tree: one of {', '.join(sorted(DEFAULT_TREES))} or chain-K (K deep, one node a depth), cut to "
+        "the heads' depth (default for "
         "Medusa: medusa-15 for <= 2 heads, -31 for 3, -63 for more); for EAGLE heads also dynamic[-N] "
         f"(EAGLE-2, N nodes; N={EAGLE_TOTAL_TOKENS} when not given)"
     )
@@ -150,7 +151,7 @@ def static_tree_only(tree: str) -> None:
     if dynamic_size(tree) is not None:
         raise ValueError(
             f"--tree {tree}: dynamic trees are for EAGLE heads; these are Medusa heads, which take a "
-            f"static tree ({', '.join(sorted(DEFAULT_TREES))}) or auto"
+            f"static tree ({', '.join(sorted(DEFAULT_TREES))}, chain-K) or auto"
         )
 
 

@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=64, help="cut each prompt to this many tokens")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--tree", default="medusa-63", choices=sorted(DEFAULT_TREES))
+    p.add_argument(
+        "--tree", default="medusa-63", help=f"one of {', '.join(sorted(DEFAULT_TREES))}, or chain-K (K deep)"
+    )
     p.add_argument(
         "--tree-choices", help="Medusa tree choices as JSON (a string or a file); overrides --tree"
     )

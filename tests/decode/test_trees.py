@@ -70,6 +70,21 @@ def test_default_tree_keeps_what_the_heads_can_fill():
         default_tree("medusa-7")
 
 
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_chain_k_is_the_top_guess_at_each_of_k_depths(k):
+    tree = default_tree(f"chain-{k}")
+    assert tree.choices == tuple((0,) * d for d in range(1, k + 1))
+    assert (tree.num_nodes, tree.max_depth, tree.topk) == (k + 1, k, 1)
+    assert tree.parents == (-1, *range(k))
+    assert default_tree(f"chain-{k}", num_heads=2).max_depth == min(k, 2)  # cut to the heads, as any tree
+
+
+@pytest.mark.parametrize("name", ["chain-0", "chain-", "chain-03", "chain-2x", "chains-2"])
+def test_a_malformed_chain_is_an_unknown_tree(name):
+    with pytest.raises(ValueError, match=f"unknown tree '{name}'.*chain-K with K >= 1"):
+        default_tree(name)
+
+
 def test_ancestors_and_depths_of_a_draft_tree():
     #      0
     #    1   2
