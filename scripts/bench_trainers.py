@@ -562,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.report / "bench_trainers.json").write_text(json.dumps(report, indent=1, default=str))
         (args.report / "bench_trainers.md").write_text(render_table(rows))
         if final:
-            plot(rows, args.report / "learning_curve.png")
+            plot(rows, args.report / "learning_curve.png", args.target)
 
     results = ReportedRows(write)
     results.extend(carried)

@@ -223,7 +223,9 @@ def goal_line(method: str, where: str, ours: dict, best: dict, trainer: str, on:
     )
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, target: str = "tiny") -> None:
+    """tau against target tokens seen, a panel per method, a line per trainer; `target` names the target and
+    the prompts tau was measured on (the tiny target's held-out files, else MT-Bench)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -243,9 +245,9 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.errorbar(x, [p["mean"] for p in t], marker="o", capsize=3,
                         yerr=[[p["mean"] - p["min"] for p in t], [p["max"] - p["mean"] for p in t]],
                         label=trainer + (f" (mean, min-max of {n} runs)" if n > 1 else ""))  # fmt: skip
-        ax.set_title(f"{method} on the tiny target")
+        ax.set_title(f"{method} on the tiny target" if target == "tiny" else f"{method} on {target}")
         ax.set_xlabel("target tokens seen in training")
-        ax.set_ylabel("tau (our decoder, held-out prompts)")
+        ax.set_ylabel(f"tau (our decoder, {'held-out prompts' if target == 'tiny' else 'MT-Bench'})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -271,4 +273,4 @@ def render(report: Path, merge: list[Path]) -> None:
     if merge:
         path.write_text(json.dumps(data, indent=1, default=str))
     (report / "bench_trainers.md").write_text(render_table(data["rows"]))
-    plot(data["rows"], report / "learning_curve.png")
+    plot(data["rows"], report / "learning_curve.png", data.get("settings", {}).get("target", "tiny"))

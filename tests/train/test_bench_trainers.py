@@ -209,6 +209,21 @@ def test_plot_writes_a_png(tmp_path):
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize(
+    "target, title, prompts", [("tiny", "the tiny target", "held-out"), ("smollm2", "smollm2", "MT-Bench")]
+)
+def test_the_plot_names_the_target_and_the_prompts_tau_was_measured_on(
+    tmp_path, monkeypatch, target, title, prompts
+):
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to read its labels
+    report.plot([row("EAGLE-3", "specheads", 4, 1.35)], tmp_path / "curve.png", target)
+    ax = figures[0].axes[0]
+    assert ax.get_title() == f"EAGLE-3 on {title}" and prompts in ax.get_ylabel()
+
+
 def test_each_measured_row_rewrites_the_report_so_a_cut_run_keeps_it():
     written = []
     rows = bench.ReportedRows(lambda rs: written.append(len(rs)))
