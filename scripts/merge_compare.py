@@ -1,13 +1,13 @@
-"""Merge `specheads compare` runs over disjoint prompts into one table (e.g. two halves run side by side).
+"""Merge `specheads compare` runs over disjoint prompts into one comparison (e.g. two halves run side by side).
 
-    python scripts/merge_compare.py OUT_A/results.json OUT_B/results.json --out merged.json --md merged.md \\
-        --title "SmolLM2, all 80 MT-Bench questions"
+    python scripts/merge_compare.py OUT_A/results.json OUT_B/results.json --out MERGED
 
-Each method's new tokens, seconds, steps and prompts are summed over the runs (so tokens/s and the speedup
-over `generate()` are the whole set's); τ is the step-weighted mean accept length, acceptance per depth the
-step-weighted rates, the share of a step outside the target's forward the seconds-weighted one; "identical"
-adds the runs' n/N. The runs must hold the same methods with the same settings; the per-category tables are
-merged the same way. Writes compact JSON and a markdown table.
+Each method's per-prompt records (which results.json keeps) are put together and its figures built anew by
+compare's own `method_entry` (evaluate/compare_records.py), overall and per category: so τ, acceptance per
+depth, tokens/s, speedup, identity and the phase shares are the whole set's, exactly as one run over all the
+prompts would report them. MERGED/results.json (compact; `--per-prompt` keeps the records, which are large)
+and MERGED/report.md (compare's report) are written; no plots or answer files. The runs must compare the
+same methods with the same settings, on the same target, dtype and token budget.
 """
 
 from __future__ import annotations
@@ -16,93 +16,74 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-SUMMED = ("new_tokens", "seconds", "baseline_seconds", "baseline_new_tokens", "num_prompts")
+from specheads.evaluate.compare_records import method_entry
+from specheads.evaluate.report import render_comparison
+from specheads.heads.atomic import write_text
 
-
-def merged_entry(entries: list[dict]) -> dict:
-    """One method's (or category's) figures over several runs' entries of results.json."""
-    steps = sum(e["steps"] for e in entries)
-    out = {"steps": steps, **{k: sum(e[k] for e in entries) for k in SUMMED}}
-    out["tau"] = sum(e["mean_accept_length"] * e["steps"] for e in entries) / steps
-    depth = max(len(e["accept_rate_per_depth"]) for e in entries)
-    rates = [e["accept_rate_per_depth"] + [0.0] * (depth - len(e["accept_rate_per_depth"])) for e in entries]
-    out["accept_rate_per_depth"] = [
-        sum(e["steps"] * r[d] for e, r in zip(entries, rates)) / steps for d in range(depth)
-    ]
-    same, total = zip(*(map(int, e["identical_to_baseline"].split("/")) for e in entries))
-    out["identical"] = f"{sum(same)}/{sum(total)}"
-    out["tokens_per_second"] = out["new_tokens"] / out["seconds"]
-    out["baseline_tokens_per_second"] = out["baseline_new_tokens"] / out["baseline_seconds"]
-    out["speedup"] = out["tokens_per_second"] / out["baseline_tokens_per_second"]
-    timed = [e for e in entries if e.get("outside_forward_fraction") is not None]
-    out["outside_forward_fraction"] = (
-        sum(e["outside_forward_fraction"] * e["seconds"] for e in timed) / sum(e["seconds"] for e in timed)
-        if timed
-        else None
-    )
-    return out
+SAME = ("baseline", "max_new_tokens", "temperature", "dtype", "device", "attn_implementation")
 
 
 def merge(runs: list[dict]) -> dict:
-    """The merged record of several results.json (same methods and settings, disjoint prompts)."""
-    names = [m["name"] for m in runs[0]["methods"]]
+    """One results.json from several over disjoint prompts (module docstring)."""
+    first = runs[0]
+    names = [m["name"] for m in first["methods"]]
     for run in runs[1:]:
         if [m["name"] for m in run["methods"]] != names:
             raise ValueError(
                 f"the runs compare other methods: {names} and {[m['name'] for m in run['methods']]}"
             )
-        for m, first in zip(run["methods"], runs[0]["methods"]):
-            if m["settings"] != first["settings"]:
+        for key in SAME:
+            if run.get(key) != first.get(key):
+                raise ValueError(f"the runs differ in {key}: {first.get(key)!r} and {run.get(key)!r}")
+        if run["target"].get("weights_fingerprint") != first["target"].get("weights_fingerprint"):
+            raise ValueError("the runs decoded different target weights")
+        for m, m0 in zip(run["methods"], first["methods"]):
+            if m["settings"] != m0["settings"]:
                 raise ValueError(f"{m['name']} ran with other settings in one of the runs")
-    categories = list(dict.fromkeys(c for run in runs for m in run["methods"] for c in m["per_category"]))
-    methods = {}
-    for name in names:
-        entries = [next(m for m in run["methods"] if m["name"] == name) for run in runs]
-        methods[name] = {
-            **merged_entry(entries),
-            "settings": entries[0]["settings"],
-            "per_category": {
-                c: merged_entry([e["per_category"][c] for e in entries if c in e["per_category"]])
-                for c in categories
-            },
-        }
-    keep = ("max_new_tokens", "dtype", "threads", "versions", "platform")
-    return {"runs": [{"command": r["command"], "prompts": r["prompts"]} for r in runs],
-            **{k: runs[0].get(k) for k in keep}, "methods": methods}  # fmt: skip
-
-
-def table(merged: dict, title: str) -> str:
-    lines = [f"# {title}", "", "| method | τ | acceptance per depth | tokens/s | speedup | outside forward | identical |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    for name, e in merged["methods"].items():
-        rates = [f"{r:.2f}" for r in e["accept_rate_per_depth"]]
-        while rates and rates[-1] == "0.00":  # depths the drafts reached but never got accepted at
-            rates.pop()
-        acc = " ".join(rates) or "–"
-        off = "–" if e["outside_forward_fraction"] is None else f"{100 * e['outside_forward_fraction']:.0f}%"
-        lines.append(f"| {name} | {e['tau']:.2f} | {acc} | {e['tokens_per_second']:.1f} | {e['speedup']:.2f}x "
-                     f"| {off} | {e['identical']} |")  # fmt: skip
-    names = list(merged["methods"])
-    lines += ["", "Per category, τ / speedup:", "", "| category | " + " | ".join(names) + " |",
-              "| --- |" + " --- |" * len(names)]  # fmt: skip
-    for c in next(iter(merged["methods"].values()))["per_category"]:
-        cells = [merged["methods"][n]["per_category"][c] for n in names]
-        lines.append(f"| {c} | " + " | ".join(f"{e['tau']:.2f} / {e['speedup']:.2f}x" for e in cells) + " |")
-    return "\n".join(lines) + "\n"
+    methods = []
+    for i, m0 in enumerate(first["methods"]):
+        records = [r for run in runs for r in run["methods"][i]["per_prompt"]]
+        # what method_entry reads of a Method: its tree depth (for acceptance per depth) and its settings
+        method = SimpleNamespace(
+            max_depth=len(m0["accept_rate_per_depth"]), settings=lambda m0=m0: m0["settings"]
+        )
+        methods.append(method_entry(m0["name"], m0["method"], method, records))
+    prompts = [run["prompts"] for run in runs]
+    return {
+        **first,
+        "methods": methods,
+        "order": [o for run in runs for o in run["order"]],
+        "prompts": {
+            **prompts[0],
+            "source": " + ".join(p["source"] for p in prompts),
+            "path": [p["path"] for p in prompts],
+            "num_prompts": sum(p["num_prompts"] for p in prompts),
+            "turns": sum(p["turns"] for p in prompts),
+            "skipped": [s for p in prompts for s in p["skipped"]],
+        },
+        "command": "\n".join(run["command"] for run in runs),
+        "answers": {},
+        "plots": {},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", nargs="+", type=Path, help="results.json of each compare run")
-    p.add_argument("--out", type=Path, required=True, help="merged JSON")
-    p.add_argument("--md", type=Path, required=True, help="merged table")
-    p.add_argument("--title", default="specheads compare, merged")
+    p.add_argument("--out", type=Path, required=True, help="folder for the merged results.json and report.md")
+    p.add_argument("--per-prompt", action="store_true", help="keep the per-prompt records in results.json")
     args = p.parse_args(argv)
     merged = merge([json.loads(r.read_text()) for r in args.results])
-    args.out.write_text(json.dumps(merged, separators=(",", ":")))
-    args.md.write_text(table(merged, args.title))
-    print(table(merged, args.title))
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = render_comparison(merged)
+    if not args.per_prompt:
+        for m in merged["methods"]:
+            del m["per_prompt"]
+    write_text(args.out / "results.json", json.dumps(merged, separators=(",", ":")) + "\n")
+    write_text(args.out / "report.md", report)
+    print(f"wrote {args.out}/results.json and report.md ({merged['prompts']['num_prompts']} prompts)")
     return 0
 
 
