@@ -89,30 +89,29 @@ def make_conversations(target_dir: Path, n: int, prompt_tokens: int, answer_toke
 def chat_conversations(target_dir: Path, n: int, answer_tokens: int, seed: int, batch: int = 16) -> list:
     """[(prompt text, answer text)] for a chat target: the first n of the project's seed prompts in `seed`'s
     order (train/data/seed_prompts.py; never MT-Bench or Spec-Bench, which a test proves) and, as the answer,
-    the target's own greedy reply in its chat template (at most `answer_tokens`, cut at its EOS)."""
+    the target's own greedy reply in its chat template (at most `answer_tokens`, up to its EOS), `batch`
+    prompts at a time through the evaluation's baseline runner (left-padded, as `generate` gives each alone)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specheads.decode.batched_inputs import left_pad
+    from specheads.decode.step import eos_ids
+    from specheads.evaluate.baseline import generate_rows, pad_token_id
+    from specheads.heads import FrozenTarget
     from specheads.train.data.seed_prompts import seed_prompts
 
-    tok = AutoTokenizer.from_pretrained(target_dir)
-    tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    target = FrozenTarget.from_pretrained(str(target_dir), dtype="float32")
+    tok, eos = target.tokenizer, eos_ids(target)
     prompts = [r["messages"][0]["content"] for r in seed_prompts(seed)][:n]
-    eos = model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos])
-    pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
     out = []
     for start in range(0, len(prompts), batch):
         chunk = prompts[start : start + batch]
         texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                          add_generation_prompt=True) for p in chunk]  # fmt: skip
-        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        with torch.no_grad():
-            gen = model.generate(**enc, max_new_tokens=answer_tokens, do_sample=False, pad_token_id=pad)
-        for prompt, row in zip(chunk, gen[:, enc.input_ids.shape[1] :].tolist()):
-            end = next((i for i, t in enumerate(row) if t in eos), len(row))
-            out.append((prompt, tok.decode(row[:end], skip_special_tokens=True)))
+        ids, mask = left_pad([torch.tensor(tok(t, add_special_tokens=False).input_ids) for t in texts],
+                             pad_token_id(target))  # fmt: skip
+        for prompt, row in zip(chunk, generate_rows(target, ids, answer_tokens, mask)):
+            answer = row[:-1] if row and row[-1] in eos else row  # the EOS ends the turn; not answer text
+            out.append((prompt, tok.decode(answer, skip_special_tokens=True)))
     return out
 
 
