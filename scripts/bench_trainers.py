@@ -270,9 +270,7 @@ def run_medusa(args, ctx: dict) -> list[dict]:
 def run_eagle3(args, ctx: dict) -> list[dict]:
     """At each budget, largest first, seed by seed: modelopt (each of --modelopt-variants, --peer-seeds as
     its training.seed) and ours (--seeds), both drafting over the same number of tokens (draft_vocab)."""
-    rows, n = ctx["rows"], len(ctx["conversations"])
-    layers, recipe_vocab = recipe_eagle3(recipe_path(args.target, "eagle3"))
-    ctx = {**ctx, "eagle3_layers": layers}  # modelopt fuses the same target layers
+    rows, n, recipe_vocab = ctx["rows"], len(ctx["conversations"]), ctx["eagle3_vocab"]
     vocab = min(recipe_vocab, distinct_chat_tokens(ctx["target"], ctx["conversations"]))
     ours_extra, ours_changes = {}, []
     if vocab < recipe_vocab:  # calibrate_frequent_vocab needs that many distinct tokens in the rows
@@ -333,9 +331,8 @@ def modelopt_row(budget: dict, seed: int, variant: str, vocab: int, args, ctx: d
     ev = evaluate(native, args.eagle_tree, work / "eval", args.eval_prompts, args.eval_new_tokens, args.target,
                   ctx["eval_source"])  # fmt: skip
     trainer = MODELOPT + ("" if variant == "defaults" else f" ({variant})")
-    changes = modelopt_changes(json.loads((ctx["target"] / "config.json").read_text()), ctx["eagle3_layers"])
     losses = [h["loss"] for h in got["log_history"] if "loss" in h]
-    row = row_result("EAGLE-3", trainer, budget, ctx["chat_tokens"], ev, wall, rss, changes, seed=seed,
+    row = row_result("EAGLE-3", trainer, budget, ctx["chat_tokens"], ev, wall, rss, ctx["modelopt_changes"], seed=seed,
                      load_average=load, overrides=job["overrides"], stages_s=got["seconds"],
                      first_last_loss=[losses[0], losses[-1]] if losses else None)  # fmt: skip
     print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
@@ -532,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         conversations = chat_conversations(target, n, args.answer_tokens, args.seed)
         peer_dir = None
     eval_source = eval_prompts(args.target, args.out, args.eval_prompts)
-    layers, _ = recipe_eagle3(recipe_path(args.target, "eagle3"))
+    # our EAGLE-3 recipe's target layers and draft-vocabulary size, which modelopt is given too
+    layers, eagle3_vocab = recipe_eagle3(recipe_path(args.target, "eagle3"))
     its_changes = modelopt_changes(json.loads((target / "config.json").read_text()), layers)
     carried, carried_from = carried_rows(args.report, methods)
     data: dict = {}
@@ -576,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
             data[method] = {"conversations": rows, "prompt_tokens": args.prompt_tokens,
                             "answer_tokens": args.answer_tokens, "mean_row_tokens_ours": ctx["chat_tokens"],
                             "mean_row_tokens_peers": ctx["vicuna_tokens"]}  # fmt: skip
-            run(args, {**ctx, "rows": results, "eval_source": eval_source})
+            run(args, {**ctx, "rows": results, "eval_source": eval_source, "eagle3_layers": layers,
+                       "eagle3_vocab": eagle3_vocab, "modelopt_changes": its_changes})  # fmt: skip
     write(results, final=True)
     print(render_table(results))
     print(f"wrote {args.report}/bench_trainers.json, bench_trainers.md, learning_curve.png")

@@ -94,15 +94,23 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return sorted({1, max(0, num_layers // 2 - 1), max(0, num_layers - 4)})
 
 
+def draft_layer_shape(target_config: dict) -> dict:
+    """The draft layer's shape modelopt is given: the target's (head_dim from the width where the config has
+    none, as HF's Llama derives it)."""
+    c = target_config
+    return {"intermediate_size": c["intermediate_size"], "num_attention_heads": c["num_attention_heads"],
+            "num_key_value_heads": c["num_key_value_heads"],
+            "head_dim": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]}  # fmt: skip
+
+
 def modelopt_changes(target_config: dict, hf_layers: list[int]) -> list[str]:
     """MODELOPT_CHANGES with what depends on the target: its draft layer's size and the aux layers."""
-    c, aux = target_config, [i - 1 for i in hf_layers]
-    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    c, aux, shape = target_config, [i - 1 for i in hf_layers], draft_layer_shape(target_config)
     return [
         *MODELOPT_CHANGES[:3],
-        f"the draft layer sized to the target's (intermediate {c['intermediate_size']}, "
-        f"{c['num_attention_heads']} heads of {head_dim}, {c['num_key_value_heads']} KV heads, fp32; recipe: "
-        "an 8B layer)",
+        f"the draft layer sized to the target's (intermediate {shape['intermediate_size']}, "
+        f"{shape['num_attention_heads']} heads of {shape['head_dim']}, {shape['num_key_value_heads']} KV heads, "
+        "fp32; recipe: an 8B layer)",
         f"aux layers {aux} = ours' HF {', '.join(map(str, hf_layers))} (its default for "
         f"{c['num_hidden_layers']} layers: {default_aux_layers(c['num_hidden_layers'])})",
         *MODELOPT_CHANGES[3:],
@@ -120,10 +128,8 @@ def eagle3_budget(rows: int, epochs: int, batch: int) -> dict:
 def modelopt_job(ctx: dict, work: Path, budget: dict, seed: int, variant: str, draft_vocab: int) -> dict:
     """modelopt_train.py's job: main.py's recipe overrides (a dotlist, as its command line takes them)."""
     layer = json.loads((ctx["target"] / "config.json").read_text())
-    head_dim = layer.get("head_dim") or layer["hidden_size"] // layer["num_attention_heads"]
-    arch = {"intermediate_size": layer["intermediate_size"], "num_attention_heads": layer["num_attention_heads"],
-            "num_key_value_heads": layer["num_key_value_heads"], "head_dim": head_dim,
-            "rms_norm_eps": layer["rms_norm_eps"], "torch_dtype": "float32", "draft_vocab_size": draft_vocab,
+    arch = {**draft_layer_shape(layer), "rms_norm_eps": layer["rms_norm_eps"], "torch_dtype": "float32",
+            "draft_vocab_size": draft_vocab,
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ctx["eagle3_layers"]]}  # fmt: skip
     overrides = {
         "model.model_name_or_path": str(ctx["target"]),
