@@ -26,7 +26,7 @@ budget   the peer's: eagle-llm's main.py runs 21 epochs (hard-coded) over the 95
 runs     one run per seed: ours at each of --seeds (its `seed`), medusa-llm at each of --peer-seeds (its
          --seed); eagle-llm once (its main.py seeds nothing of its own). The table gives tau's mean
          [min-max] over a line's runs and their number; a verdict says "wins"/"LOSES" only when the ranges
-         do not overlap.
+         do not overlap (one run a side: "leads"/"trails", no verdict).
 ablation --medusa-ablations: ours at the largest Medusa budget with one (or several, '+'-joined) of
          medusa-llm's settings in place of our recipe's (MEDUSA_ABLATIONS: its warm-up ratio, its
          unweighted heads, its text labels), at every seed: what each difference buys in tau. --medusa-lrs

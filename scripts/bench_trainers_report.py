@@ -103,15 +103,17 @@ def render_table(rows: list[dict]) -> str:
 
 
 def verdict_word(ours: dict, peer: dict) -> str:
-    """'wins' / 'LOSES' when the tau ranges do not overlap (or single runs differ), else 'ties (ranges
-    overlap)'."""
+    """'wins' / 'LOSES' when the tau ranges do not overlap, else 'ties (the ranges overlap)'. One run a side
+    has no spread to judge a difference by: 'leads' / 'trails' then, and no verdict."""
     if ours["n"] > 1 or peer["n"] > 1:
         if ours["min"] > peer["max"]:
             return "wins"
         if ours["max"] < peer["min"]:
             return "LOSES"
         return "ties (the ranges overlap)"
-    return "wins" if ours["mean"] > peer["mean"] else ("ties" if ours["mean"] == peer["mean"] else "LOSES")
+    if ours["mean"] == peer["mean"]:
+        return "ties"
+    return f"{'leads' if ours['mean'] > peer['mean'] else 'trails'} (one run each: no spread, no verdict)"
 
 
 def verdicts(rows: list[dict]) -> list[str]:

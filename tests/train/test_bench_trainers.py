@@ -74,11 +74,13 @@ def test_table_has_a_line_per_trainer_and_budget_with_the_range_and_runs_and_say
     assert "| Medusa | specheads | 6 | 12 x 32 | 6000 | 1.40 | 1 | 8/8 | - | - | - | - |" in table
     # the verdict at each method's largest budget only
     assert (
-        "Medusa, 21 epochs of 40 rows: ours LOSES against medusa-llm 0.1: tau 1.70 vs 1.90 (-10.5% in the mean; 1 and 1 runs)."
+        "Medusa, 21 epochs of 40 rows: ours trails (one run each: no spread, no verdict) against medusa-llm 0.1: "
+        "tau 1.70 vs 1.90 (-10.5% in the mean; 1 and 1 runs)."
         in table
     )
     assert (
-        "EAGLE, 21 epochs of 40 rows: ours wins against eagle-llm 1.2.1: tau 2.50 vs 2.00 (+25.0% in the mean;"
+        "EAGLE, 21 epochs of 40 rows: ours leads (one run each: no spread, no verdict) against eagle-llm 1.2.1: "
+        "tau 2.50 vs 2.00 (+25.0% in the mean;"
         in table
     )
     assert "6 epochs of 40 rows: ours" not in table
@@ -86,7 +88,19 @@ def test_table_has_a_line_per_trainer_and_budget_with_the_range_and_runs_and_say
     more = [{**r, "budget": jobs.medusa_budget(128, 6)} for r in rows[:2]]
     table = report.render_table(rows[:2] + more)
     assert len([line for line in table.splitlines() if line.startswith("| Medusa")]) == 4
-    assert "Medusa, 6 epochs of 128 rows: ours LOSES" in table and "of 40 rows" not in table
+    assert "Medusa, 6 epochs of 128 rows: ours trails" in table and "of 40 rows" not in table
+
+
+def test_one_run_a_side_is_no_verdict_and_one_against_several_is_judged_by_the_range():
+    one = {"n": 1, "mean": 1.7, "min": 1.7, "max": 1.7}
+    other = {"n": 1, "mean": 1.9, "min": 1.9, "max": 1.9}
+    assert report.verdict_word(one, other) == "trails (one run each: no spread, no verdict)"
+    assert report.verdict_word(other, one) == "leads (one run each: no spread, no verdict)"
+    assert report.verdict_word(one, one) == "ties"
+    several = {"n": 3, "mean": 2.0, "min": 1.95, "max": 2.05}
+    assert report.verdict_word(several, one) == "wins" and report.verdict_word(one, several) == "LOSES"
+    inside = {"n": 3, "mean": 1.9, "min": 1.6, "max": 2.0}
+    assert report.verdict_word(inside, one) == "ties (the ranges overlap)"
 
 
 def test_repeated_runs_give_one_line_with_mean_min_max_and_n_and_overlapping_ranges_tie():
