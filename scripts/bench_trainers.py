@@ -90,6 +90,7 @@ from bench_trainers_jobs import (
     EAGLE_BS,
     RECIPES,
     ROOT,
+    accelerator_mib,
     chat_conversations,
     eagle_budget,
     eval_prompts,
@@ -224,9 +225,9 @@ def ours_row(
     extra = {"eval_batches": args.our_eval_batches, "seed": seed, **extra}  # an ablation may set its seeds
     name = f"ours-{method}-e{budget['epochs']}-s{seed}" + (f"-{variant}" if variant else "")
     load = load_average()
-    got = train_ours(method, ctx["rows_path"], budget, out / name, extra, args.target)
+    got = train_ours(method, ctx["rows_path"], budget, out / name, extra, args.target, args.device)
     ev = evaluate(Path(got["heads"]), tree, out / f"eval-{name}", args.eval_prompts, args.eval_new_tokens,
-                  args.target, ctx["eval_source"])  # fmt: skip
+                  args.target, ctx["eval_source"], args.device)  # fmt: skip
     label = {"eagle": "EAGLE", "medusa": "Medusa", "eagle3": "EAGLE-3"}[method]
     trainer = "specheads" + (f" ({variant})" if variant else "")
     changes = list(changes or OUR_CHANGES[method])
@@ -234,9 +235,11 @@ def ours_row(
         changes.append(
             "eval_fraction=0 (the recipe holds 2% of its rows out; here it trains on every row, as modelopt)"
         )
+    if args.device == "cuda":
+        changes.append("CUDA: target_dtype=bfloat16, mixed_precision=bf16 (the recipe's GPU command)")
     row = row_result(label, trainer, budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
-                     changes, overrides=got["overrides"], seed=seed,
-                     load_average=load)  # fmt: skip
+                     changes, overrides=got["overrides"], seed=seed, load_average=load,
+                     peak_accelerator_mib=got["peak_accelerator_mib"])  # fmt: skip
     print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
     return row
 
@@ -318,9 +321,12 @@ def modelopt_row(budget: dict, seed: int, variant: str, vocab: int, args, ctx: d
     )
     work = args.out / name.replace("%", "pc").replace("+", "-")
     work.mkdir()
-    job = modelopt_job({**ctx, "max_length": args.max_length}, work, budget, seed, variant, vocab)
+    job = modelopt_job({**ctx, "max_length": args.max_length}, work, budget, seed, variant, vocab, args.device)
     (work / "job.json").write_text(json.dumps(job, indent=1))
-    env = {**os.environ, "PYTHONPATH": str(ctx["modelopt_env"]), "HF_HUB_OFFLINE": "1"}
+    # its packages first (its transformers shadows ours), then whatever the caller's path carries (on a lent
+    # GPU: the wheels the image lacks, datasets among them, which modelopt's data loader imports)
+    path = [str(ctx["modelopt_env"]), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "HF_HUB_OFFLINE": "1"}
     load = load_average()
     cmd = [sys.executable, str(CONSUMERS / "modelopt_train.py"), str(work / "job.json")]
     wall, rss = run_measured(cmd, work / "train.log", env=env)
@@ -329,11 +335,12 @@ def modelopt_row(budget: dict, seed: int, variant: str, vocab: int, args, ctx: d
         raise RuntimeError(f"{name}: modelopt took {got['global_step']} steps, the budget {budget['steps']}")
     native = import_heads("eagle3", Path(got["export"]), ctx["target"], work / "native")
     ev = evaluate(native, args.eagle_tree, work / "eval", args.eval_prompts, args.eval_new_tokens, args.target,
-                  ctx["eval_source"])  # fmt: skip
+                  ctx["eval_source"], args.device)  # fmt: skip
     trainer = MODELOPT + ("" if variant == "defaults" else f" ({variant})")
     losses = [h["loss"] for h in got["log_history"] if "loss" in h]
     row = row_result("EAGLE-3", trainer, budget, ctx["chat_tokens"], ev, wall, rss, ctx["modelopt_changes"], seed=seed,
                      load_average=load, overrides=job["overrides"], stages_s=got["seconds"],
+                     peak_accelerator_mib=accelerator_mib(got.get("peak_accelerator_bytes")),
                      first_last_loss=[losses[0], losses[-1]] if losses else None)  # fmt: skip
     print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
     return row
@@ -413,6 +420,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(RECIPES),
         help="the target both sides train on: tiny (every method) or smollm2 (EAGLE-3: ours against Model "
         "Optimizer; data the target's own answers to the project's seed prompts, tau on MT-Bench)",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="where both sides train and decode: cpu (fp32), or cuda (EAGLE-3 only: training in bf16 as each "
+        "recipe's GPU settings have it, torch.compile off for both; decoding in fp32, so outputs must still "
+        "equal generate()'s)",
     )
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-trainers", help="work directory")
     p.add_argument("--report", type=Path, default=ROOT / "docs" / "bench_trainers", help="JSON, table, PNG")
@@ -501,6 +516,13 @@ def main(argv: list[str] | None = None) -> int:
             f"target's own chat template); eagle-llm and medusa-llm read Vicuna-templated rows this bench "
             f"builds for the tiny target alone"
         )
+    if args.device == "cuda":
+        import torch
+
+        if methods != ["eagle3"]:
+            raise SystemExit("--device cuda: only --methods eagle3 (the eagle-llm and medusa-llm shims run on the CPU)")
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: torch sees no CUDA device here")
     for v in filter(None, args.medusa_ablations.split(",")):
         ablation_overrides(v, medusa_budget(1, 1))  # a bad name stops here, before any work
     for v in args.modelopt_variants.split(","):
@@ -513,8 +535,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(args.out)
     args.out.mkdir(parents=True)
     started, load_start = time.time(), load_average()
-    env = consumer_env.env_dir()
-    if not (env / "PINS").is_file():
+    env = consumer_env.env_dir()  # eagle-llm's and medusa-llm's (EAGLE-3's peer has its own: modelopt_env)
+    if {"eagle", "medusa"} & set(methods) and not (env / "PINS").is_file():
         consumer_env.build(env)
     n = max(args.rows if "eagle" in methods else 0, args.medusa_rows if "medusa" in methods else 0,
             args.eagle3_rows if "eagle3" in methods else 0)  # fmt: skip
@@ -526,12 +548,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         target = Path(resolve_target(args.target))
         print(f"data: the target's answers to {n} seed prompts", flush=True)
-        conversations = chat_conversations(target, n, args.answer_tokens, args.seed)
+        conversations = chat_conversations(target, n, args.answer_tokens, args.seed, 64 if args.device == "cuda" else 16,
+                                           args.device)  # fmt: skip
         peer_dir = None
     eval_source = eval_prompts(args.target, args.out, args.eval_prompts)
     # our EAGLE-3 recipe's target layers and draft-vocabulary size, which modelopt is given too
     layers, eagle3_vocab = recipe_eagle3(recipe_path(args.target, "eagle3"))
-    its_changes = modelopt_changes(json.loads((target / "config.json").read_text()), layers)
+    its_changes = modelopt_changes(json.loads((target / "config.json").read_text()), layers, args.device)
     carried, carried_from = carried_rows(args.report, methods)
     data: dict = {}
 

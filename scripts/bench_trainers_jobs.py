@@ -86,11 +86,14 @@ def make_conversations(target_dir: Path, n: int, prompt_tokens: int, answer_toke
     return out
 
 
-def chat_conversations(target_dir: Path, n: int, answer_tokens: int, seed: int, batch: int = 16) -> list:
+def chat_conversations(
+    target_dir: Path, n: int, answer_tokens: int, seed: int, batch: int = 16, device: str = "cpu"
+) -> list:
     """[(prompt text, answer text)] for a chat target: the first n of the project's seed prompts in `seed`'s
     order (train/data/seed_prompts.py; never MT-Bench or Spec-Bench, which a test proves) and, as the answer,
     the target's own greedy reply in its chat template (at most `answer_tokens`, up to its EOS), `batch`
-    prompts at a time through the evaluation's baseline runner (left-padded, as `generate` gives each alone)."""
+    prompts at a time through the evaluation's baseline runner (left-padded, as `generate` gives each alone),
+    in fp32 on `device`."""
     import torch
 
     from specheads.decode.batched_inputs import left_pad
@@ -99,7 +102,8 @@ def chat_conversations(target_dir: Path, n: int, answer_tokens: int, seed: int, 
     from specheads.heads import FrozenTarget
     from specheads.train.data.seed_prompts import seed_prompts
 
-    target = FrozenTarget.from_pretrained(str(target_dir), dtype="float32")
+    target = FrozenTarget.from_pretrained(str(target_dir), dtype="float32",
+                                          device_map=None if device == "cpu" else device)  # fmt: skip
     tok, eos = target.tokenizer, eos_ids(target)
     prompts = [r["messages"][0]["content"] for r in seed_prompts(seed)][:n]
     out = []
@@ -109,7 +113,7 @@ def chat_conversations(target_dir: Path, n: int, answer_tokens: int, seed: int, 
                                          add_generation_prompt=True) for p in chunk]  # fmt: skip
         ids, mask = left_pad([torch.tensor(tok(t, add_special_tokens=False).input_ids) for t in texts],
                              pad_token_id(target))  # fmt: skip
-        for prompt, row in zip(chunk, generate_rows(target, ids, answer_tokens, mask)):
+        for prompt, row in zip(chunk, generate_rows(target, ids.to(device), answer_tokens, mask.to(device))):
             answer = row[:-1] if row and row[-1] in eos else row  # the EOS ends the turn; not answer text
             out.append((prompt, tok.decode(answer, skip_special_tokens=True)))
     return out
@@ -212,7 +216,13 @@ def recipe_path(target: str, method: str) -> Path:
     return ROOT / "recipes" / RECIPES[target] / f"{method}.yaml"
 
 
-def train_ours(method: str, data: Path, budget: dict, out: Path, extra: dict, target: str = "tiny") -> dict:
+# ours on a GPU as the recipes' GPU commands train: the target in bf16 under bf16 autocast, fp32 weights
+OURS_CUDA = {"target_dtype": "bfloat16", "mixed_precision": "bf16"}
+
+
+def train_ours(
+    method: str, data: Path, budget: dict, out: Path, extra: dict, target: str = "tiny", device: str = "cpu"
+) -> dict:
     overrides = {
         "data": f"[{data}]",
         "max_steps": budget["steps"],
@@ -224,17 +234,26 @@ def train_ours(method: str, data: Path, budget: dict, out: Path, extra: dict, ta
         "output_dir": str(out),
         # a chat target's recipe holds out a share of its data; here both sides train on every row
         **({} if target == "tiny" else {"eval_fraction": 0}),
+        **(OURS_CUDA if device == "cuda" else {}),
         **extra,
     }
     recipe = recipe_path(target, method)
     args = ["train", str(recipe), *(f"{k}={v}" for k, v in overrides.items()), "--no-progress", "--overwrite"]
     wall, rss = run_measured(specheads_cmd(*args), out.parent / f"{out.name}.log")
+    summary = json.loads((out / "train_summary.json").read_text()) if (out / "train_summary.json").is_file() else {}
     return {
         "wall_s": wall,
         "peak_rss_mib": rss,
+        "peak_accelerator_mib": accelerator_mib(summary.get("peak_accelerator_bytes")),
         "heads": str(out),
         "overrides": {k: str(v) for k, v in overrides.items()},
     }
+
+
+def accelerator_mib(peaks) -> float | None:
+    """The largest per-process accelerator peak (bytes; -1 where there was none) in MiB, or None."""
+    top = max(peaks or [-1])
+    return top / 2**20 if top > 0 else None
 
 
 def import_heads(fmt: str, checkpoint: Path, target: Path, out: Path) -> Path:
@@ -251,9 +270,12 @@ def evaluate(
     new_tokens: int,
     target: str = "tiny",
     source: str = "heldout",
+    device: str = "cpu",
 ) -> dict:
-    """`specheads eval` of `heads` on `target`, `prompts` of `source` (eval_prompts), with `tree`."""
+    """`specheads eval` of `heads` on `target`, `prompts` of `source` (eval_prompts), with `tree`, in fp32 on
+    `device` (so that every output must equal `generate()`'s there too)."""
     args = ["eval", "--target", target, "--heads", str(heads), "--prompts", source, "--tree", tree]
+    args += ["--device", device, "--dtype", "float32"]
     args += ["--num-prompts", str(prompts), "--max-new-tokens", str(new_tokens), "--out", str(out)]
     run_measured(specheads_cmd(*args, "--no-progress", "--overwrite"), out.parent / f"{out.name}.log")
     return json.loads((out / "results.json").read_text())

@@ -18,13 +18,17 @@ from pathlib import Path
 # override below is listed among the row's changes (MODELOPT_CHANGES). The draft layer is the target's
 # (ours: Eagle3Head's stock layer); the recipe's is a Llama-3-8B layer (14336, 32 x 128, 8 KV heads).
 MODELOPT = "modelopt 0.47.0"
-MODELOPT_CPU = {
-    "training.bf16": False,
-    "training.tf32": False,
-    "training.report_to": "none",
-    "training.disable_tqdm": True,
-    "training.logging_steps": 1,
-    "eagle.eagle_use_torch_compile": False,
+MODELOPT_LOGGING = {"training.report_to": "none", "training.disable_tqdm": True, "training.logging_steps": 1}
+MODELOPT_CPU = {**MODELOPT_LOGGING, "training.bf16": False, "training.tf32": False,
+                "eagle.eagle_use_torch_compile": False}  # fmt: skip
+# On a GPU its recipe's bf16 and tf32 stay; torch.compile is off as ours never compiles (a compile's minutes
+# would be most of a short GPU loan's run, and neither side's tokens/s would then be its training's).
+MODELOPT_CUDA = {**MODELOPT_LOGGING, "eagle.eagle_use_torch_compile": False}
+WHERE = {
+    "cpu": "CPU fp32: bf16, tf32 and eagle_use_torch_compile false (recipe: true); logging_steps 1, report_to none",
+    "cuda": "CUDA: its recipe's bf16 and tf32, the target loaded in bf16 (main.py: dtype auto; this build's "
+    "config says float32, the hub's bfloat16); eagle_use_torch_compile false (recipe: true; ours does not "
+    "compile either); logging_steps 1, report_to none",
 }
 
 
@@ -66,7 +70,7 @@ MODELOPT_CHANGES = [
     "recipe eagle3.yaml, HF Trainer and export, without the example's accuracy-logging Trainer subclass and "
     "plot callback; HfTrainingArguments.__module__ set (Python 3.11's make_dataclass leaves 'types', which "
     "the Trainer's final save cannot pickle)",
-    "CPU fp32: bf16, tf32 and eagle_use_torch_compile false (recipe: true); logging_steps 1, report_to none",
+    WHERE["cpu"],
     "num_train_epochs E, per_device_train_batch_size B for the budget (recipe: 1, 1); training_seq_len "
     "--max-length (recipe: 2048; every row padded to it, as its collator does)",
     "draft vocabulary the size of ours, by its calibrate_frequent_vocab over the rows (recipe: the whole "
@@ -103,11 +107,14 @@ def draft_layer_shape(target_config: dict) -> dict:
             "head_dim": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]}  # fmt: skip
 
 
-def modelopt_changes(target_config: dict, hf_layers: list[int]) -> list[str]:
-    """MODELOPT_CHANGES with what depends on the target: its draft layer's size and the aux layers."""
+def modelopt_changes(target_config: dict, hf_layers: list[int], device: str = "cpu") -> list[str]:
+    """MODELOPT_CHANGES with what depends on the target (its draft layer's size and the aux layers) and on
+    the device (WHERE)."""
     c, aux, shape = target_config, [i - 1 for i in hf_layers], draft_layer_shape(target_config)
     return [
-        *MODELOPT_CHANGES[:3],
+        MODELOPT_CHANGES[0],
+        WHERE[device],
+        MODELOPT_CHANGES[2],
         f"the draft layer sized to the target's (intermediate {shape['intermediate_size']}, "
         f"{shape['num_attention_heads']} heads of {shape['head_dim']}, {shape['num_key_value_heads']} KV heads, "
         "fp32; recipe: an 8B layer)",
@@ -125,8 +132,11 @@ def eagle3_budget(rows: int, epochs: int, batch: int) -> dict:
             "rows_seen": steps * batch}  # fmt: skip
 
 
-def modelopt_job(ctx: dict, work: Path, budget: dict, seed: int, variant: str, draft_vocab: int) -> dict:
-    """modelopt_train.py's job: main.py's recipe overrides (a dotlist, as its command line takes them)."""
+def modelopt_job(
+    ctx: dict, work: Path, budget: dict, seed: int, variant: str, draft_vocab: int, device: str = "cpu"
+) -> dict:
+    """modelopt_train.py's job: main.py's recipe overrides (a dotlist, as its command line takes them), and
+    where the target loads (`device`: cpu in fp32, cuda in bf16)."""
     layer = json.loads((ctx["target"] / "config.json").read_text())
     arch = {**draft_layer_shape(layer), "rms_norm_eps": layer["rms_norm_eps"], "torch_dtype": "float32",
             "draft_vocab_size": draft_vocab,
@@ -140,14 +150,17 @@ def modelopt_job(ctx: dict, work: Path, budget: dict, seed: int, variant: str, d
         "training.per_device_train_batch_size": budget["batch"],
         "training.training_seq_len": ctx["max_length"],
         "training.seed": seed,
-        **MODELOPT_CPU,
+        **(MODELOPT_CUDA if device == "cuda" else MODELOPT_CPU),
         "eagle.eagle_architecture_config": arch,
         **modelopt_variant(variant, budget),
     }
     dotlist = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
     return {"target": str(ctx["target"]), "data": str(ctx["rows_path"]), "work": str(work), "overrides": dotlist,
             "draft_vocab_size": draft_vocab, "draft_vocab_cache": str(work / "d2t.pt"),
-            "export_rope_scaling": {}}  # fmt: skip
+            "export_rope_scaling": {},
+            # on a GPU the Trainer moves the model there, as in main.py; here it stays on the CPU
+            "device_map": None if device == "cuda" else "cpu",
+            "target_dtype": "bfloat16" if device == "cuda" else "auto"}  # fmt: skip
 
 
 def modelopt_variant(names: str, budget: dict) -> dict:

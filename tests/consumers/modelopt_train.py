@@ -85,12 +85,13 @@ def calibrate(target: str, data: str, size: int, out: Path) -> None:
     torch.save(d2t, out)
 
 
-def train(overrides: list[str]) -> dict:
-    """main.py's train() for an EAGLE recipe, online data, one process, no resume."""
+def train(overrides: list[str], device_map: str | None = "cpu", dtype: str = "auto") -> dict:
+    """main.py's train() for an EAGLE recipe, online data, one process, no resume; the target on
+    `device_map` in `dtype` (main.py: "auto", the target config's)."""
     recipe = load_recipe(RECIPE, overrides=overrides)
     args = HfTrainingArguments(**recipe.training.model_dump())
     path = recipe.model.model_name_or_path
-    model = load_vlm_or_llm(path, use_offline_training=False, dtype="auto", device_map="cpu")
+    model = load_vlm_or_llm(path, use_offline_training=False, dtype=dtype, device_map=device_map)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, model_max_length=args.training_seq_len)
     mtsp.convert(model, [("eagle", recipe.eagle.model_dump())])
     mtsp.plugins.HFEagleModel.load_draft_vocab_cache(model, recipe.data.draft_vocab_cache)
@@ -132,11 +133,12 @@ def main(job_path: str) -> None:
     if job.get("draft_vocab_cache"):
         calibrate(job["target"], job["data"], job["draft_vocab_size"], Path(job["draft_vocab_cache"]))
     seconds["calibrate"] = time.perf_counter() - start
-    got = train(job["overrides"])
+    got = train(job["overrides"], job.get("device_map", "cpu"), job.get("target_dtype", "auto"))
     seconds["train"] = time.perf_counter() - start - seconds["calibrate"]
     export(got["output_dir"], work / "export", job.get("export_rope_scaling"))
     seconds["export"] = time.perf_counter() - start - seconds["calibrate"] - seconds["train"]
-    out = {**got, "export": str(work / "export"), "seconds": seconds}
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else -1
+    out = {**got, "export": str(work / "export"), "seconds": seconds, "peak_accelerator_bytes": [peak]}
     (work / "out.json").write_text(json.dumps(out, indent=1, default=str))
 
 

@@ -335,9 +335,37 @@ def test_modelopt_job_is_its_recipe_with_the_budget_the_cpu_and_our_layers_and_v
     assert (arch["intermediate_size"], arch["num_attention_heads"], arch["head_dim"]) == (352, 2, 64)
     assert overrides["data.draft_vocab_cache"] == job["draft_vocab_cache"] == str(tmp_path / "w" / "d2t.pt")
     assert job["export_rope_scaling"] == {}  # not the recipe's YaRN
+    assert job["device_map"] == "cpu" and job["target_dtype"] == "auto"  # main.py's dtype: the config's
     tuned = modelopt.modelopt_job(ctx, tmp_path / "w", budget, 0, "lr 1e-3+warmup 10%", 557)
     assert "training.learning_rate=0.001" in tuned["overrides"]
     assert "training.warmup_steps=8" in tuned["overrides"]  # the HF Trainer's ceil(0.1 * 80)
+
+
+def test_on_cuda_both_train_as_their_gpu_recipes_say_and_the_changes_say_so(tmp_path, monkeypatch):
+    """--device cuda: modelopt keeps its recipe's bf16 and tf32 (no override), the target in bf16 and placed by
+    its Trainer, torch.compile off as ours; ours gets its recipe's GPU overrides. Each side's changes name it."""
+    budget = modelopt.eagle3_budget(32, 10, 4)
+    job = modelopt.modelopt_job(modelopt_ctx(tmp_path), tmp_path / "w", budget, 0, "defaults", 557, "cuda")
+    overrides = dict(item.split("=", 1) for item in job["overrides"])
+    assert "training.bf16" not in overrides and "training.tf32" not in overrides
+    assert overrides["eagle.eagle_use_torch_compile"] == "false"
+    assert job["device_map"] is None and job["target_dtype"] == "bfloat16"
+    smollm2 = {"intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+               "hidden_size": 576, "num_hidden_layers": 30}  # fmt: skip
+    on_gpu, on_cpu = (modelopt.modelopt_changes(smollm2, [2, 15, 27], d) for d in ("cuda", "cpu"))
+    assert any(c.startswith("CUDA: its recipe's bf16 and tf32") for c in on_gpu)
+    assert not any("CPU fp32" in c for c in on_gpu) and any(c.startswith("CPU fp32") for c in on_cpu)
+    assert len(on_gpu) == len(on_cpu)
+    ran = []
+    monkeypatch.setattr(jobs, "run_measured", lambda cmd, log, env=None: ran.append(cmd) or (1.0, 2.0))
+    got = jobs.train_ours("eagle3", tmp_path / "rows.jsonl", budget, tmp_path / "ours", {}, "smollm2", "cuda")
+    assert got["overrides"]["target_dtype"] == "bfloat16" and got["overrides"]["mixed_precision"] == "bf16"
+    assert "target_dtype=bfloat16" in ran[0] and got["peak_accelerator_mib"] is None
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "ours" / "train_summary.json").write_text('{"peak_accelerator_bytes": [1048576, 3145728]}')
+    got = jobs.train_ours("eagle3", tmp_path / "rows.jsonl", budget, tmp_path / "ours", {}, "smollm2", "cpu")
+    assert "target_dtype" not in got["overrides"] and got["peak_accelerator_mib"] == 3.0
+    assert jobs.accelerator_mib([-1]) is None and jobs.accelerator_mib(None) is None
 
 
 @pytest.mark.parametrize("target", ["tiny", "smollm2"])
