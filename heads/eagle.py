@@ -47,6 +47,19 @@ def layer_config_from(target_config) -> dict[str, Any]:
     return config
 
 
+def with_rope_theta(layer_config: dict[str, Any], theta: float) -> dict[str, Any]:
+    """`layer_config` with its rotary embedding's base set to `theta`, in whichever convention it uses
+    (transformers 5's `rope_parameters`, else the older top-level `rope_theta`); the scaling is kept."""
+    if not theta > 0:
+        raise ValueError(f"a rope theta must be > 0, got {theta}")
+    config = dict(layer_config)
+    if "rope_parameters" in config:
+        config["rope_parameters"] = {**config["rope_parameters"], "rope_theta": float(theta)}
+    else:
+        config["rope_theta"] = float(theta)
+    return config
+
+
 def build_layer_config(layer_config: dict[str, Any], attn_implementation: str = "sdpa"):
     """A one-layer HF config of the target's family, with full attention.
 

@@ -12,6 +12,7 @@ from specheads.heads import (
     draft_vocab_from_counts,
     layer_config_from,
 )
+from specheads.heads.eagle import with_rope_theta
 from specheads.heads.methods import Method
 from specheads.train.eagle_losses import DraftMetrics, eagle3_loss
 
@@ -23,8 +24,11 @@ def build_heads(cfg, target, label_counts) -> tuple[Eagle3Head, dict]:
     """An EAGLE-3 head whose draft vocabulary is the most frequent label tokens: `label_counts` (V,), the
     training rows' (train/loop.py counts them once a run)."""
     size = min(cfg.draft_vocab_size, target.vocab_size)
+    layer_config = layer_config_from(target.config)
+    if cfg.draft_rope_theta:
+        layer_config = with_rope_theta(layer_config, cfg.draft_rope_theta)
     config = Eagle3Config(
-        layer_config_from(target.config),
+        layer_config,
         draft_vocab_size=size,
         target_layers=tuple(target.layer_id(i) for i in cfg.eagle3_layers),
     )
@@ -80,6 +84,7 @@ def check_recipe(cfg) -> list[tuple[bool, str]]:
         (cfg.draft_vocab_size >= 1, f"draft_vocab_size must be >= 1, got {cfg.draft_vocab_size}"),
         (cfg.ttt_steps >= 1, f"ttt_steps must be >= 1, got {cfg.ttt_steps}"),
         (cfg.eagle3_noise >= 0, f"eagle3_noise must be >= 0, got {cfg.eagle3_noise}"),
+        (cfg.draft_rope_theta >= 0, f"draft_rope_theta must be > 0, or 0 for the target's; got {cfg.draft_rope_theta}"),
         (
             cfg.draft_head_init in DRAFT_HEAD_INITS,
             f"draft_head_init must be one of {DRAFT_HEAD_INITS}, got {cfg.draft_head_init!r}",
@@ -106,6 +111,7 @@ EAGLE3 = Method(
         "decay",
         "draft_head_init",
         "eagle3_noise",
+        "draft_rope_theta",
     ),
     check_recipe=check_recipe,
     drafter=eagle_drafter_for,

@@ -189,6 +189,8 @@ EAGLE3_ABLATIONS = {
     # modelopt's seeding: main.py draws the draft's initial weights with seed 0 whatever its training.seed,
     # which orders the rows only
     "init seed 0": lambda b, s: {"seed": 0, "data_seed": s},
+    # modelopt's draft layer's rope theta (its default_config, whatever the target's; SmolLM2's is 100000)
+    "rope 1e4": lambda b, s: {"draft_rope_theta": 10000.0},
     # ours only: the draft's lm_head and norm start from the target's (neither peer does)
     "head init target": lambda b, s: {"draft_head_init": "target"},
     "beta2 0.95": lambda b, s: {"adam_beta2": 0.95},  # EAGLE's main.py; ours and modelopt's 0.999

@@ -90,6 +90,9 @@ class TrainConfig:
     # the draft's lm_head and final norm at the start: "random" (the layer's own init, as SpecForge and Model
     # Optimizer start), or "target": the target's lm_head rows of the draft vocabulary and its final norm
     draft_head_init: str = "random"
+    # the draft layer's rope theta; 0: the target's. Model Optimizer's EAGLE-3 draft uses 10000 whatever the
+    # target (SmolLM2's own is 100000); exports write the draft's, as the engines build it from there
+    draft_rope_theta: float = 0.0
     # optimisation
     batch_size: int = 8  # per process, per micro-step
     grad_accum: int = 1

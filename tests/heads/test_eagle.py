@@ -181,6 +181,43 @@ def test_eagle3_head_starts_from_the_targets_lm_head_rows_and_norm():
         load_config(None, {"method": "eagle", "eagle3_noise": 0.1})
 
 
+@pytest.mark.parametrize("convention", ["rope_parameters", "rope_theta"])
+def test_draft_rope_theta_sets_the_draft_layers_rotary_base_and_travels_to_the_checkpoint_and_export(
+    convention, tmp_path
+):
+    """draft_rope_theta (train/config.py): the draft's rotary embedding is built with that base, not the
+    target's (0, the default, keeps the target's); the native checkpoint and the eagle3 export say so, in
+    either transformers convention of the layer config."""
+    import json
+
+    from specheads.heads.eagle import with_rope_theta
+    from specheads.heads.formats import export_heads
+
+    target = FrozenTarget(tiny_model("llama", vocab_size=V))
+    layer = layer_config_from(target.config)
+    if convention == "rope_theta":  # the older convention: a top-level rope_theta
+        layer = {k: v for k, v in layer.items() if k != "rope_parameters"} | {"rope_theta": 500000.0}
+    set_to = with_rope_theta(layer, 1234.0)
+    assert (set_to.get("rope_parameters") or set_to)["rope_theta"] == 1234.0 and layer != set_to
+    rows = [{"input_ids": list(range(10, 30)), "loss_mask": [1] * 20}]
+    for theta in (0.0, 1234.0):
+        cfg = load_config(None, {"method": "eagle3", "draft_vocab_size": 6, "draft_rope_theta": theta})
+        built, _ = build_heads(cfg, target, count_label_tokens(rows, V))
+        dim = built.rotary_emb.inv_freq.numel() * 2
+        base = theta or target.model.model.rotary_emb.inv_freq[1].item() ** (-dim / 2)
+        expected = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+        torch.testing.assert_close(built.rotary_emb.inv_freq.double(), expected, rtol=1e-5, atol=0)
+    save_heads(built, tmp_path / "native", target.record(), {})
+    loaded, _ = load_heads(tmp_path / "native", target)
+    assert torch.equal(loaded.rotary_emb.inv_freq, built.rotary_emb.inv_freq)
+    export_heads(tmp_path / "native", "eagle3", tmp_path / "export")
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["rope_theta"] == 1234.0
+    with pytest.raises(ValueError, match="draft_rope_theta must be > 0, or 0 for the target's; got -1"):
+        load_config(None, {"method": "eagle3", "draft_rope_theta": -1})
+    with pytest.raises(ValueError, match="a rope theta must be > 0"):
+        with_rope_theta(layer, 0)
+
+
 # -- checkpoints --------------------------------------------------------------------------------------
 
 
