@@ -24,6 +24,7 @@ def test_every_gpu_stage_is_there():
         "smollm2.sh",
         "smollm2-table.sh",
         "park.sh",
+        "trainers.sh",
     }
 
 
