@@ -181,6 +181,7 @@ EAGLE3_ABLATIONS = {
     "ttt 2": lambda b, s: {"ttt_steps": 2},
     "ttt 4": lambda b, s: {"ttt_steps": 4},
     "decay 1": lambda b, s: {"decay": 1.0},
+    "decay 0.5": lambda b, s: {"decay": 0.5},  # the first draft step weighted more (where tau comes from)
     "lr 2e-3": lambda b, s: {"lr": 2e-3},
     "lr 3e-3": lambda b, s: {"lr": 3e-3},
     "lr 5e-4": lambda b, s: {"lr": 5e-4},
