@@ -90,7 +90,6 @@ from bench_trainers_jobs import (
     EAGLE_BS,
     RECIPES,
     ROOT,
-    accelerator_mib,
     chat_conversations,
     eagle_budget,
     eval_prompts,
@@ -104,7 +103,6 @@ from bench_trainers_jobs import (
     peer_target,
     recipe_path,
     row_result,
-    run_measured,
     sharegpt_rows,
     train_ours,
     vicuna_text,
@@ -120,11 +118,12 @@ from bench_trainers_modelopt import (
     EAGLE3_ABLATIONS,
     MODELOPT,
     MODELOPT_VARIANTS,
+    distinct_chat_tokens,
     eagle3_ablation,
     eagle3_budget,
     joined_help,
     modelopt_changes,
-    modelopt_job,
+    modelopt_row,
     modelopt_variant,
     recipe_eagle3,
 )
@@ -301,49 +300,6 @@ def run_eagle3(args, ctx: dict) -> list[dict]:
                 rows.append(ours_row("eagle3", budget, extra, args.eagle_tree, args, ctx, seed, variant,
                                      changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
     return rows
-
-
-def distinct_chat_tokens(target: Path, conversations: list) -> int:
-    """The distinct token ids of the rows' messages in the chat template, as calibrate_draft_vocab.py counts
-    them (all rows' messages as one conversation)."""
-    from transformers import AutoTokenizer
-
-    messages = [m for r in message_rows(conversations) for m in r["messages"]]
-    ids = AutoTokenizer.from_pretrained(target).apply_chat_template(messages, tokenize=True, return_dict=True)
-    return len(set(ids["input_ids"]))
-
-
-def modelopt_row(budget: dict, seed: int, variant: str, vocab: int, args, ctx: dict) -> dict:
-    """modelopt's EAGLE-3 training (modelopt_train.py, its recipe with `variant`) at `budget`, its export
-    imported and decoded."""
-    name = f"modelopt-e{budget['epochs']}-s{seed}" + (
-        "" if variant == "defaults" else "-" + variant.replace(" ", "_")
-    )
-    work = args.out / name.replace("%", "pc").replace("+", "-")
-    work.mkdir()
-    job = modelopt_job({**ctx, "max_length": args.max_length}, work, budget, seed, variant, vocab, args.device)
-    (work / "job.json").write_text(json.dumps(job, indent=1))
-    # its packages first (its transformers shadows ours), then whatever the caller's path carries (on a lent
-    # GPU: the wheels the image lacks, datasets among them, which modelopt's data loader imports)
-    path = [str(ctx["modelopt_env"]), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "HF_HUB_OFFLINE": "1"}
-    load = load_average()
-    cmd = [sys.executable, str(CONSUMERS / "modelopt_train.py"), str(work / "job.json")]
-    wall, rss = run_measured(cmd, work / "train.log", env=env)
-    got = json.loads((work / "out.json").read_text())
-    if got["global_step"] != budget["steps"]:
-        raise RuntimeError(f"{name}: modelopt took {got['global_step']} steps, the budget {budget['steps']}")
-    native = import_heads("eagle3", Path(got["export"]), ctx["target"], work / "native")
-    ev = evaluate(native, args.eagle_tree, work / "eval", args.eval_prompts, args.eval_new_tokens, args.target,
-                  ctx["eval_source"], args.device)  # fmt: skip
-    trainer = MODELOPT + ("" if variant == "defaults" else f" ({variant})")
-    losses = [h["loss"] for h in got["log_history"] if "loss" in h]
-    row = row_result("EAGLE-3", trainer, budget, ctx["chat_tokens"], ev, wall, rss, ctx["modelopt_changes"], seed=seed,
-                     load_average=load, overrides=job["overrides"], stages_s=got["seconds"],
-                     peak_accelerator_mib=accelerator_mib(got.get("peak_accelerator_bytes")),
-                     first_last_loss=[losses[0], losses[-1]] if losses else None)  # fmt: skip
-    print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
-    return row
 
 
 def ints(text: str) -> list[int]:

@@ -1,5 +1,6 @@
-"""The EAGLE-3 row of scripts/bench_trainers.py: NVIDIA Model Optimizer's side, as data and pure functions
-(the budget, the recipe overrides of tests/consumers/modelopt_train.py's job, and what they change).
+"""The EAGLE-3 row of scripts/bench_trainers.py: NVIDIA Model Optimizer's side (the budget, the recipe
+overrides of tests/consumers/modelopt_train.py's job, what they change, and one run of it imported and
+decoded).
 
 modelopt's examples/speculative_decoding/main.py trains with the HF Trainer over its recipe
 (modelopt_recipes/general/speculative_decoding/eagle3.yaml: lr 1e-4, warm-up 1000 steps then linear decay,
@@ -11,7 +12,19 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
+
+from bench_trainers_jobs import (
+    ROOT,
+    accelerator_mib,
+    evaluate,
+    import_heads,
+    load_average,
+    message_rows,
+    row_result,
+    run_measured,
+)
 
 # Model Optimizer 0.47.0's EAGLE-3 recipe (modelopt_recipes/general/speculative_decoding/eagle3.yaml, what
 # examples/speculative_decoding/main.py trains with), less what cannot run here or must match ours: each
@@ -209,3 +222,45 @@ def eagle3_ablation(names: str, budget: dict, seed: int = 0) -> dict:
     """The recipe overrides of a '+'-joined list of EAGLE3_ABLATIONS names at `budget`, for the run of
     `seed` (an override of `seed` itself replaces the run's)."""
     return joined_overrides(names, EAGLE3_ABLATIONS, "--eagle3-ablations", budget, seed)
+
+
+def distinct_chat_tokens(target: Path, conversations: list) -> int:
+    """The distinct token ids of the rows' messages in the chat template, as calibrate_draft_vocab.py counts
+    them (all rows' messages as one conversation)."""
+    from transformers import AutoTokenizer
+
+    messages = [m for r in message_rows(conversations) for m in r["messages"]]
+    ids = AutoTokenizer.from_pretrained(target).apply_chat_template(messages, tokenize=True, return_dict=True)
+    return len(set(ids["input_ids"]))
+
+
+def modelopt_row(budget: dict, seed: int, variant: str, vocab: int, args, ctx: dict) -> dict:
+    """modelopt's EAGLE-3 training (modelopt_train.py, its recipe with `variant`) at `budget`, its export
+    imported and decoded (the bench has put tests/consumers on the path)."""
+    from modelopt_env import subprocess_environ
+
+    name = f"modelopt-e{budget['epochs']}-s{seed}" + (
+        "" if variant == "defaults" else "-" + variant.replace(" ", "_")
+    )
+    work = args.out / name.replace("%", "pc").replace("+", "-")
+    work.mkdir()
+    job = modelopt_job({**ctx, "max_length": args.max_length}, work, budget, seed, variant, vocab, args.device)
+    (work / "job.json").write_text(json.dumps(job, indent=1))
+    env = subprocess_environ(ctx["modelopt_env"])
+    load = load_average()
+    cmd = [sys.executable, str(ROOT / "tests" / "consumers" / "modelopt_train.py"), str(work / "job.json")]
+    wall, rss = run_measured(cmd, work / "train.log", env=env)
+    got = json.loads((work / "out.json").read_text())
+    if got["global_step"] != budget["steps"]:
+        raise RuntimeError(f"{name}: modelopt took {got['global_step']} steps, the budget {budget['steps']}")
+    native = import_heads("eagle3", Path(got["export"]), ctx["target"], work / "native")
+    ev = evaluate(native, args.eagle_tree, work / "eval", args.eval_prompts, args.eval_new_tokens, args.target,
+                  ctx["eval_source"], args.device)  # fmt: skip
+    trainer = MODELOPT + ("" if variant == "defaults" else f" ({variant})")
+    losses = [h["loss"] for h in got["log_history"] if "loss" in h]
+    row = row_result("EAGLE-3", trainer, budget, ctx["chat_tokens"], ev, wall, rss, ctx["modelopt_changes"], seed=seed,
+                     load_average=load, overrides=job["overrides"], stages_s=got["seconds"],
+                     peak_accelerator_mib=accelerator_mib(got.get("peak_accelerator_bytes")),
+                     first_last_loss=[losses[0], losses[-1]] if losses else None)  # fmt: skip
+    print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
+    return row

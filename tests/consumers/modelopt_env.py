@@ -54,9 +54,17 @@ def ensure_env() -> Path:
     return out
 
 
+def subprocess_environ(env: Path, **extra: str) -> dict[str, str]:
+    """The environment of a process that runs modelopt: its directory first on the path (its transformers
+    shadows the project's), then whatever the caller's path carries (on a lent GPU: the wheels the image
+    lacks, datasets among them, which modelopt's data loader imports); offline; `extra` on top."""
+    path = [str(env), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "HF_HUB_OFFLINE": "1", **extra}
+
+
 def run_modelopt(env: Path, args: list[str]) -> None:
     """modelopt_run.py ARGS in a subprocess that sees modelopt and its transformers first."""
-    environ = {**os.environ, "PYTHONPATH": str(env), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    environ = subprocess_environ(env, OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, str(RUNNER), *args], capture_output=True, text=True, env=environ)
     if done.returncode != 0:
         raise AssertionError(f"the modelopt runner failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
