@@ -84,7 +84,10 @@ def check_recipe(cfg) -> list[tuple[bool, str]]:
         (cfg.draft_vocab_size >= 1, f"draft_vocab_size must be >= 1, got {cfg.draft_vocab_size}"),
         (cfg.ttt_steps >= 1, f"ttt_steps must be >= 1, got {cfg.ttt_steps}"),
         (cfg.eagle3_noise >= 0, f"eagle3_noise must be >= 0, got {cfg.eagle3_noise}"),
-        (cfg.draft_rope_theta >= 0, f"draft_rope_theta must be > 0, or 0 for the target's; got {cfg.draft_rope_theta}"),
+        (
+            cfg.draft_rope_theta >= 0,
+            f"draft_rope_theta must be > 0, or 0 for the target's; got {cfg.draft_rope_theta}",
+        ),
         (
             cfg.draft_head_init in DRAFT_HEAD_INITS,
             f"draft_head_init must be one of {DRAFT_HEAD_INITS}, got {cfg.draft_head_init!r}",

@@ -35,8 +35,8 @@ import pyarrow.compute as pc
 import torch
 import torch.nn.functional as F
 
-from specheads.train.data.packing import document_attention_mask, shift_loss_mask
-from specheads.train.losses import simulated_accept_length
+from specheads.train.data.packing import document_attention_mask, label_positions
+from specheads.train.losses import simulated_accept_length, sums_tensor
 
 
 def next_tokens(input_ids: torch.Tensor, k: int) -> torch.Tensor:
@@ -128,11 +128,10 @@ class DraftMetrics:
             ("loss", "feature", "top1", "topk", "count", "out_of_vocab"),
             (loss, feature, top1, topk, count, out_of_vocab),
         ):
-            getattr(self, name).append(float(value))
+            getattr(self, name).append(value)  # floats, or 0-dim tensors left on their device
 
     def as_tensor(self) -> torch.Tensor:
-        rows = [self.loss, self.feature, self.top1, self.topk, self.count, self.out_of_vocab]
-        return torch.tensor(rows, dtype=torch.float64)
+        return sums_tensor([self.loss, self.feature, self.top1, self.topk, self.count, self.out_of_vocab])
 
     @staticmethod
     def summarise(
@@ -161,9 +160,9 @@ class DraftMetrics:
         return out
 
 
-def _hits(draft_top: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
-    """(N, k) draft guesses (target ids), (N,) target tokens -> (top-1 hits, top-k hits)."""
-    return (draft_top[:, 0] == labels).sum().item(), (draft_top == labels[:, None]).any(-1).sum().item()
+def _hits(draft_top: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, k) draft guesses (target ids), (N,) target tokens -> (top-1 hits, top-k hits), on the device."""
+    return (draft_top[:, 0] == labels).sum(), (draft_top == labels[:, None]).any(-1).sum()
 
 
 def eagle_loss(
@@ -206,7 +205,7 @@ def eagle_loss(
         position_ids,
         draft_attention_mask(attention_mask, position_ids, dtype),
     )  # (B, T, H): f̂_{t+1} at t
-    b, t = (shift_loss_mask(loss_mask, position_ids, 2) > 0).nonzero(as_tuple=True)
+    ((b, t),) = label_positions(loss_mask, position_ids, [2])
     pred = predicted[b, t]  # (N, H)
     feature = F.smooth_l1_loss(pred.float(), hidden[b, t + 1].float(), reduction="none").mean(-1)  # (N,)
     logits = head.logits(pred, lm_head).float()  # (N, V)
@@ -218,7 +217,7 @@ def eagle_loss(
     with torch.no_grad():
         top = logits.topk(min(topk, logits.shape[-1]), dim=-1).indices
         top1, topk_hits = _hits(top, teacher.argmax(-1))
-        metrics.add(ce.sum().item(), feature.sum().item(), top1, topk_hits, len(b))
+        metrics.add(ce.sum(), feature.sum(), top1, topk_hits, len(b))
     return loss, metrics
 
 
@@ -269,21 +268,26 @@ def eagle3_loss(
     in_vocab = head.t2d[target_tokens]  # (B, T)
     # the teacher's draft-vocabulary columns, taken once: gathering (N, V) rows of the full logits at
     # every step, then their columns, cost about a fifth of a SmolLM2 step (V 49,152, Vd 8,192)
-    teacher_logits = target_logits[..., head.t2d]  # (B, T, Vd)
+    # (by index, not the t2d mask: a mask's columns are found with a nonzero, a GPU synchronisation)
+    draft_ids = torch.arange(head.draft_vocab_size, device=target_logits.device)
+    teacher_logits = target_logits.index_select(-1, head.to_target_ids(draft_ids))  # (B, T, Vd)
     total = fused.new_zeros((), dtype=torch.float32)
     metrics = DraftMetrics()
-    for i, h in enumerate(outputs):
-        b, t = (shift_loss_mask(loss_mask, position_ids, 2 + i) > 0).nonzero(as_tuple=True)
+    positions = label_positions(loss_mask, position_ids, [2 + i for i in range(len(outputs))])
+    for i, (h, (b, t)) in enumerate(zip(outputs, positions)):
         label_at = t + 1 + i  # the target's logits there predict x_{t+2+i}
         keep = in_vocab[b, label_at]  # (N,) trained positions
         logits = head.logits(h[b, t]).float()  # (N, Vd)
         teacher = teacher_logits[b, label_at].float().softmax(-1)  # (N, Vd)
-        ce = -(teacher * logits.log_softmax(-1)).sum(-1)[keep]
-        total = total + decay**i * ce.sum() / max(len(ce), 1)
+        # positions whose target token the draft cannot emit are weighed 0 rather than dropped: their
+        # count stays on the device
+        ce = -(teacher * logits.log_softmax(-1)).sum(-1) * keep
+        trained = keep.sum()
+        total = total + decay**i * ce.sum() / trained.clamp_min(1)
         with torch.no_grad():
             top = head.to_target_ids(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices)
             top1, topk_hits = _hits(top, target_tokens[b, label_at])
-            metrics.add(ce.sum().item(), 0.0, top1, topk_hits, len(b), (~keep).sum().item())
+            metrics.add(ce.sum(), 0.0, top1, topk_hits, len(b), len(b) - trained)
     return total, metrics
 
 

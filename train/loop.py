@@ -179,15 +179,19 @@ def train_batches(cfg: TrainConfig, dataset, collate, accelerator, start: int) -
         start=start,
     )
     # The generator only seeds worker processes; without one the loader would draw on the global RNG.
+    # On a GPU the batch is copied from page-locked memory without waiting: a blocking copy would make
+    # the host wait for the previous step's queued work before it queues this one.
+    cuda = torch.device(accelerator.device).type == "cuda"
     loader = DataLoader(
         dataset,
         batch_sampler=sampler,
         collate_fn=collate,
         num_workers=cfg.num_workers,
         generator=torch.Generator().manual_seed(data_seed(cfg)),
+        pin_memory=cuda,
     )
     for batch in loader:
-        yield {k: v.to(accelerator.device) for k, v in batch.items()}
+        yield {k: v.to(accelerator.device, non_blocking=cuda) for k, v in batch.items()}
 
 
 # -- one step -------------------------------------------------------------------------------------
@@ -215,9 +219,12 @@ def heads_loss(
     return loss, metrics, target_seconds
 
 
-def metric_sums(cfg: TrainConfig) -> torch.Tensor:
-    """Zeroed sums of the method's metrics: (rows, heads or draft steps)."""
-    return torch.zeros(*method_named(cfg.method).metric_shape(cfg), dtype=torch.float64)
+def metric_sums(cfg: TrainConfig, device=None) -> torch.Tensor:
+    """Zeroed sums of the method's metrics: (rows, heads or draft steps), float64 on `device` (the
+    accelerator's, where the losses leave their sums; the host for a device without float64)."""
+    device = torch.device(device or "cpu")
+    device = device if device.type in ("cpu", "cuda") else torch.device("cpu")
+    return torch.zeros(*method_named(cfg.method).metric_shape(cfg), dtype=torch.float64, device=device)
 
 
 def summarise(cfg: TrainConfig, sums: torch.Tensor) -> dict[str, float]:
@@ -237,14 +244,16 @@ def train_step(
             with accelerator.autocast():
                 loss, metrics, target_seconds = heads_loss(run.method, run.model, run.target, batch, weight)
             accelerator.backward(loss)  # divided by grad_accum
-        window += metrics
+        # Sums stay on the device until a log reads them: a read on the host makes a GPU wait for all
+        # the work queued before it (tests/train/test_loop_syncs.py counts them).
+        window += metrics.to(window.device)
         timing["target"] += target_seconds
-        timing["labels"] += int(batch["loss_mask"].sum())
+        timing["labels"] = timing["labels"] + batch["loss_mask"].sum()
     grad_norm = accelerator.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm)
     run.optimizer.step()  # under DeepSpeed these three are its engine's, done in backward()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
-    return float("nan") if grad_norm is None else float(grad_norm)
+    return float("nan") if grad_norm is None else grad_norm
 
 
 @torch.no_grad()
@@ -259,13 +268,13 @@ def evaluate(cfg: TrainConfig, accelerator, model, target, loader: DataLoader) -
     procs = accelerator.num_processes
     batches = list(itertools.islice(loader, cfg.eval_batches * procs))
     n = len(batches)
-    sums = metric_sums(cfg)
+    sums = metric_sums(cfg, accelerator.device)
     for i in range(accelerator.process_index, math.ceil(n / procs) * procs, procs):
         batch = {k: v.to(accelerator.device) for k, v in batches[min(i, n - 1)].items()}
         # metrics do not depend on the heads' weight
         _, metrics, _ = heads_loss(method_named(cfg.method), model, target, batch, cfg.lambda0)
         if i < n:
-            sums += metrics
+            sums += metrics.to(sums.device)
     model.train()
     return summarise(cfg, accelerator.reduce(sums.to(accelerator.device), reduction="sum").cpu())
 
@@ -277,7 +286,7 @@ def train_record(
     empties the metric window."""
     summary = summarise(cfg, accelerator.reduce(window.to(accelerator.device), "sum").cpu())
     window.zero_()
-    seconds, labels = timing["step"] - since[0], timing["labels"] - since[1]
+    seconds, labels = timing["step"] - since[0], float(timing["labels"] - since[1])
     lrs = run.scheduler.get_last_lr()  # Medusa-2: (heads, adapters)
     extra = run.method.log_extras(cfg, step, lrs)
     return {
@@ -285,14 +294,17 @@ def train_record(
         "split": "train",
         "lr": lrs[0],
         **extra,
-        "grad_norm": grad_norm,
+        "grad_norm": float(grad_norm),
         **summary,
         "labels_per_second": accelerator.num_processes * labels / max(seconds, 1e-9),  # all processes
     }
 
 
 def stop_requested(accelerator, stop: StopOnSignal) -> bool:
-    """Whether any process got SIGTERM: then all of them save and stop after the same step."""
+    """Whether any process got SIGTERM: then all of them save and stop after the same step. (One process
+    reads its own flag: the reduce's read on the host would make a GPU wait every step.)"""
+    if accelerator.num_processes == 1:
+        return stop.requested
     flag = torch.tensor([float(stop.requested)], device=accelerator.device)
     return accelerator.reduce(flag, reduction="sum").item() > 0
 
@@ -420,9 +432,9 @@ def run_training(cfg: TrainConfig, accelerator, progress: bool) -> dict:
 
     batches = train_batches(cfg, run.train_rows, run.collate, accelerator, start=state["global_batches"])
     # Metric sums since the last train log (a checkpoint keeps all processes' on the main one).
-    window = metric_sums(cfg)
+    window = metric_sums(cfg, accelerator.device)
     if state["window"] is not None and main:
-        window = torch.tensor(state["window"], dtype=torch.float64)
+        window += torch.tensor(state["window"], dtype=torch.float64).to(window.device)
     timing = {"target": 0.0, "step": 0.0, "labels": 0, "started": time.perf_counter()}
     first = step = state["step"]
     steps = range(first + 1, cfg.max_steps + 1)
@@ -498,7 +510,7 @@ def finish(
         "step_seconds": timing["step"] / steps_run,
         "target_forward_seconds": None if inside else timing["target"] / steps_run,
         "step_to_target_forward_ratio": None if inside else timing["step"] / max(timing["target"], 1e-9),
-        "labels_per_second": accelerator.num_processes * timing["labels"] / max(timing["step"], 1e-9),
+        "labels_per_second": accelerator.num_processes * float(timing["labels"]) / max(timing["step"], 1e-9),
         "processes": accelerator.num_processes,
         "target_parameters": total,
         "target_resident_parameters": resident_all,  # per process: about total / N under ZeRO-3

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from specheads.train.data.packing import shift_loss_mask
+from specheads.train.data.packing import label_positions
 
 LABEL_SOURCES = ("data", "target")
 
@@ -36,6 +36,24 @@ def simulated_accept_length(top1: list[float]) -> float:
     return tau
 
 
+def sums_tensor(rows: list[list]) -> torch.Tensor:
+    """(R, K) float64 sums from rows of floats or 0-dim tensors, on the tensors' device.
+
+    The losses leave their sums where they were computed: reading one on the host would make a GPU wait
+    for all the work queued before it, so the loop adds them up there and reads them when it logs.
+    """
+    device = next((v.device for row in rows for v in row if isinstance(v, torch.Tensor)), torch.device("cpu"))
+
+    def one(v) -> torch.Tensor:
+        if isinstance(v, torch.Tensor):
+            return v.detach().to(torch.float64)
+        return torch.full((), float(v), dtype=torch.float64, device=device)  # a fill: no copy from the host
+
+    if not rows[0]:
+        return torch.zeros(len(rows), 0, dtype=torch.float64, device=device)
+    return torch.stack([torch.stack([one(v) for v in row]) for row in rows])
+
+
 @dataclass
 class HeadMetrics:
     """Sums over labelled positions, so batches and processes add up before dividing."""
@@ -46,7 +64,7 @@ class HeadMetrics:
     count: list[float] = field(default_factory=list)
 
     def as_tensor(self) -> torch.Tensor:
-        return torch.tensor([self.loss, self.top1, self.topk, self.count], dtype=torch.float64)
+        return sums_tensor([self.loss, self.top1, self.topk, self.count])
 
     @staticmethod
     def summarise(sums: torch.Tensor, decay: float, topk: int) -> dict[str, float]:
@@ -95,6 +113,8 @@ def medusa_loss(
     T = input_ids.shape[1]
     total = hidden.new_zeros(())
     metrics = HeadMetrics()
+    offsets = [2 + k for k in range(heads.num_heads) if 2 + k < T]
+    positions = label_positions(loss_mask, position_ids, offsets) if offsets else []
     for k in range(heads.num_heads):
         offset = 2 + k
         if offset >= T:
@@ -105,8 +125,7 @@ def medusa_loss(
                 metrics.count.append(0.0),
             )
             continue
-        valid = shift_loss_mask(loss_mask, position_ids, offset)  # (B, T): label at t + offset
-        b, t = valid.nonzero(as_tuple=True)
+        b, t = positions[k]  # label at t + offset
         logits = heads.head(k, hidden[b, t], lm_head).float()  # (N, V)
         labels = input_ids[b, t + offset]  # (N,)
         if target_logits is not None and target_top1:
@@ -122,8 +141,8 @@ def medusa_loss(
         total = total + decay**k * ce.sum() / n
         with torch.no_grad():
             top = logits.topk(min(topk, logits.shape[-1]), dim=-1).indices
-            metrics.loss.append(ce.sum().item())
-            metrics.top1.append((top[:, 0] == labels).sum().item())
-            metrics.topk.append((top == labels[:, None]).any(-1).sum().item())
+            metrics.loss.append(ce.sum())
+            metrics.top1.append((top[:, 0] == labels).sum())
+            metrics.topk.append((top == labels[:, None]).any(-1).sum())
             metrics.count.append(float(len(labels)))
     return total, metrics

@@ -260,8 +260,9 @@ class Medusa2WithLoss(nn.Module):
             labels=self.labels,
         )
         n = parts["target_kl_positions"]
+        heads = metrics.as_tensor()  # on the device, where the loop adds the sums up
         kl = torch.tensor([[parts["target_kl"] * n], [0.0], [0.0], [n]], dtype=torch.float64)
-        return loss, torch.cat([metrics.as_tensor(), kl], dim=1)
+        return loss, torch.cat([heads, kl.to(heads.device)], dim=1)
 
     @staticmethod
     def summarise(sums: torch.Tensor, decay: float, topk: int) -> dict[str, float]:

@@ -94,6 +94,25 @@ def shift_loss_mask(loss_mask: torch.Tensor, position_ids: torch.Tensor, offset:
     return out
 
 
+def label_positions(
+    loss_mask: torch.Tensor, position_ids: torch.Tensor, offsets: list[int]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """For each offset, (b, t) of the positions with a label that far ahead (shift_loss_mask > 0), in
+    row-major order, as `nonzero(as_tuple=True)` gives them.
+
+    One read on the host for all offsets: on a GPU every `nonzero` waits for all the work queued before
+    it, and the heads' losses need positions for each head or test step. The masks are stacked and
+    read once (a GPU's one synchronisation here), and the indices go back without waiting (pageable
+    host memory is staged at once, so a non-blocking copy of it is safe).
+    """
+    masks = torch.stack([shift_loss_mask(loss_mask, position_ids, o) > 0 for o in offsets])  # (K, B, T)
+    host = masks.cpu()
+    idx, counts = host.nonzero(), host.sum((1, 2)).tolist()  # idx (M, 3): offset's index, b, t
+    if masks.device.type != "cpu":
+        idx = idx.to(masks.device, non_blocking=True)
+    return [(part[:, 1], part[:, 2]) for part in idx.split(counts)]
+
+
 def _rows_from(examples: list[dict], packing: bool, max_length: int) -> list[list[dict]]:
     """Group the examples into rows (lists of documents)."""
     prepacked = ["position_ids" in ex for ex in examples]
