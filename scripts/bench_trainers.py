@@ -238,7 +238,7 @@ def ours_row(
         changes.append("CUDA: target_dtype=bfloat16, mixed_precision=bf16 (the recipe's GPU command)")
     row = row_result(label, trainer, budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
                      changes, overrides=got["overrides"], seed=seed, load_average=load,
-                     peak_accelerator_mib=got["peak_accelerator_mib"])  # fmt: skip
+                     peak_accelerator_mib=got["peak_accelerator_mib"], loop_s=got["loop_s"])  # fmt: skip
     print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
     return row
 
@@ -504,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         target = Path(resolve_target(args.target))
         print(f"data: the target's answers to {n} seed prompts", flush=True)
-        conversations = chat_conversations(target, n, args.answer_tokens, args.seed, 64 if args.device == "cuda" else 16,
+        conversations = chat_conversations(target, n, args.answer_tokens, args.seed, 256 if args.device == "cuda" else 16,
                                            args.device)  # fmt: skip
         peer_dir = None
     eval_source = eval_prompts(args.target, args.out, args.eval_prompts)

