@@ -466,11 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     import consumer_env
 
     methods = args.methods.split(",")
-    if args.target != "tiny" and methods != ["eagle3"]:
+    if args.target != "tiny" and "eagle" in methods:
         raise SystemExit(
-            f"--target {args.target}: only --methods eagle3 (ours against Model Optimizer, which reads the "
-            f"target's own chat template); eagle-llm and medusa-llm read Vicuna-templated rows this bench "
-            f"builds for the tiny target alone"
+            f"--target {args.target}: --methods medusa and eagle3 only. eagle-llm reads the target's lm_head "
+            f"from its safetensors index, which a target with tied embeddings (SmolLM2) does not have"
         )
     if args.device == "cuda":
         import torch
@@ -506,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"data: the target's answers to {n} seed prompts", flush=True)
         conversations = chat_conversations(target, n, args.answer_tokens, args.seed, 256 if args.device == "cuda" else 16,
                                            args.device)  # fmt: skip
-        peer_dir = None
+        # medusa-llm's Vicuna view of the chat target (its template, not the target's ChatML)
+        peer_dir = peer_target(target, args.out / "peer-target", args.max_length) if "medusa" in methods else None
     eval_source = eval_prompts(args.target, args.out, args.eval_prompts)
     # our EAGLE-3 recipe's target layers and draft-vocabulary size, which modelopt is given too
     layers, eagle3_vocab = recipe_eagle3(recipe_path(args.target, "eagle3"))

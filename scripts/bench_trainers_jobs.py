@@ -149,9 +149,11 @@ def message_rows(conversations: list) -> list[dict]:
 
 
 def peer_target(source: Path, out: Path, max_length: int) -> Path:
-    """The tiny target as the peers' Vicuna code reads it: the same weights and token ids; the tokenizer
-    adds its BOS in front, its EOS is spelt `</s>` (the Vicuna template ends each answer with that
-    text), and `<|pad|>` is also its unk token (medusa pads with the unk token). Plus an index file."""
+    """A target as the peers' Vicuna code reads it: the same weights and token ids; the tokenizer adds its
+    BOS in front, its EOS is spelt `</s>` (the Vicuna template ends each answer with that text), and its
+    pad token is also its unk token (medusa pads with the unk token): the tiny target's `<|pad|>`; where
+    the pad token is the EOS (SmolLM2's `<|im_end|>`), the unk token (`<|endoftext|>`). Plus an index
+    file."""
     from safetensors import safe_open
 
     out.mkdir(parents=True)
@@ -175,7 +177,10 @@ def peer_target(source: Path, out: Path, max_length: int) -> Path:
         "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
     }  # fmt: skip
     (out / "tokenizer.json").write_text(json.dumps(tj))
-    cfg.update(eos_token="</s>", unk_token=cfg["pad_token"], model_max_length=max_length)
+    pad = cfg.get("unk_token") if cfg.get("pad_token") in (None, eos) else cfg["pad_token"]
+    if pad is None:
+        raise ValueError(f"{source}: its tokenizer has neither a pad token apart from its EOS nor an unk token")
+    cfg.update(eos_token="</s>", pad_token=pad, unk_token=pad, model_max_length=max_length)
     cfg["extra_special_tokens"] = [t for t in cfg.get("extra_special_tokens", []) if t != eos]
     (out / "tokenizer_config.json").write_text(json.dumps(cfg))
     with safe_open(str(out / "model.safetensors"), "pt") as f:

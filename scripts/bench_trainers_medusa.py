@@ -34,6 +34,13 @@ MEDUSA_LLM_CHANGES = [
     "the trainer_run.py shims (transformers 5 API, the heads' save, the tokenizer path)",
 ]
 
+# on a chat target (SmolLM2): what its train.py can read of it
+CHAT_TARGET_VIEW = (
+    "the rows in its Vicuna template through a Vicuna view of the target (bench_trainers_jobs.peer_target: BOS "
+    "added, `</s>` its EOS, `<|endoftext|>` its pad), not the target's ChatML, which ours trains on and the "
+    "evaluation prompts use: its preprocess masks by counting a Llama tokenizer's tokens and cannot read ChatML"
+)
+
 # Ours with one of medusa-llm's settings instead of our recipe's (issue 21 point 2: what each difference
 # buys), as recipe overrides at a budget. Under Adam a per-head loss weight barely moves independent heads
 # (it scales the head's gradients, which Adam divides out), so "decay 1" is expected to change little.
@@ -75,9 +82,13 @@ def medusa_llm_row(budget: dict, seed: int, args, ctx: dict, lr: float = MEDUSA_
     load = load_average()
     got = finish_trainer(start_trainer(ctx["env"], job, work).wait(), job, work)
     native = import_heads("medusa", Path(got["checkpoint"]), ctx["target"], work / "native")
-    ev = evaluate(native, args.medusa_tree, work / "eval", args.eval_prompts, args.eval_new_tokens)
+    ev = evaluate(native, args.medusa_tree, work / "eval", args.eval_prompts, args.eval_new_tokens, args.target,
+                  ctx["eval_source"], args.device)  # fmt: skip
     trainer = "medusa-llm 0.1" + (f" (lr {lr:g})" if other_lr else "")
     changes = MEDUSA_LLM_CHANGES + ([f"--learning_rate {lr:g} (README: {MEDUSA_LR:g})"] if other_lr else [])
+    if args.target != "tiny":
+        changes = [c.replace("model_max_length 256 (the tiny target's context)", f"model_max_length {args.max_length}")
+                   for c in changes] + [CHAT_TARGET_VIEW]  # fmt: skip
     row = row_result("Medusa", trainer, budget, ctx["vicuna_tokens"], ev, got["wall_s"],
                      got["maxrss_kb"] / 1024, changes, seed=seed, load_average=load)  # fmt: skip
     print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)

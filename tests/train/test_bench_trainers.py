@@ -16,6 +16,7 @@ spec.loader.exec_module(bench)
 report = sys.modules["bench_trainers_report"]
 modelopt = sys.modules["bench_trainers_modelopt"]
 jobs = sys.modules["bench_trainers_jobs"]
+medusa_row = sys.modules["bench_trainers_medusa"]
 medusa = sys.modules["bench_trainers_medusa"]
 
 
@@ -422,9 +423,10 @@ def test_modelopt_job_reads_the_head_dim_from_the_width_when_the_config_has_none
     assert arch["head_dim"] == 64 and arch["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
 
 
-def test_smollm2_runs_eagle3_alone_and_says_why():
-    with pytest.raises(SystemExit, match="only --methods eagle3"):
-        bench.main(["--target", "smollm2", "--methods", "medusa,eagle3"])
+def test_smollm2_runs_medusa_and_eagle3_and_says_why_not_eagle():
+    with pytest.raises(SystemExit, match="medusa and eagle3 only. eagle-llm reads the target's lm_head"):
+        bench.main(["--target", "smollm2", "--methods", "eagle,medusa"])
+    assert "ChatML" in medusa_row.CHAT_TARGET_VIEW
 
 
 def test_smollm2_is_evaluated_on_mt_bench_one_question_a_category_in_turn(tmp_path):
@@ -512,3 +514,53 @@ def test_chat_rows_are_the_targets_greedy_answers_to_the_seed_prompts_in_order(t
     assert [p for p, _ in rows] == [r["messages"][0]["content"] for r in seed_prompts(0)[:3]]
     alone = [jobs.chat_conversations(target, i + 1, 5, seed=0, batch=1)[i] for i in range(3)]
     assert rows == alone and all(isinstance(a, str) for _, a in rows)
+
+
+def chatml_target(path: Path) -> Path:
+    """A target folder with SmolLM2's tokenizer conventions over a byte vocabulary: BOS `<|im_start|>` (not
+    added), EOS `<|im_end|>` which is also its pad token, unk `<|endoftext|>`."""
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    vocab.update({ch: i + 3 for i, ch in enumerate(alphabet)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|im_end|>", unk_token="<|endoftext|>")  # fmt: skip
+    path.mkdir(parents=True)
+    fast.save_pretrained(path)
+    (path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": len(vocab)}))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    import torch
+
+    save_file({"model.embed_tokens.weight": torch.zeros(len(vocab), 4)}, str(path / "model.safetensors"))
+    return path
+
+
+def test_the_peers_vicuna_view_of_a_chatml_target_masks_as_medusa_llm_counts_tokens(tmp_path):
+    """peer_target on a target whose pad token is its EOS (SmolLM2): the view's EOS is `</s>`, its pad and
+    unk are the unk token (not the renamed EOS, which would be a new id past the embedding), a BOS goes in
+    front, and medusa-llm's Vicuna masking (its preprocess, counted token by token as a Llama tokenizer
+    counts) lines up: no "tokenization mismatch", the answer and its `</s>` are labels."""
+    from transformers import AutoTokenizer
+
+    view = jobs.peer_target(chatml_target(tmp_path / "smol"), tmp_path / "view", 128)
+    tok = AutoTokenizer.from_pretrained(view)
+    assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id) == ("</s>", 2, 0, 0)
+    assert len(tok) == 3 + 256 and tok.model_max_length == 128
+    prompt, answer = "Name a colour.", "Blue, like the sky."
+    text = jobs.vicuna_text(prompt, answer)
+    ids = tok(text).input_ids
+    assert ids[0] == 1 and ids[-1] == 2  # BOS in front, `</s>` one token at the end
+    # medusa-llm 0.1's preprocess (train.py) for one Vicuna turn: sep " ASSISTANT: ", sep2 "</s>"
+    turn = text.split("</s>")[0]
+    instruction_len = len(tok(turn.split(" ASSISTANT: ")[0] + " ASSISTANT: ").input_ids) - 2
+    cur_len = 1 + len(tok(turn).input_ids)
+    assert cur_len == len(ids)  # their check: cur_len == total_len, else every label is masked
+    labels = ids[1 + instruction_len : cur_len]
+    answer_ids = tok(answer + "</s>", add_special_tokens=False).input_ids
+    assert labels[-len(answer_ids) :] == answer_ids and len(labels) - len(answer_ids) <= 1
