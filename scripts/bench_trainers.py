@@ -58,12 +58,15 @@ EAGLE-3  modelopt runs in its own env (tests/consumers/modelopt_env.py: its tran
          ("defaults") and with some of our settings (MODELOPT_VARIANTS), each at every --peer-seeds (its
          training.seed). The verdict adds whether ours clears the best peer's tau by issue 21's 5% (GOALS).
 
---target smollm2 runs the EAGLE-3 comparison on SmolLM2-135M-Instruct (README "A real target"): the rows are
-         the target's own greedy answers (--answer-tokens at most) to the first --eagle3-rows of the project's
-         seed prompts, in its chat template; ours trains recipes/smollm2-135m/eagle3.yaml (every row: no
-         held-out share), modelopt fuses the same layers (HF 2, 15, 27: its own default there) over the same
-         draft-vocabulary size; tau is `specheads eval` on --eval-prompts MT-Bench questions, one a category in
-         turn. eagle-llm and medusa-llm read Vicuna-templated rows, built for the tiny target alone.
+--target smollm2 runs the EAGLE-3 and Medusa comparisons on SmolLM2-135M-Instruct (README "A real target"): the
+         rows are the target's own greedy answers (--answer-tokens at most) to the first --eagle3-rows (or
+         --medusa-rows) of the project's seed prompts, in its chat template; ours trains
+         recipes/smollm2-135m/{eagle3,medusa}.yaml (every row: no held-out share), modelopt fuses the same
+         layers (HF 2, 15, 27: its own default there) over the same draft-vocabulary size; medusa-llm reads
+         the rows in its Vicuna template through a Vicuna view of the target (peer_target), as on the tiny
+         target, since its masking cannot read ChatML; tau is `specheads eval` on --eval-prompts MT-Bench
+         questions, one a category in turn. eagle-llm is refused there: it reads the target's lm_head from
+         the safetensors index, which SmolLM2's tied embeddings leave out.
 
 --methods picks what runs; the other methods' rows are carried from --report's JSON, each with the command
 that measured it. Writes REPORT/bench_trainers.json and REPORT/bench_trainers.md (the table) after every
@@ -374,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         "--target",
         default="tiny",
         choices=sorted(RECIPES),
-        help="the target both sides train on: tiny (every method) or smollm2 (EAGLE-3: ours against Model "
-        "Optimizer; data the target's own answers to the project's seed prompts, tau on MT-Bench)",
+        help="the target both sides train on: tiny (every method) or smollm2 (EAGLE-3 and Medusa: data the "
+        "target's own answers to the project's seed prompts, tau on MT-Bench)",
     )
     p.add_argument(
         "--device",
