@@ -203,14 +203,17 @@ class Eagle3Head(nn.Module):
                 f"the target's final norm is a {type(norm).__name__}; the draft's a {type(self.norm).__name__}"
             )
         # both checked before either is written: a refused target leaves the head as it was
-        rows = self.to_target_ids(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
-        self.lm_head.weight.copy_(weight[rows.to(weight.device)])
+        self.lm_head.weight.copy_(weight[self.vocab_target_ids().to(weight.device)])
         self.norm.load_state_dict(norm.state_dict())
         return self
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft ids -> target ids: i + d2t[i]."""
         return draft_ids + self.d2t[draft_ids]
+
+    def vocab_target_ids(self) -> torch.Tensor:
+        """(Vd,) the target ids of the whole draft vocabulary, ascending (draft id order)."""
+        return self.to_target_ids(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
 
     def input_hidden(self, features: dict[int, torch.Tensor]) -> torch.Tensor:
         """Captured target layers (keyed by id) -> g = fc(cat(low, mid, high)) (B, T, H)."""

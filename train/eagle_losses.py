@@ -268,9 +268,8 @@ def eagle3_loss(
     in_vocab = head.t2d[target_tokens]  # (B, T)
     # the teacher's draft-vocabulary columns, taken once: gathering (N, V) rows of the full logits at
     # every step, then their columns, cost about a fifth of a SmolLM2 step (V 49,152, Vd 8,192)
-    # (by index, not the t2d mask: a mask's columns are found with a nonzero, a GPU synchronisation)
-    draft_ids = torch.arange(head.draft_vocab_size, device=target_logits.device)
-    teacher_logits = target_logits.index_select(-1, head.to_target_ids(draft_ids))  # (B, T, Vd)
+    # (by index, not the t2d mask: a mask's columns are found with a nonzero, a GPU synchronisation): (B, T, Vd)
+    teacher_logits = target_logits.index_select(-1, head.vocab_target_ids().to(target_logits.device))
     total = fused.new_zeros((), dtype=torch.float32)
     metrics = DraftMetrics()
     positions = label_positions(loss_mask, position_ids, [2 + i for i in range(len(outputs))])

@@ -195,7 +195,7 @@ def test_eagle3_shifts_and_positions():
     oracle = OracleHead(lambda i, *_: labels[i])  # perfect at every step
     oracle.t2d, oracle.capture_layers = t2d, (1,)
     oracle.input_hidden = lambda f: f[1]
-    oracle.to_target_ids, oracle.draft_vocab_size = (lambda ids: ids), V
+    oracle.to_target_ids, oracle.vocab_target_ids = (lambda ids: ids), (lambda: torch.arange(V))
     embed = embedding()
     loss, metrics = eagle3_loss(
         oracle, {1: torch.randn(B, T, V)}, data["input_ids"], data["loss_mask"], data["position_ids"],
@@ -268,7 +268,7 @@ def test_eagle3_noise_is_on_each_captured_layer_and_off_at_eval():
     oracle = OracleHead(lambda i, *_: torch.zeros(B, T, V))
     oracle.t2d, oracle.capture_layers = torch.ones(V, dtype=torch.bool), (1, 3)
     oracle.input_hidden = lambda f: seen.append(f) or f[1]
-    oracle.to_target_ids, oracle.draft_vocab_size = (lambda ids: ids), V
+    oracle.to_target_ids, oracle.vocab_target_ids = (lambda ids: ids), (lambda: torch.arange(V))
     args = (data["input_ids"], data["loss_mask"], data["position_ids"], torch.randn(B, T, V), embedding())
     for noise in (0.3, 0.3, 0.0):
         eagle3_loss(oracle, captured, *args, steps=1, noise=noise)
