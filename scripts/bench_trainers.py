@@ -112,9 +112,9 @@ from bench_trainers_jobs import (
 )
 from bench_trainers_medusa import (
     MEDUSA_ABLATIONS,
-    MEDUSA_LLM_CHANGES,
     MEDUSA_LR,
     ablation_overrides,
+    medusa_llm_changes,
     medusa_llm_row,
 )
 from bench_trainers_modelopt import (
@@ -143,7 +143,6 @@ PEER_CHANGES = {
         "the trainer_run.py shims (CUDA calls, EConfig rope_scaling, an index file, DataLoader workers "
         "in-process, hard-coded paths, wandb disabled)",
     ],
-    "medusa-llm": MEDUSA_LLM_CHANGES,
 }
 OUR_CHANGES = {
     "eagle": [
@@ -532,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {k: str(v) for k, v in vars(args).items()},
             "data": data,
             "carried_from": carried_from,
-            "peer_changes": {**PEER_CHANGES, MODELOPT: its_changes},
+            "peer_changes": {**PEER_CHANGES, "medusa-llm": medusa_llm_changes(args.max_length, args.target),
+                             MODELOPT: its_changes},
             "our_changes": OUR_CHANGES,
             "ablations": {k: v(medusa_budget(args.medusa_rows, max(ints(args.medusa_epochs))))
                           for k, v in MEDUSA_ABLATIONS.items()},

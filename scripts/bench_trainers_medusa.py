@@ -24,22 +24,30 @@ MEDUSA_README = {  # medusa-llm 0.1's README training command, less what cannot 
     "--save_strategy": "no",
     "--logging_steps": "1",
 }
-MEDUSA_LLM_CHANGES = [
-    "on the CPU without --bf16/--tf32; its train.py still loads the target in bf16 (hard-coded) and casts "
-    "its heads to the target's dtype, so it trains bf16 heads (ours: fp32), slowly on this CPU",
-    "1 process, not 4 GPUs (batch 8 x accumulation 4 per step, as one of its GPUs)",
-    "model_max_length 256 (the tiny target's context), not 2048",
-    "--num_train_epochs E for the budget (README: 1), --report_to none",
-    "--warmup_steps 0.1 for --warmup_ratio 0.1 (transformers 5 dropped the name)",
-    "the trainer_run.py shims (transformers 5 API, the heads' save, the tokenizer path)",
-]
-
 # on a chat target (SmolLM2): what its train.py can read of it
 CHAT_TARGET_VIEW = (
     "the rows in its Vicuna template through a Vicuna view of the target (bench_trainers_jobs.peer_target: BOS "
     "added, `</s>` its EOS, `<|endoftext|>` its pad), not the target's ChatML, which ours trains on and the "
     "evaluation prompts use: its preprocess masks by counting a Llama tokenizer's tokens and cannot read ChatML"
 )
+
+
+def medusa_llm_changes(max_length: int, target: str = "tiny", lr: float = MEDUSA_LR) -> list[str]:
+    """What the bench changes of medusa-llm's README run, for the bench's --max-length and --target and a
+    run at --learning_rate `lr`."""
+    context = " (the tiny target's context)" if target == "tiny" else ""
+    return [
+        "on the CPU without --bf16/--tf32; its train.py still loads the target in bf16 (hard-coded) and casts "
+        "its heads to the target's dtype, so it trains bf16 heads (ours: fp32), slowly on this CPU",
+        "1 process, not 4 GPUs (batch 8 x accumulation 4 per step, as one of its GPUs)",
+        f"model_max_length {max_length}{context}, not 2048",
+        "--num_train_epochs E for the budget (README: 1), --report_to none",
+        "--warmup_steps 0.1 for --warmup_ratio 0.1 (transformers 5 dropped the name)",
+        "the trainer_run.py shims (transformers 5 API, the heads' save, the tokenizer path)",
+        *([f"--learning_rate {lr:g} (README: {MEDUSA_LR:g})"] if lr != MEDUSA_LR else []),
+        *([] if target == "tiny" else [CHAT_TARGET_VIEW]),
+    ]
+
 
 # Ours with one of medusa-llm's settings instead of our recipe's (issue 21 point 2: what each difference
 # buys), as recipe overrides at a budget. Under Adam a per-head loss weight barely moves independent heads
@@ -85,10 +93,7 @@ def medusa_llm_row(budget: dict, seed: int, args, ctx: dict, lr: float = MEDUSA_
     ev = evaluate(native, args.medusa_tree, work / "eval", args.eval_prompts, args.eval_new_tokens, args.target,
                   ctx["eval_source"], args.device)  # fmt: skip
     trainer = "medusa-llm 0.1" + (f" (lr {lr:g})" if other_lr else "")
-    changes = MEDUSA_LLM_CHANGES + ([f"--learning_rate {lr:g} (README: {MEDUSA_LR:g})"] if other_lr else [])
-    if args.target != "tiny":
-        changes = [c.replace("model_max_length 256 (the tiny target's context)", f"model_max_length {args.max_length}")
-                   for c in changes] + [CHAT_TARGET_VIEW]  # fmt: skip
+    changes = medusa_llm_changes(args.max_length, args.target, lr)
     row = row_result("Medusa", trainer, budget, ctx["vicuna_tokens"], ev, got["wall_s"],
                      got["maxrss_kb"] / 1024, changes, seed=seed, load_average=load)  # fmt: skip
     print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)

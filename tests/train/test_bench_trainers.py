@@ -427,6 +427,12 @@ def test_smollm2_runs_medusa_and_eagle3_and_says_why_not_eagle():
     with pytest.raises(SystemExit, match="medusa and eagle3 only. eagle-llm reads the target's lm_head"):
         bench.main(["--target", "smollm2", "--methods", "eagle,medusa"])
     assert "ChatML" in medusa_row.CHAT_TARGET_VIEW
+    tiny = medusa_row.medusa_llm_changes(256)
+    assert "model_max_length 256 (the tiny target's context), not 2048" in tiny
+    assert medusa_row.CHAT_TARGET_VIEW not in tiny
+    chat = medusa_row.medusa_llm_changes(320, "smollm2", lr=2e-3)
+    assert "model_max_length 320, not 2048" in chat and chat[-2:] == ["--learning_rate 0.002 (README: 0.001)",
+                                                                     medusa_row.CHAT_TARGET_VIEW]  # fmt: skip
 
 
 def test_smollm2_is_evaluated_on_mt_bench_one_question_a_category_in_turn(tmp_path):
