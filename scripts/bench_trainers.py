@@ -58,15 +58,17 @@ EAGLE-3  modelopt runs in its own env (tests/consumers/modelopt_env.py: its tran
          ("defaults") and with some of our settings (MODELOPT_VARIANTS), each at every --peer-seeds (its
          training.seed). The verdict adds whether ours clears the best peer's tau by issue 21's 5% (GOALS).
 
---target smollm2 runs the EAGLE-3 and Medusa comparisons on SmolLM2-135M-Instruct (README "A real target"): the
-         rows are the target's own greedy answers (--answer-tokens at most) to the first --eagle3-rows (or
+--target smollm2 runs every comparison on SmolLM2-135M-Instruct (README "A real target"): the rows are the
+         target's own greedy answers (--answer-tokens at most) to the first --rows (--eagle3-rows,
          --medusa-rows) of the project's seed prompts, in its chat template; ours trains
-         recipes/smollm2-135m/{eagle3,medusa}.yaml (every row: no held-out share), modelopt fuses the same
-         layers (HF 2, 15, 27: its own default there) over the same draft-vocabulary size; medusa-llm reads
-         the rows in its Vicuna template through a Vicuna view of the target (peer_target), as on the tiny
-         target, since its masking cannot read ChatML; tau is `specheads eval` on --eval-prompts MT-Bench
-         questions, one a category in turn. eagle-llm is refused there: it reads the target's lm_head from
-         the safetensors index, which SmolLM2's tied embeddings leave out.
+         recipes/smollm2-135m/{eagle,eagle3,medusa}.yaml (every row: no held-out share), modelopt fuses the
+         same layers (HF 2, 15, 27: its own default there) over the same draft-vocabulary size; medusa-llm
+         and eagle-llm read the rows in their Vicuna template through a Vicuna view of the target
+         (peer_target), as on the tiny target, since their masking cannot read ChatML. That view's index
+         names an `lm_head.weight` (the tied embedding, in a file of its own), which eagle-llm reads by name.
+         eagle-llm's heads are decoded with the rotary base its cnets.py uses, 10000, not SmolLM2's 100000
+         (eagle_llm_release_config). tau is `specheads eval` on --eval-prompts MT-Bench questions, one a
+         category in turn.
 
 --methods picks what runs; the other methods' rows are carried from --report's JSON, each with the command
 that measured it. Writes REPORT/bench_trainers.json and REPORT/bench_trainers.md (the table) after every
@@ -134,6 +136,7 @@ from bench_trainers_report import plot, render, render_table
 
 CONSUMERS = ROOT / "tests" / "consumers"
 
+EAGLE_LLM_ROPE_THETA = 10000.0  # cnets.LlamaRotaryEmbedding's default base; the config's is not read
 EAGLE_EPOCHS = 21  # main.py: `for epoch in range(num_epochs + 1)` with num_epochs 20
 EAGLE_SAVED = tuple(e for e in range(EAGLE_EPOCHS) if (e + 1) % 5)  # main.py saves state_e for these
 EAGLE_LR = 3e-5  # main.py's --lr default (linear warm-up over 2000 steps, hard-coded)
@@ -189,11 +192,10 @@ def run_eagle(args, ctx: dict) -> list[dict]:
             release = work / f"release-e{e}"
             release.mkdir()
             shutil.copy(work / "ckpt" / f"state_{e - 1}" / "model.safetensors", release / "model.safetensors")
-            shutil.copy(work / "config.json", release / "config.json")
+            (release / "config.json").write_text(json.dumps(eagle_llm_release_config(work / "config.json")))
             native = import_heads("eagle", release, ctx["target"], work / f"native-e{e}")
-            ev = evaluate(
-                native, args.eagle_tree, work / f"eval-e{e}", args.eval_prompts, args.eval_new_tokens
-            )
+            ev = evaluate(native, args.eagle_tree, work / f"eval-e{e}", args.eval_prompts, args.eval_new_tokens,
+                          args.target, ctx["eval_source"], args.device)  # fmt: skip
             full = e == EAGLE_EPOCHS
             rows.append(row_result(
                 "EAGLE", f"eagle-llm 1.2.1 (lr {lr:g})", eagle_budget(n, e), ctx["vicuna_tokens"], ev,
@@ -207,6 +209,16 @@ def run_eagle(args, ctx: dict) -> list[dict]:
         for seed in ints(args.seeds):
             rows.append(ours_row("eagle", budget, {}, args.eagle_tree, args, ctx, seed))
     return rows
+
+
+def eagle_llm_release_config(config_path: Path) -> dict:
+    """The config an eagle-llm 1.2.1 head is read with: main.py's --configpath with the rotary base its
+    cnets.py really uses. Its LlamaAttention builds LlamaRotaryEmbedding(head_dim, max_position_embeddings)
+    and so base 10000, whatever the config says; SmolLM2's says 100000, and our import reads the config."""
+    from specheads.heads.eagle import with_rope_theta
+
+    config = json.loads(config_path.read_text())
+    return with_rope_theta(config, EAGLE_LLM_ROPE_THETA)
 
 
 def ours_row(
@@ -468,11 +480,6 @@ def main(argv: list[str] | None = None) -> int:
     import consumer_env
 
     methods = args.methods.split(",")
-    if args.target != "tiny" and "eagle" in methods:
-        raise SystemExit(
-            f"--target {args.target}: --methods medusa and eagle3 only. eagle-llm reads the target's lm_head "
-            f"from its safetensors index, which a target with tied embeddings (SmolLM2) does not have"
-        )
     if args.device == "cuda":
         import torch
 
@@ -508,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         conversations = chat_conversations(target, n, args.answer_tokens, args.seed, 256 if args.device == "cuda" else 16,
                                            args.device)  # fmt: skip
         # medusa-llm's Vicuna view of the chat target (its template, not the target's ChatML)
-        peer_dir = peer_target(target, args.out / "peer-target", args.max_length) if "medusa" in methods else None
+        peer_dir = (peer_target(target, args.out / "peer-target", args.max_length)
+                    if {"eagle", "medusa"} & set(methods) else None)  # fmt: skip
     eval_source = eval_prompts(args.target, args.out, args.eval_prompts)
     # our EAGLE-3 recipe's target layers and draft-vocabulary size, which modelopt is given too
     layers, eagle3_vocab = recipe_eagle3(recipe_path(args.target, "eagle3"))

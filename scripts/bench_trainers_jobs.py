@@ -153,8 +153,9 @@ def peer_target(source: Path, out: Path, max_length: int) -> Path:
     BOS in front, its EOS is spelt `</s>` (the Vicuna template ends each answer with that text), and its
     pad token is also its unk token (medusa pads with the unk token): the tiny target's `<|pad|>`; where
     the pad token is the EOS (SmolLM2's `<|im_end|>`), the unk token (`<|endoftext|>`). Plus an index
-    file."""
+    file that names `lm_head.weight` even where the embeddings are tied (eagle-llm reads it from there)."""
     from safetensors import safe_open
+    from safetensors.torch import save_file
 
     out.mkdir(parents=True)
     for name in ("config.json", "model.safetensors", "generation_config.json"):
@@ -185,7 +186,14 @@ def peer_target(source: Path, out: Path, max_length: int) -> Path:
     (out / "tokenizer_config.json").write_text(json.dumps(cfg))
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         names = sorted(f.keys())
-    index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in names}}
+        index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in names}}
+        if "lm_head.weight" not in names:
+            # tied embeddings (SmolLM2): eagle-llm's main.py reads `lm_head.weight` by name through the
+            # index. A file of its own holds the embedding under that name; the config stays tied, and
+            # transformers loads model.safetensors, not the index, so the target's function is unchanged.
+            save_file({"lm_head.weight": f.get_tensor("model.embed_tokens.weight").contiguous()},
+                      str(out / "lm_head.safetensors"))  # fmt: skip
+            index["weight_map"]["lm_head.weight"] = "lm_head.safetensors"
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
     return out
 

@@ -228,6 +228,8 @@ def test_the_trainers_ran_and_moved_the_weights(trained):
     states whose weights differ from the first; Medusa's heads moved off the target's lm_head copy."""
     got, _, _, target_dir = trained["eagle"]
     assert len(got["data_files"]) == CONVERSATIONS, got["data_files"]
+    # cnets' rotary base is 10000 whatever its config says (bench_trainers' EAGLE_LLM_ROPE_THETA)
+    assert torch.equal(got["features_rope_1e5"], got["features"])
     first = load_file(str(Path(got["states"][0]) / "model.safetensors"))
     last = load_file(str(Path(got["states"][-1]) / "model.safetensors"))
     moved = max(float((first[k] - last[k]).abs().max()) for k in first if k != "embed_tokens.weight")

@@ -147,8 +147,20 @@ def train_eagle(job: dict) -> dict:
     inputs = torch.load(job["inputs"], weights_only=True)
     with torch.no_grad():
         features = model(inputs["features"], input_ids=inputs["input_ids"])
+    # the same weights under a config whose rotary base is 100000 (SmolLM2's): cnets builds its rotary
+    # embedding without reading the config's base, so the features must not change (bench_trainers decodes
+    # its heads with base 10000 for that reason: eagle_llm_release_config)
+    config.rope_theta = 100000.0
+    if isinstance(getattr(config, "rope_parameters", None), dict):
+        config.rope_parameters = {**config.rope_parameters, "rope_theta": 100000.0}
+    other_base = Model(config, bias=True)
+    other_base.load_state_dict(model.state_dict(), strict=True)
+    other_base.eval()
+    with torch.no_grad():
+        features_rope_1e5 = other_base(inputs["features"], input_ids=inputs["input_ids"])
     return {
         "features": features,
+        "features_rope_1e5": features_rope_1e5,
         "states": [str(p) for p in states],
         "data_files": sorted(str(p.relative_to(work)) for p in (work / "data").rglob("*.ckpt")),
         "ge_data_s": ge_data_s,

@@ -423,9 +423,7 @@ def test_modelopt_job_reads_the_head_dim_from_the_width_when_the_config_has_none
     assert arch["head_dim"] == 64 and arch["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
 
 
-def test_smollm2_runs_medusa_and_eagle3_and_says_why_not_eagle():
-    with pytest.raises(SystemExit, match="medusa and eagle3 only. eagle-llm reads the target's lm_head"):
-        bench.main(["--target", "smollm2", "--methods", "eagle,medusa"])
+def test_medusa_llms_changes_name_the_runs_own_context_and_rate_and_the_chat_targets_view():
     assert "ChatML" in medusa_row.CHAT_TARGET_VIEW
     tiny = medusa_row.medusa_llm_changes(256)
     assert "model_max_length 256 (the tiny target's context), not 2048" in tiny
@@ -570,3 +568,26 @@ def test_the_peers_vicuna_view_of_a_chatml_target_masks_as_medusa_llm_counts_tok
     labels = ids[1 + instruction_len : cur_len]
     answer_ids = tok(answer + "</s>", add_special_tokens=False).input_ids
     assert labels[-len(answer_ids) :] == answer_ids and len(labels) - len(answer_ids) <= 1
+    # eagle-llm 1.2.1's ge_data counts the same way (loss_mask[cur_len:] = 0, no total_len check): the same
+    # labels. Its main.py and cnets read lm_head.weight and model.embed_tokens.weight by name through the
+    # index; with tied embeddings the view writes the embedding as lm_head.weight in a file of its own.
+    from safetensors.torch import load_file
+
+    index = json.loads((view / "model.safetensors.index.json").read_text())["weight_map"]
+    assert index == {"model.embed_tokens.weight": "model.safetensors", "lm_head.weight": "lm_head.safetensors"}
+    embed = load_file(str(view / "model.safetensors"))["model.embed_tokens.weight"]
+    assert load_file(str(view / "lm_head.safetensors"))["lm_head.weight"].equal(embed)
+    assert json.loads((view / "config.json").read_text()) == json.loads((tmp_path / "smol/config.json").read_text())
+
+
+def test_eagle_llms_heads_are_decoded_with_the_rotary_base_its_cnets_uses(tmp_path):
+    """eagle-llm 1.2.1's cnets builds its rotary embedding with base 10000 whatever the config says, so its
+    heads are imported with that base: SmolLM2's config says 100000, in transformers 5's convention or the
+    older one."""
+    from specheads.heads.formats.eagle import _rope
+
+    for config in ({"rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}, {"rope_theta": 1e5}):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({"hidden_size": 576, **config}))
+        got = bench.eagle_llm_release_config(path)
+        assert _rope(got)[0] == 10000.0 and got["hidden_size"] == 576
