@@ -181,6 +181,9 @@ def test_ablations_are_medusa_llms_settings_as_our_recipe_overrides():
     budget = jobs.medusa_budget(128, 6)  # 24 steps
     assert medusa.ablation_overrides("warmup 10%", budget) == {"warmup_steps": 3}  # HF: ceil(0.1 * 24)
     assert medusa.ablation_overrides("decay 1+data labels", budget) == {"decay": 1.0, "labels": "data"}
+    # medusa-llm's heads each project through a trainable copy of the target's lm_head
+    assert medusa.ablation_overrides("own lm_head+target top1", budget) == {"share_lm_head": False,
+                                                                             "labels": "target-top1"}  # fmt: skip
     assert modelopt.warmup_like_hf(5, 0.1) == 1
     with pytest.raises(SystemExit, match="decay 2"):  # an unknown ablation stops the bench
         medusa.ablation_overrides("decay 2", budget)
