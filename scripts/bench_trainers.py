@@ -276,7 +276,8 @@ def run_medusa(args, ctx: dict) -> list[dict]:
                     rows.append(medusa_llm_row(budget, seed, args, ctx, lr))
             if seed not in ints(args.seeds):
                 continue
-            rows.append(ours_row("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed))
+            if not (args.medusa_ablations_only and variants and e == epochs[0]):
+                rows.append(ours_row("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed))
             for variant in variants if e == epochs[0] else ():
                 extra = {"num_heads": 3, **ablation_overrides(variant, budget)}
                 rows.append(ours_row("medusa", budget, extra, args.medusa_tree, args, ctx, seed, variant))
@@ -447,6 +448,12 @@ def main(argv: list[str] | None = None) -> int:
         "--eagle3-ablations",
         default="",
         help=joined_help("ours at the largest EAGLE-3 budget with modelopt's settings", EAGLE3_ABLATIONS),
+    )
+    p.add_argument(
+        "--medusa-ablations-only",
+        action="store_true",
+        help="at the largest Medusa budget, ours with --medusa-ablations only, not the recipe as it is "
+        "(its rows merged from another run's report: --render --merge)",
     )
     p.add_argument(
         "--eagle3-ablations-only",

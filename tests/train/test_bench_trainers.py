@@ -594,3 +594,27 @@ def test_eagle_llms_heads_are_decoded_with_the_rotary_base_its_cnets_uses(tmp_pa
         path.write_text(json.dumps({"hidden_size": 576, **config}))
         got = bench.eagle_llm_release_config(path)
         assert _rope(got)[0] == 10000.0 and got["hidden_size"] == 576
+
+
+def test_medusa_runs_pair_seeds_and_ablations_only_leaves_the_recipe_out(monkeypatch):
+    """run_medusa: at each seed, medusa-llm (--peer-seeds) then ours (--seeds), then ours with each ablation
+    at the largest budget; --medusa-ablations-only leaves the recipe's own run out there (its rows come from
+    another report) but not at the smaller budgets."""
+    calls = []
+    monkeypatch.setattr(bench, "medusa_llm_row", lambda budget, seed, args, ctx, lr: calls.append(
+        ("peer", budget["epochs"], seed)) or {})  # fmt: skip
+    monkeypatch.setattr(bench, "ours_row", lambda method, budget, extra, tree, args, ctx, seed, variant="": calls.append(
+        ("ours", budget["epochs"], seed, variant, extra.get("share_lm_head"))) or {})  # fmt: skip
+    args = bench.argparse.Namespace(medusa_epochs="2,4", medusa_ablations="own lm_head", peer_seeds="0",
+                                    seeds="0,1", medusa_lrs="1e-3", medusa_tree="medusa-31",
+                                    medusa_ablations_only=False)  # fmt: skip
+    ctx = {"rows": [], "conversations": [("p", "a")] * 64}
+    bench.run_medusa(args, ctx)
+    assert calls == [("peer", 4, 0), ("ours", 4, 0, "", None), ("ours", 4, 0, "own lm_head", False),
+                     ("ours", 4, 1, "", None), ("ours", 4, 1, "own lm_head", False),
+                     ("peer", 2, 0), ("ours", 2, 0, "", None), ("ours", 2, 1, "", None)]  # fmt: skip
+    calls.clear()
+    args.medusa_ablations_only, args.peer_seeds = True, ""
+    bench.run_medusa(args, ctx)
+    assert calls == [("ours", 4, 0, "own lm_head", False), ("ours", 4, 1, "own lm_head", False),
+                     ("ours", 2, 0, "", None), ("ours", 2, 1, "", None)]  # fmt: skip
