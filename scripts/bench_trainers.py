@@ -170,7 +170,7 @@ def run_eagle(args, ctx: dict) -> list[dict]:
 
     out, n, rows = args.out, len(ctx["conversations"]), ctx["rows"]
     epochs = [int(e) for e in args.eagle_epochs.split(",")]
-    for lr in [float(x) for x in args.eagle_lrs.split(",")]:
+    for lr in floats(args.eagle_lrs):
         work = out / f"eagle-llm-lr{lr:g}"
         work.mkdir()
         (work / "ShareGPT_V4.3_unfiltered_cleaned_split.json").write_text(json.dumps(ctx["sharegpt"]))
