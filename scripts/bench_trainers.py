@@ -184,7 +184,7 @@ def run_eagle(args, ctx: dict) -> list[dict]:
         print(f"eagle-llm lr {lr:g}: training", flush=True)
         proc = start_trainer(ctx["env"], job, work)
         got = finish_trainer(proc.wait(), job, work)
-        changes = list(PEER_CHANGES["eagle-llm"])
+        changes = eagle_llm_changes(args.target)
         if lr != EAGLE_LR:
             changes.insert(0, f"--lr {lr:g} (its default {EAGLE_LR:g}: with its 2000-step warm-up it reaches "
                               "a fraction of that in this budget)")  # fmt: skip
@@ -209,6 +209,20 @@ def run_eagle(args, ctx: dict) -> list[dict]:
         for seed in ints(args.seeds):
             rows.append(ours_row("eagle", budget, {}, args.eagle_tree, args, ctx, seed))
     return rows
+
+
+EAGLE_CHAT_TARGET_VIEW = (
+    "the rows in its Vicuna template through a Vicuna view of the target (bench_trainers_jobs.peer_target: BOS "
+    "added, `</s>` its EOS, the tied embedding named lm_head.weight in its index, which main.py reads), not the "
+    "target's ChatML, which ours trains on and the evaluation prompts use: its ge_data masks by counting a Llama "
+    "tokenizer's tokens; its heads decoded with the rotary base its cnets.py trains with, 10000 (the target's "
+    "config: 100000)"
+)
+
+
+def eagle_llm_changes(target: str) -> list[str]:
+    """What the bench changes of eagle-llm's run: the shims, and on a chat target the view it reads."""
+    return list(PEER_CHANGES["eagle-llm"]) + ([EAGLE_CHAT_TARGET_VIEW] if target != "tiny" else [])
 
 
 def eagle_llm_release_config(config_path: Path) -> dict:
@@ -546,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {k: str(v) for k, v in vars(args).items()},
             "data": data,
             "carried_from": carried_from,
-            "peer_changes": {**PEER_CHANGES, "medusa-llm": medusa_llm_changes(args.max_length, args.target),
+            "peer_changes": {**PEER_CHANGES, "eagle-llm": eagle_llm_changes(args.target),
+                             "medusa-llm": medusa_llm_changes(args.max_length, args.target),
                              MODELOPT: its_changes},
             "our_changes": OUR_CHANGES,
             "ablations": {k: v(medusa_budget(args.medusa_rows, max(ints(args.medusa_epochs))))

@@ -594,6 +594,10 @@ def test_eagle_llms_heads_are_decoded_with_the_rotary_base_its_cnets_uses(tmp_pa
         path.write_text(json.dumps({"hidden_size": 576, **config}))
         got = bench.eagle_llm_release_config(path)
         assert _rope(got)[0] == 10000.0 and got["hidden_size"] == 576
+    # and the table says so where it matters: on a chat target, not the tiny one (whose base is 10000)
+    assert bench.eagle_llm_changes("tiny") == bench.PEER_CHANGES["eagle-llm"]
+    assert bench.eagle_llm_changes("smollm2")[-1] == bench.EAGLE_CHAT_TARGET_VIEW
+    assert "rotary base" in bench.EAGLE_CHAT_TARGET_VIEW and "lm_head.weight" in bench.EAGLE_CHAT_TARGET_VIEW
 
 
 def test_medusa_runs_pair_seeds_and_ablations_only_leaves_the_recipe_out(monkeypatch):
