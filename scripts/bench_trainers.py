@@ -535,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"data: the target's answers to {n} seed prompts", flush=True)
         conversations = chat_conversations(target, n, args.answer_tokens, args.seed, 256 if args.device == "cuda" else 16,
                                            args.device)  # fmt: skip
-        # medusa-llm's Vicuna view of the chat target (its template, not the target's ChatML)
+        # medusa-llm's and eagle-llm's Vicuna view of the chat target (their template, not its ChatML)
         peer_dir = (peer_target(target, args.out / "peer-target", args.max_length)
                     if {"eagle", "medusa"} & set(methods) else None)  # fmt: skip
     eval_source = eval_prompts(args.target, args.out, args.eval_prompts)
