@@ -61,6 +61,7 @@ def loss(objective, batch: dict, out, target):
         decay=objective.decay,
         topk=objective.topk,
         noise=objective.eagle3_noise,
+        temperature=objective.eagle3_teacher_temperature,
     )
 
 
@@ -84,6 +85,11 @@ def check_recipe(cfg) -> list[tuple[bool, str]]:
         (cfg.draft_vocab_size >= 1, f"draft_vocab_size must be >= 1, got {cfg.draft_vocab_size}"),
         (cfg.ttt_steps >= 1, f"ttt_steps must be >= 1, got {cfg.ttt_steps}"),
         (cfg.eagle3_noise >= 0, f"eagle3_noise must be >= 0, got {cfg.eagle3_noise}"),
+        (
+            cfg.eagle3_teacher_temperature >= 0,
+            "eagle3_teacher_temperature must be >= 0 (0: the target's top token), got "
+            f"{cfg.eagle3_teacher_temperature}",
+        ),
         (
             cfg.draft_rope_theta >= 0,
             f"draft_rope_theta must be > 0, or 0 for the target's; got {cfg.draft_rope_theta}",
@@ -114,6 +120,7 @@ EAGLE3 = Method(
         "decay",
         "draft_head_init",
         "eagle3_noise",
+        "eagle3_teacher_temperature",
         "draft_rope_theta",
     ),
     check_recipe=check_recipe,

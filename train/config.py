@@ -87,6 +87,9 @@ class TrainConfig:
     ttt_steps: int = 7  # training-time-test steps
     # training adds U(-a, a) to each captured target layer (EAGLE-1's feature noise; the paper's EAGLE-3: 0)
     eagle3_noise: float = 0.0
+    # the draft's labels: softmax(target logits / T) over the draft vocabulary. 1: the target's distribution
+    # (the paper's and both peers'); 0: its top token alone (hard cross-entropy); above 1: softer
+    eagle3_teacher_temperature: float = 1.0
     # the draft's lm_head and final norm at the start: "random" (the layer's own init, as SpecForge and Model
     # Optimizer start), or "target": the target's lm_head rows of the draft vocabulary and its final norm
     draft_head_init: str = "random"

@@ -20,7 +20,8 @@ EAGLE-3, step i = 0 .. N-1 (training-time test), position t:
     attends to     step-0 entries at positions s <= t of its document (real features), and its own
                    entries of steps 1..i (the diagonal): exactly what a tree node at depth i+1 sees
                    when drafting (the real past, then its ancestors)
-    token label    softmax over the draft vocabulary of the target's logits at t+1+i (predicts x_{t+2+i})
+    token label    softmax over the draft vocabulary of the target's logits at t+1+i (predicts x_{t+2+i}),
+                   divided by `temperature` (1 by default; 0: the target's top token as a hard label)
     trained when   x_{t+2+i} is a label of the same document and the target's argmax at t+1+i is in the
                    draft vocabulary; the positions where it is not are counted (`step{i}/out_of_vocab`)
                    and scored as misses in the accuracies, not silently dropped
@@ -235,6 +236,7 @@ def eagle3_loss(
     decay: float = 0.8,
     topk: int = 5,
     noise: float = 0.0,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, DraftMetrics]:
     """EAGLE-3 training-time-test loss over a batch (shifts and masks in the module docstring).
 
@@ -247,6 +249,9 @@ def eagle3_loss(
         steps: unrolled steps N (paper 5-7); decay: weight of step i is decay**i.
         noise: half-width a of the U(-a, a) noise on each captured layer while head.training (EAGLE-1's
             augmentation, applied to the step-0 input features; the paper's EAGLE-3 has none: 0).
+        temperature: the labels are softmax(target logits / temperature) over the draft vocabulary: 1 is the
+            target's distribution (the paper's, SpecForge's, Model Optimizer's); 0 its top token alone (a
+            hard cross-entropy: what greedy verification accepts).
 
     Returns:
         (loss, metrics): metrics hold one column per step.
@@ -277,10 +282,13 @@ def eagle3_loss(
         label_at = t + 1 + i  # the target's logits there predict x_{t+2+i}
         keep = in_vocab[b, label_at]  # (N,) trained positions
         logits = head.logits(h[b, t]).float()  # (N, Vd)
-        teacher = teacher_logits[b, label_at].float().softmax(-1)  # (N, Vd)
+        teacher = teacher_logits[b, label_at].float()  # (N, Vd)
         # positions whose target token the draft cannot emit are weighed 0 rather than dropped: their
         # count stays on the device
-        ce = -(teacher * logits.log_softmax(-1)).sum(-1) * keep
+        if temperature == 0:  # where kept, the draft-vocabulary argmax is the target's own top token
+            ce = F.cross_entropy(logits, teacher.argmax(-1), reduction="none") * keep
+        else:
+            ce = -((teacher / temperature).softmax(-1) * logits.log_softmax(-1)).sum(-1) * keep
         trained = keep.sum()
         total = total + decay**i * ce.sum() / trained.clamp_min(1)
         with torch.no_grad():

@@ -353,6 +353,7 @@ def build_objective(
         noise=cfg.noise,
         ttt_steps=cfg.ttt_steps,
         eagle3_noise=cfg.eagle3_noise,
+        eagle3_teacher_temperature=cfg.eagle3_teacher_temperature,
     )
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay

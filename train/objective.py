@@ -41,7 +41,8 @@ class HeadsWithLoss(nn.Module):
         decay: weight of Medusa head k / EAGLE-3 step k is decay**k.
         topk: the k of the top-k accuracy in the metrics.
         w_feat, w_tok, noise: EAGLE-1/2 loss weights and input-feature noise.
-        ttt_steps, eagle3_noise: EAGLE-3 training-time-test steps and input-feature noise.
+        ttt_steps, eagle3_noise, eagle3_teacher_temperature: EAGLE-3 training-time-test steps, input-feature
+            noise and the temperature of its labels (1: the target's distribution; 0: its top token).
     """
 
     def __init__(
@@ -59,13 +60,14 @@ class HeadsWithLoss(nn.Module):
         noise: float = 0.1,
         ttt_steps: int = 7,
         eagle3_noise: float = 0.0,
+        eagle3_teacher_temperature: float = 1.0,
     ):
         super().__init__()
         self.heads = heads
         self.loss, self.capture_layers, self.needs_logits = loss, tuple(capture_layers), needs_logits
         self.labels, self.decay, self.topk = labels, decay, topk
         self.w_feat, self.w_tok, self.noise, self.ttt_steps = w_feat, w_tok, noise, ttt_steps
-        self.eagle3_noise = eagle3_noise
+        self.eagle3_noise, self.eagle3_teacher_temperature = eagle3_noise, eagle3_teacher_temperature
 
     def forward(self, batch: dict, out: TargetOutput, target) -> tuple[torch.Tensor, torch.Tensor]:
         """batch: input_ids, loss_mask, position_ids (B, T), attention_mask; out: the target's forward

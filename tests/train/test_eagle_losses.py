@@ -247,6 +247,30 @@ def test_eagle3_counts_positions_outside_the_draft_vocabulary():
     assert torch.isfinite(loss)
 
 
+def test_eagle3_teacher_temperature():
+    """Labels softmax(target logits / T): T 2 is the soft loss on halved logits; T 0 the cross-entropy on the
+    target's top token, i.e. the soft loss against a one-hot teacher (the logits sharpened to their argmax),
+    over the same kept positions."""
+    torch.manual_seed(0)
+    config = tiny_config("llama", vocab_size=V, hidden_size=H, head_dim=2, num_attention_heads=4)
+    head = Eagle3Head(Eagle3Config(layer_config_from(config), draft_vocab_size=6, target_layers=(1, 2, 3)))
+    head.set_draft_vocab(torch.tensor([0, 2, 3, 5, 8, 9]))
+    data = batch()
+    target_logits = torch.randn(B, T, V)
+    features = {i: torch.randn(B, T, H) for i in (1, 2, 3)}
+    args = (head, features, data["input_ids"], data["loss_mask"], data["position_ids"])
+    top1, m_top1 = eagle3_loss(*args, target_logits, embedding(), steps=2, temperature=0)
+    warm, _ = eagle3_loss(*args, target_logits, embedding(), steps=2, temperature=2)
+    halved, _ = eagle3_loss(*args, target_logits / 2, embedding(), steps=2)
+    assert warm.item() == pytest.approx(halved.item(), rel=1e-6)
+    sharp, m_sharp = eagle3_loss(*args, target_logits * 1e4, embedding(), steps=2)
+    soft, _ = eagle3_loss(*args, target_logits, embedding(), steps=2)
+    assert top1.item() == pytest.approx(sharp.item(), rel=1e-5)
+    assert abs(top1.item() - soft.item()) > 0.05  # a one-hot teacher is not the distribution
+    assert m_top1.count == m_sharp.count and m_top1.out_of_vocab == m_sharp.out_of_vocab
+    assert m_top1.out_of_vocab[0] > 0  # the mask that keeps positions is exercised
+
+
 def test_count_label_tokens():
     rows = [
         {"input_ids": [1, 2, 2, 3], "loss_mask": [0, 1, 1, 1]},
