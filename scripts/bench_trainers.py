@@ -96,6 +96,7 @@ from bench_trainers_jobs import (
     RECIPES,
     ROOT,
     chat_conversations,
+    chat_target_view,
     eagle_budget,
     eval_prompts,
     evaluate,
@@ -212,11 +213,8 @@ def run_eagle(args, ctx: dict) -> list[dict]:
 
 
 EAGLE_CHAT_TARGET_VIEW = (
-    "the rows in its Vicuna template through a Vicuna view of the target (bench_trainers_jobs.peer_target: BOS "
-    "added, `</s>` its EOS, the tied embedding named lm_head.weight in its index, which main.py reads), not the "
-    "target's ChatML, which ours trains on and the evaluation prompts use: its ge_data masks by counting a Llama "
-    "tokenizer's tokens; its heads decoded with the rotary base its cnets.py trains with, 10000 (the target's "
-    "config: 100000)"
+    chat_target_view("the tied embedding named lm_head.weight in its index, which main.py reads", "ge_data")
+    + "; its heads decoded with the rotary base its cnets.py trains with, 10000 (the target's config: 100000)"
 )
 
 
@@ -505,7 +503,9 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         if methods != ["eagle3"]:
-            raise SystemExit("--device cuda: only --methods eagle3 (the eagle-llm and medusa-llm shims run on the CPU)")
+            raise SystemExit(
+                "--device cuda: only --methods eagle3 (the eagle-llm and medusa-llm shims run on the CPU)"
+            )
         if not torch.cuda.is_available():
             raise SystemExit("--device cuda: torch sees no CUDA device here")
     for v in filter(None, args.medusa_ablations.split(",")):

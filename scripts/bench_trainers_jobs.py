@@ -148,6 +148,16 @@ def message_rows(conversations: list) -> list[dict]:
     ]
 
 
+def chat_target_view(tokens: str, masking: str) -> str:
+    """A table note: how a peer reads a chat target, through `peer_target`. `tokens`: what the view spells
+    for it beyond the BOS and EOS; `masking`: the peer's step that masks by counting Llama tokens."""
+    return (
+        f"the rows in its Vicuna template through a Vicuna view of the target (bench_trainers_jobs.peer_target: "
+        f"BOS added, `</s>` its EOS, {tokens}), not the target's ChatML, which ours trains on and the evaluation "
+        f"prompts use: its {masking} masks by counting a Llama tokenizer's tokens and cannot read ChatML"
+    )
+
+
 def peer_target(source: Path, out: Path, max_length: int) -> Path:
     """A target as the peers' Vicuna code reads it: the same weights and token ids; the tokenizer adds its
     BOS in front, its EOS is spelt `</s>` (the Vicuna template ends each answer with that text), and its
@@ -180,7 +190,9 @@ def peer_target(source: Path, out: Path, max_length: int) -> Path:
     (out / "tokenizer.json").write_text(json.dumps(tj))
     pad = cfg.get("unk_token") if cfg.get("pad_token") in (None, eos) else cfg["pad_token"]
     if pad is None:
-        raise ValueError(f"{source}: its tokenizer has neither a pad token apart from its EOS nor an unk token")
+        raise ValueError(
+            f"{source}: its tokenizer has neither a pad token apart from its EOS nor an unk token"
+        )
     cfg.update(eos_token="</s>", pad_token=pad, unk_token=pad, model_max_length=max_length)
     cfg["extra_special_tokens"] = [t for t in cfg.get("extra_special_tokens", []) if t != eos]
     (out / "tokenizer_config.json").write_text(json.dumps(cfg))
@@ -253,7 +265,9 @@ def train_ours(
     recipe = recipe_path(target, method)
     args = ["train", str(recipe), *(f"{k}={v}" for k, v in overrides.items()), "--no-progress", "--overwrite"]
     wall, rss = run_measured(specheads_cmd(*args), out.parent / f"{out.name}.log")
-    summary = json.loads((out / "train_summary.json").read_text()) if (out / "train_summary.json").is_file() else {}
+    summary = (
+        json.loads((out / "train_summary.json").read_text()) if (out / "train_summary.json").is_file() else {}
+    )
     step_s = summary.get("step_seconds")
     return {
         "wall_s": wall,

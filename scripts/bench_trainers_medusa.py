@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench_trainers_jobs import evaluate, import_heads, load_average, row_result
+from bench_trainers_jobs import chat_target_view, evaluate, import_heads, load_average, row_result
 from bench_trainers_modelopt import joined_overrides, warmup_like_hf
 
 MEDUSA_LR = 1e-3  # medusa-llm 0.1's README --learning_rate
@@ -25,11 +25,7 @@ MEDUSA_README = {  # medusa-llm 0.1's README training command, less what cannot 
     "--logging_steps": "1",
 }
 # on a chat target (SmolLM2): what its train.py can read of it
-CHAT_TARGET_VIEW = (
-    "the rows in its Vicuna template through a Vicuna view of the target (bench_trainers_jobs.peer_target: BOS "
-    "added, `</s>` its EOS, `<|endoftext|>` its pad), not the target's ChatML, which ours trains on and the "
-    "evaluation prompts use: its preprocess masks by counting a Llama tokenizer's tokens and cannot read ChatML"
-)
+CHAT_TARGET_VIEW = chat_target_view("`<|endoftext|>` its pad", "preprocess")
 
 
 def medusa_llm_changes(max_length: int, target: str = "tiny", lr: float = MEDUSA_LR) -> list[str]:

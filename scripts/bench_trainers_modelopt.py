@@ -219,6 +219,7 @@ EAGLE3_ABLATIONS = {
     # vocabulary). 0: the target's top token as a hard label (on Medusa, hard labels bought 1.5% on SmolLM2)
     "top1": lambda b, s: {"eagle3_teacher_temperature": 0.0},
     "teacher T 2": lambda b, s: {"eagle3_teacher_temperature": 2.0},
+    "teacher T 4": lambda b, s: {"eagle3_teacher_temperature": 4.0},
 }
 
 
@@ -248,7 +249,9 @@ def modelopt_row(budget: dict, seed: int, variant: str, vocab: int, args, ctx: d
     )
     work = args.out / name.replace("%", "pc").replace("+", "-")
     work.mkdir()
-    job = modelopt_job({**ctx, "max_length": args.max_length}, work, budget, seed, variant, vocab, args.device)
+    job = modelopt_job(
+        {**ctx, "max_length": args.max_length}, work, budget, seed, variant, vocab, args.device
+    )
     (work / "job.json").write_text(json.dumps(job, indent=1))
     env = subprocess_environ(ctx["modelopt_env"])
     load = load_average()

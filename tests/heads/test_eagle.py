@@ -181,7 +181,10 @@ def test_eagle3_head_starts_from_the_targets_lm_head_rows_and_norm():
         load_config(None, {"method": "eagle", "eagle3_noise": 0.1})
     with pytest.raises(ValueError, match="eagle3_teacher_temperature must be >= 0 .*, got -1"):
         load_config(None, {"method": "eagle3", "eagle3_teacher_temperature": -1})
-    assert load_config(None, {"method": "eagle3", "eagle3_teacher_temperature": 0}).eagle3_teacher_temperature == 0
+    assert (
+        load_config(None, {"method": "eagle3", "eagle3_teacher_temperature": 0}).eagle3_teacher_temperature
+        == 0
+    )
 
 
 @pytest.mark.parametrize("convention", ["rope_parameters", "rope_theta"])

@@ -65,13 +65,11 @@ def test_table_has_a_line_per_trainer_and_budget_with_the_range_and_runs_and_say
     # the verdict at each method's largest budget only
     assert (
         "Medusa, 21 epochs of 40 rows: ours trails (one run each: no spread, no verdict) against medusa-llm 0.1: "
-        "tau 1.70 vs 1.90 (-10.5% in the mean; 1 and 1 runs)."
-        in table
+        "tau 1.70 vs 1.90 (-10.5% in the mean; 1 and 1 runs)." in table
     )
     assert (
         "EAGLE, 21 epochs of 40 rows: ours leads (one run each: no spread, no verdict) against eagle-llm 1.2.1: "
-        "tau 2.50 vs 2.00 (+25.0% in the mean;"
-        in table
+        "tau 2.50 vs 2.00 (+25.0% in the mean;" in table
     )
     assert "6 epochs of 40 rows: ours" not in table
     # the same epochs over other rows are another budget: another line, and the verdict at the larger
@@ -85,7 +83,9 @@ def test_gpu_memory_and_the_loops_own_rate_are_columns_where_a_run_measured_them
     """wall tokens/s counts a process's start-up and saving (20 to 30 s on a GPU); loop tokens/s the
     training steps alone. Neither column shows where no run has it (the CPU tables stay as they were)."""
     plain = [row("EAGLE-3", "specheads", 4, 1.6, wall_s=40.0, tokens_per_s=100.0)]
-    assert "peak GPU MiB" not in report.render_table(plain) and "loop tokens/s" not in report.render_table(plain)
+    assert "peak GPU MiB" not in report.render_table(plain) and "loop tokens/s" not in report.render_table(
+        plain
+    )
     r = jobs.row_result("EAGLE-3", "specheads", jobs.medusa_budget(40, 4), 100.0, {"mean_accept_length": 1.6,
                         "identical_to_baseline": "8/8"}, 40.0, 900.0, loop_s=20.0, peak_accelerator_mib=1768.0)  # fmt: skip
     assert r["loop_tokens_per_s"] == r["tokens_seen"] / 20.0 == 2 * r["tokens_per_s"]

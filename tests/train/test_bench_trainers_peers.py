@@ -108,10 +108,15 @@ def test_the_peers_vicuna_view_of_a_chatml_target_masks_as_medusa_llm_counts_tok
     from safetensors.torch import load_file
 
     index = json.loads((view / "model.safetensors.index.json").read_text())["weight_map"]
-    assert index == {"model.embed_tokens.weight": "model.safetensors", "lm_head.weight": "lm_head.safetensors"}
+    assert index == {
+        "model.embed_tokens.weight": "model.safetensors",
+        "lm_head.weight": "lm_head.safetensors",
+    }
     embed = load_file(str(view / "model.safetensors"))["model.embed_tokens.weight"]
     assert load_file(str(view / "lm_head.safetensors"))["lm_head.weight"].equal(embed)
-    assert json.loads((view / "config.json").read_text()) == json.loads((tmp_path / "smol/config.json").read_text())
+    assert json.loads((view / "config.json").read_text()) == json.loads(
+        (tmp_path / "smol/config.json").read_text()
+    )
 
 
 def test_eagle_llms_heads_are_decoded_with_the_rotary_base_its_cnets_uses(tmp_path):
@@ -120,7 +125,10 @@ def test_eagle_llms_heads_are_decoded_with_the_rotary_base_its_cnets_uses(tmp_pa
     older one."""
     from specheads.heads.formats.eagle import _rope
 
-    for config in ({"rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}, {"rope_theta": 1e5}):
+    for config in (
+        {"rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}},
+        {"rope_theta": 1e5},
+    ):
         path = tmp_path / "config.json"
         path.write_text(json.dumps({"hidden_size": 576, **config}))
         got = bench.eagle_llm_release_config(path)
