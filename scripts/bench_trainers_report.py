@@ -237,6 +237,7 @@ def plot(rows: list[dict], path: Path, target: str = "tiny") -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     methods = list(dict.fromkeys(r["method"] for r in rows))
     fig, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 4), squeeze=False)
@@ -254,6 +255,7 @@ def plot(rows: list[dict], path: Path, target: str = "tiny") -> None:
                         label=trainer + (f" (mean, min-max of {n} runs)" if n > 1 else ""))  # fmt: skip
         ax.set_title(f"{method} on the tiny target" if target == "tiny" else f"{method} on {target}")
         ax.set_xlabel("target tokens seen in training")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:g}k"))  # 40k, not 40000
         ax.set_ylabel(f"tau (our decoder, {'held-out prompts' if target == 'tiny' else 'MT-Bench'})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
