@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from specheads.train.data.packing import document_attention_mask, label_positions
-from specheads.train.losses import simulated_accept_length, sums_tensor
+from specheads.train.losses import simulated_accept_length, sums_tensor, teacher_cross_entropy
 
 
 def next_tokens(input_ids: torch.Tensor, k: int) -> torch.Tensor:
@@ -210,8 +210,8 @@ def eagle_loss(
     pred = predicted[b, t]  # (N, H)
     feature = F.smooth_l1_loss(pred.float(), hidden[b, t + 1].float(), reduction="none").mean(-1)  # (N,)
     logits = head.logits(pred, lm_head).float()  # (N, V)
-    teacher = target_logits[b, t + 1].float().softmax(-1)  # the target's distribution of x_{t+2}
-    ce = -(teacher * logits.log_softmax(-1)).sum(-1)  # (N,)
+    teacher = target_logits[b, t + 1]  # the target's logits of x_{t+2}
+    ce = teacher_cross_entropy(logits, teacher)  # (N,)
     n = max(len(b), 1)
     loss = w_feat * feature.sum() / n + w_tok * ce.sum() / n
     metrics = DraftMetrics()
@@ -282,13 +282,9 @@ def eagle3_loss(
         label_at = t + 1 + i  # the target's logits there predict x_{t+2+i}
         keep = in_vocab[b, label_at]  # (N,) trained positions
         logits = head.logits(h[b, t]).float()  # (N, Vd)
-        teacher = teacher_logits[b, label_at].float()  # (N, Vd)
         # positions whose target token the draft cannot emit are weighed 0 rather than dropped: their
-        # count stays on the device
-        if temperature == 0:  # where kept, the draft-vocabulary argmax is the target's own top token
-            ce = F.cross_entropy(logits, teacher.argmax(-1), reduction="none") * keep
-        else:
-            ce = -((teacher / temperature).softmax(-1) * logits.log_softmax(-1)).sum(-1) * keep
+        # count stays on the device (where kept, the draft-vocabulary argmax is the target's top token)
+        ce = teacher_cross_entropy(logits, teacher_logits[b, label_at], temperature) * keep
         trained = keep.sum()
         total = total + decay**i * ce.sum() / trained.clamp_min(1)
         with torch.no_grad():

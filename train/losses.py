@@ -36,6 +36,15 @@ def simulated_accept_length(top1: list[float]) -> float:
     return tau
 
 
+def teacher_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0):
+    """(N, V) logits, (N, V) the target's logits -> (N,) cross-entropy against softmax(teacher / temperature):
+    at 1 the target's distribution (soft labels); at 0 its top token alone (a hard cross-entropy)."""
+    if temperature == 0:
+        return F.cross_entropy(logits, teacher_logits.argmax(-1), reduction="none")
+    teacher = (teacher_logits.float() / temperature).softmax(-1)
+    return -(teacher * logits.log_softmax(-1)).sum(-1)
+
+
 def sums_tensor(rows: list[list]) -> torch.Tensor:
     """(R, K) float64 sums from rows of floats or 0-dim tensors, on the tensors' device.
 
@@ -134,8 +143,8 @@ def medusa_loss(
             ce = F.cross_entropy(logits, labels, reduction="none")
         else:
             # The target's logits at t+1+k predict x_{t+2+k}, the token head k predicts from t.
-            teacher = target_logits[b, t + offset - 1].float().softmax(-1)
-            ce = -(teacher * logits.log_softmax(-1)).sum(-1)
+            teacher = target_logits[b, t + offset - 1]
+            ce = teacher_cross_entropy(logits, teacher)
             labels = teacher.argmax(-1)
         n = max(len(labels), 1)
         total = total + decay**k * ce.sum() / n
