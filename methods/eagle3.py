@@ -14,7 +14,7 @@ from specheads.heads import (
 )
 from specheads.heads.eagle import with_rope_theta
 from specheads.heads.methods import Method
-from specheads.train.eagle_losses import DraftMetrics, eagle3_loss
+from specheads.train.eagle_losses import OUT_OF_VOCAB, DraftMetrics, eagle3_loss
 
 # draft_head_init (train/config.py): the draft's lm_head and norm drawn at random, or copied from the target
 DRAFT_HEAD_INITS = ("random", "target")
@@ -62,6 +62,7 @@ def loss(objective, batch: dict, out, target):
         topk=objective.topk,
         noise=objective.eagle3_noise,
         temperature=objective.eagle3_teacher_temperature,
+        out_of_vocab=objective.eagle3_out_of_vocab,
     )
 
 
@@ -89,6 +90,10 @@ def check_recipe(cfg) -> list[tuple[bool, str]]:
             cfg.eagle3_teacher_temperature >= 0,
             "eagle3_teacher_temperature must be >= 0 (0: the target's top token), got "
             f"{cfg.eagle3_teacher_temperature}",
+        ),
+        (
+            cfg.eagle3_out_of_vocab in OUT_OF_VOCAB,
+            f"eagle3_out_of_vocab must be one of {OUT_OF_VOCAB}, got {cfg.eagle3_out_of_vocab!r}",
         ),
         (
             cfg.draft_rope_theta >= 0,
@@ -121,6 +126,7 @@ EAGLE3 = Method(
         "draft_head_init",
         "eagle3_noise",
         "eagle3_teacher_temperature",
+        "eagle3_out_of_vocab",
         "draft_rope_theta",
     ),
     check_recipe=check_recipe,

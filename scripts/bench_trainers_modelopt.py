@@ -222,6 +222,9 @@ EAGLE3_ABLATIONS = {
     "teacher T 2": lambda b, s: {"eagle3_teacher_temperature": 2.0},
     "teacher T 3": lambda b, s: {"eagle3_teacher_temperature": 3.0},
     "teacher T 4": lambda b, s: {"eagle3_teacher_temperature": 4.0},
+    # modelopt's: positions whose target token is outside the draft vocabulary are trained too, against the
+    # target's distribution renormalised over it (ours: left out)
+    "train oov": lambda b, s: {"eagle3_out_of_vocab": "train"},
 }
 
 

@@ -90,6 +90,10 @@ class TrainConfig:
     # the draft's labels: softmax(target logits / T) over the draft vocabulary. 1: the target's distribution
     # (the paper's and both peers'); 0: its top token alone (hard cross-entropy); above 1: softer
     eagle3_teacher_temperature: float = 1.0
+    # positions whose target token lies outside the draft vocabulary: "skip" (untrained: the draft cannot
+    # propose the token greedy verification wants there) or "train" (Model Optimizer's: against the target's
+    # distribution renormalised over the draft vocabulary)
+    eagle3_out_of_vocab: str = "skip"
     # the draft's lm_head and final norm at the start: "random" (the layer's own init, as SpecForge and Model
     # Optimizer start), or "target": the target's lm_head rows of the draft vocabulary and its final norm
     draft_head_init: str = "random"

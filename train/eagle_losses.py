@@ -22,9 +22,11 @@ EAGLE-3, step i = 0 .. N-1 (training-time test), position t:
                    when drafting (the real past, then its ancestors)
     token label    softmax over the draft vocabulary of the target's logits at t+1+i (predicts x_{t+2+i}),
                    divided by `temperature` (1 by default; 0: the target's top token as a hard label)
-    trained when   x_{t+2+i} is a label of the same document and the target's argmax at t+1+i is in the
-                   draft vocabulary; the positions where it is not are counted (`step{i}/out_of_vocab`)
-                   and scored as misses in the accuracies, not silently dropped
+    trained when   x_{t+2+i} is a label of the same document and (out_of_vocab "skip", the default) the
+                   target's argmax at t+1+i is in the draft vocabulary; the positions where it is not are
+                   counted (`step{i}/out_of_vocab`) and scored as misses in the accuracies, not silently
+                   dropped. "train" (Model Optimizer's) trains them too, against the target's distribution
+                   renormalised over the draft vocabulary (no draft token can match their greedy label)
     L = sum_i decay^i · mean soft-CE_i                                          (paper: decay 0.8)
 """
 
@@ -38,6 +40,8 @@ import torch.nn.functional as F
 
 from specheads.train.data.packing import document_attention_mask, label_positions
 from specheads.train.losses import simulated_accept_length, sums_tensor, teacher_cross_entropy
+
+OUT_OF_VOCAB = ("skip", "train")  # EAGLE-3: positions whose target token the draft vocabulary lacks
 
 
 def next_tokens(input_ids: torch.Tensor, k: int) -> torch.Tensor:
@@ -121,29 +125,36 @@ class DraftMetrics:
     topk: list[float] = field(default_factory=list)
     count: list[float] = field(default_factory=list)  # positions with a label
     out_of_vocab: list[float] = field(default_factory=list)  # ... whose target token the draft can't emit
+    trained: list[float] = field(default_factory=list)  # ... in the loss
 
-    ROWS = 6
+    ROWS = 7
 
-    def add(self, loss=0.0, feature=0.0, top1=0.0, topk=0.0, count=0.0, out_of_vocab=0.0) -> None:
+    def add(
+        self, loss=0.0, feature=0.0, top1=0.0, topk=0.0, count=0.0, out_of_vocab=0.0, trained=None
+    ) -> None:
+        """`trained` defaults to count - out_of_vocab: the positions outside the draft vocabulary untrained."""
+        trained = count - out_of_vocab if trained is None else trained
         for name, value in zip(
-            ("loss", "feature", "top1", "topk", "count", "out_of_vocab"),
-            (loss, feature, top1, topk, count, out_of_vocab),
+            ("loss", "feature", "top1", "topk", "count", "out_of_vocab", "trained"),
+            (loss, feature, top1, topk, count, out_of_vocab, trained),
         ):
             getattr(self, name).append(value)  # floats, or 0-dim tensors left on their device
 
     def as_tensor(self) -> torch.Tensor:
-        return sums_tensor([self.loss, self.feature, self.top1, self.topk, self.count, self.out_of_vocab])
+        return sums_tensor(
+            [self.loss, self.feature, self.top1, self.topk, self.count, self.out_of_vocab, self.trained]
+        )
 
     @staticmethod
     def summarise(
         sums: torch.Tensor, weights: list[float], topk: int, w_feat: float = 0.0
     ) -> dict[str, float]:
-        """(6, K) summed metrics -> per-step means, tau_sim and the weighted loss.
+        """(7, K) summed metrics -> per-step means, tau_sim and the weighted loss.
 
         loss = w_feat · mean feature loss + sum_i weights[i] · mean soft-CE_i, as in training.
         """
-        loss, feature, top1, topk_hits, count, oov = sums.clamp_min(0).double()
-        n, trained = count.clamp_min(1), (count - oov).clamp_min(1)
+        loss, feature, top1, topk_hits, count, oov, trained = sums.clamp_min(0).double()
+        n, trained = count.clamp_min(1), trained.clamp_min(1)
         acc1 = (top1 / n).tolist()
         out = {}
         for i, a in enumerate(acc1):
@@ -237,6 +248,7 @@ def eagle3_loss(
     topk: int = 5,
     noise: float = 0.0,
     temperature: float = 1.0,
+    out_of_vocab: str = "skip",
 ) -> tuple[torch.Tensor, DraftMetrics]:
     """EAGLE-3 training-time-test loss over a batch (shifts and masks in the module docstring).
 
@@ -252,10 +264,15 @@ def eagle3_loss(
         temperature: the labels are softmax(target logits / temperature) over the draft vocabulary: 1 is the
             target's distribution (the paper's, SpecForge's, Model Optimizer's); 0 its top token alone (a
             hard cross-entropy: what greedy verification accepts).
+        out_of_vocab: "skip" (positions whose target token lies outside the draft vocabulary weigh 0) or
+            "train" (they are trained too, as Model Optimizer does).
 
     Returns:
         (loss, metrics): metrics hold one column per step.
     """
+    if out_of_vocab not in OUT_OF_VOCAB:
+        raise ValueError(f"out_of_vocab must be one of {OUT_OF_VOCAB}, got {out_of_vocab!r}")
+    skip = out_of_vocab == "skip"
     dtype = head.fc.weight.dtype
     captured = {i: features[i].to(dtype) for i in head.capture_layers}
     if head.training and noise > 0:
@@ -280,17 +297,19 @@ def eagle3_loss(
     positions = label_positions(loss_mask, position_ids, [2 + i for i in range(len(outputs))])
     for i, (h, (b, t)) in enumerate(zip(outputs, positions)):
         label_at = t + 1 + i  # the target's logits there predict x_{t+2+i}
-        keep = in_vocab[b, label_at]  # (N,) trained positions
+        emittable = in_vocab[b, label_at]  # (N,) the target's top token is in the draft vocabulary
         logits = head.logits(h[b, t]).float()  # (N, Vd)
-        # positions whose target token the draft cannot emit are weighed 0 rather than dropped: their
-        # count stays on the device (where kept, the draft-vocabulary argmax is the target's top token)
-        ce = teacher_cross_entropy(logits, teacher_logits[b, label_at], temperature) * keep
-        trained = keep.sum()
-        total = total + decay**i * ce.sum() / trained.clamp_min(1)
+        ce = teacher_cross_entropy(logits, teacher_logits[b, label_at], temperature)
+        if skip:
+            # positions whose target token the draft cannot emit are weighed 0 rather than dropped: their
+            # count stays on the device (where kept, the draft-vocabulary argmax is the target's top token)
+            ce = ce * emittable
+        trained = emittable.sum() if skip else len(b)
+        total = total + decay**i * ce.sum() / (trained.clamp_min(1) if skip else max(trained, 1))
         with torch.no_grad():
             top = head.to_target_ids(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices)
             top1, topk_hits = _hits(top, target_tokens[b, label_at])
-            metrics.add(ce.sum(), 0.0, top1, topk_hits, len(b), len(b) - trained)
+            metrics.add(ce.sum(), 0.0, top1, topk_hits, len(b), len(b) - emittable.sum(), trained)
     return total, metrics
 
 

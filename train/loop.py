@@ -354,6 +354,7 @@ def build_objective(
         ttt_steps=cfg.ttt_steps,
         eagle3_noise=cfg.eagle3_noise,
         eagle3_teacher_temperature=cfg.eagle3_teacher_temperature,
+        eagle3_out_of_vocab=cfg.eagle3_out_of_vocab,
     )
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay

@@ -41,8 +41,9 @@ class HeadsWithLoss(nn.Module):
         decay: weight of Medusa head k / EAGLE-3 step k is decay**k.
         topk: the k of the top-k accuracy in the metrics.
         w_feat, w_tok, noise: EAGLE-1/2 loss weights and input-feature noise.
-        ttt_steps, eagle3_noise, eagle3_teacher_temperature: EAGLE-3 training-time-test steps, input-feature
-            noise and the temperature of its labels (1: the target's distribution; 0: its top token).
+        ttt_steps, eagle3_noise, eagle3_teacher_temperature, eagle3_out_of_vocab: EAGLE-3 training-time-test
+            steps, input-feature noise, the temperature of its labels (1: the target's distribution; 0: its
+            top token) and whether positions outside the draft vocabulary are trained ("skip", "train").
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class HeadsWithLoss(nn.Module):
         ttt_steps: int = 7,
         eagle3_noise: float = 0.0,
         eagle3_teacher_temperature: float = 1.0,
+        eagle3_out_of_vocab: str = "skip",
     ):
         super().__init__()
         self.heads = heads
@@ -68,6 +70,7 @@ class HeadsWithLoss(nn.Module):
         self.labels, self.decay, self.topk = labels, decay, topk
         self.w_feat, self.w_tok, self.noise, self.ttt_steps = w_feat, w_tok, noise, ttt_steps
         self.eagle3_noise, self.eagle3_teacher_temperature = eagle3_noise, eagle3_teacher_temperature
+        self.eagle3_out_of_vocab = eagle3_out_of_vocab
 
     def forward(self, batch: dict, out: TargetOutput, target) -> tuple[torch.Tensor, torch.Tensor]:
         """batch: input_ids, loss_mask, position_ids (B, T), attention_mask; out: the target's forward

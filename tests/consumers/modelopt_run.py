@@ -20,9 +20,12 @@ examples/speculative_decoding does, on the tiny target TARGET_DIR:
      and `_eagle_forward` (one step; position t reads the hooked states at t and the embedding of token
      t+1), positions 0..T-1. Also the same forward with layer 0's `input_layernorm` applied to the token
      embeddings only, which is how vLLM and SGLang read the exported layer (see `EmbedsOnlyNorm`).
+  5. With that same reading, its training loss (`model(input_ids).loss` in training mode, no update) on a
+     batch of random tokens (`loss_tokens`), to set beside our EAGLE-3 loss on the same weights.
 
 Writes WORKDIR/out.pt: logits, logits_engine_norm (1, T, Vd), target_ids (via its d2t), layer_ids, losses,
-and what its EAGLE-1 and Medusa paths do (`eagle1`, `medusa`: a sentence each).
+loss_tokens, loss_engine_norm ({loss, train_acc}), ttt_steps, loss_decay, and what its EAGLE-1 and Medusa
+paths do (`eagle1`, `medusa`: a sentence each).
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ from torch import nn
 
 LAYER_IDS = [0, 1, 2]
 DRAFT_VOCAB = 100
+LOSS_BATCH = (
+    2,
+    24,
+)  # its training batches' shape: its TTT attention masks are cached per step, not per shape
 
 
 class EmbedsOnlyNorm(nn.Module):
@@ -104,6 +111,18 @@ def train(model, steps: int) -> list[float]:
         opt.zero_grad()
         losses.append(float(loss.detach()))
     return model.eval() and losses
+
+
+@torch.no_grad()
+def training_loss(model, tokens: torch.Tensor) -> dict:
+    """modelopt's own training loss (`model(input_ids).loss` in training mode: its training-time-test steps,
+    its step decay, every position's label) on `tokens`, no update; and its per-step draft accuracies."""
+    model.train()
+    try:
+        out = model(input_ids=tokens)
+    finally:
+        model.eval()
+    return {"loss": float(out.loss), "train_acc": out.train_acc[0]}
 
 
 @torch.no_grad()
@@ -177,6 +196,10 @@ def main(target_dir: str, workdir: str, steps: str = "5") -> None:
     own_norm = layer0.input_layernorm
     layer0.input_layernorm = EmbedsOnlyNorm(own_norm)
     engine_norm = draft_logits(model, tokens)
+    loss_tokens = torch.randint(
+        0, model.config.vocab_size, LOSS_BATCH, generator=torch.Generator().manual_seed(4)
+    )
+    loss_engine_norm = training_loss(model, loss_tokens)
     layer0.input_layernorm = own_norm
     out = {
         "logits": logits,
@@ -184,6 +207,10 @@ def main(target_dir: str, workdir: str, steps: str = "5") -> None:
         "target_ids": draft + d2t[draft],
         "layer_ids": list(model.eagle_config.eagle_aux_hidden_state_layer_ids),
         "losses": losses,
+        "loss_tokens": loss_tokens,
+        "loss_engine_norm": loss_engine_norm,
+        "ttt_steps": model.eagle_ttt_steps,
+        "loss_decay": model.eagle_loss_decay_factor,
         "input_layernorm_spread": float(own_norm.weight.max() - own_norm.weight.min()),
         **other_paths(target_dir),
     }

@@ -185,6 +185,9 @@ def test_eagle3_head_starts_from_the_targets_lm_head_rows_and_norm():
         load_config(None, {"method": "eagle3", "eagle3_teacher_temperature": 0}).eagle3_teacher_temperature
         == 0
     )
+    with pytest.raises(ValueError, match="eagle3_out_of_vocab must be one of .*, got 'drop'"):
+        load_config(None, {"method": "eagle3", "eagle3_out_of_vocab": "drop"})
+    assert load_config(None, {"method": "eagle3"}).eagle3_out_of_vocab == "skip"
 
 
 @pytest.mark.parametrize("convention", ["rope_parameters", "rope_theta"])

@@ -247,6 +247,43 @@ def test_eagle3_counts_positions_outside_the_draft_vocabulary():
     assert torch.isfinite(loss)
 
 
+@pytest.mark.parametrize("mode", ["skip", "train"])
+def test_eagle3_out_of_vocab_positions_are_skipped_or_trained(mode):
+    """out_of_vocab "skip" (ours) leaves out the positions whose target token the draft vocabulary lacks;
+    "train" (Model Optimizer's) trains every labelled position against the target's distribution
+    renormalised over the draft vocabulary. Each step's loss is the mean soft-CE over the trained positions,
+    recomputed here from the head's own unrolled outputs."""
+    torch.manual_seed(0)
+    config = tiny_config("llama", vocab_size=V, hidden_size=H, head_dim=2, num_attention_heads=4)
+    head = Eagle3Head(Eagle3Config(layer_config_from(config), draft_vocab_size=6, target_layers=(1, 2, 3)))
+    head.set_draft_vocab(torch.tensor([0, 2, 3, 5, 8, 9]))
+    data, target_logits = batch(), torch.randn(B, T, V)
+    features = {i: torch.randn(B, T, H) for i in (1, 2, 3)}
+    emb, mask = embedding(), data["attention_mask"]
+    loss, metrics = eagle3_loss(head, features, data["input_ids"], data["loss_mask"], data["position_ids"],
+                                target_logits, emb, attention_mask=mask, steps=2, out_of_vocab=mode)  # fmt: skip
+    with torch.no_grad():
+        fused = head.input_hidden(features)
+        attention = draft_attention_mask(mask, data["position_ids"], fused.dtype)
+        outputs = eagle3_unroll(head, fused, emb(data["input_ids"]), data["position_ids"], attention, 2)
+    teacher = target_logits[..., head.vocab_target_ids()].softmax(-1)
+    emittable = head.t2d[target_logits.argmax(-1)]
+    expected = 0.0
+    for i, h in enumerate(outputs):
+        b, t = (shift_loss_mask(data["loss_mask"], data["position_ids"], 2 + i) > 0).nonzero(as_tuple=True)
+        ce = -(teacher[b, t + 1 + i] * head.logits(h[b, t]).detach().log_softmax(-1)).sum(-1)
+        keep = emittable[b, t + 1 + i] if mode == "skip" else torch.ones_like(ce, dtype=torch.bool)
+        expected += 0.8**i * ce[keep].mean()
+        assert 0 < metrics.out_of_vocab[i] == (~emittable[b, t + 1 + i]).sum()  # counted either way
+        assert metrics.trained[i] == keep.sum() and metrics.count[i] == len(b)
+    assert loss.item() == pytest.approx(float(expected), rel=1e-5)
+    summary = DraftMetrics.summarise(metrics.as_tensor(), [1.0, 0.8], topk=5)
+    assert summary["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    with pytest.raises(ValueError, match="out_of_vocab must be one of .*, got 'drop'"):
+        eagle3_loss(head, features, data["input_ids"], data["loss_mask"], data["position_ids"], target_logits,
+                    emb, steps=1, out_of_vocab="drop")  # fmt: skip
+
+
 def test_eagle3_teacher_temperature():
     """Labels softmax(target logits / T): T 2 is the soft loss on halved logits; T 0 the cross-entropy on the
     target's top token, i.e. the soft loss against a one-hot teacher (the logits sharpened to their argmax),
