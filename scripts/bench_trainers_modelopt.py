@@ -76,6 +76,10 @@ MODELOPT_VARIANTS = {
     "lr 2e-3": lambda b: {"training.learning_rate": 2e-3},  # ours' best at 240 steps (--eagle3-ablations)
     # the HF Trainer's warm-up for a ratio, ceil(0.1 * steps), as medusa-llm's; its recipe: 1000 steps
     "warmup 10%": lambda b: {"training.warmup_steps": warmup_like_hf(b["steps"], 0.1)},
+    # not a recipe setting but a change to its training forward (a job field, "job." keys): its layer 0
+    # normalises the fused state once, as its export's readers (vLLM, SGLang, our decoder) do, where its own
+    # forward normalises it twice (modelopt_run.EmbedsOnlyNorm)
+    "engine norm": lambda b: {"job.engine_norm": True},
 }
 MODELOPT_CHANGES = [
     "the steps of its examples/speculative_decoding (calibrate_draft_vocab.py, main.py, export_hf_checkpoint.py) "
@@ -167,8 +171,11 @@ def modelopt_job(
         "eagle.eagle_architecture_config": arch,
         **modelopt_variant(variant, budget),
     }
+    job_fields = {
+        k.removeprefix("job."): overrides.pop(k) for k in [k for k in overrides if k.startswith("job.")]
+    }
     dotlist = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
-    return {"target": str(ctx["target"]), "data": str(ctx["rows_path"]), "work": str(work), "overrides": dotlist,
+    return {**job_fields, "target": str(ctx["target"]), "data": str(ctx["rows_path"]), "work": str(work), "overrides": dotlist,
             "draft_vocab_size": draft_vocab, "draft_vocab_cache": str(work / "d2t.pt"),
             "export_rope_scaling": {},
             # on a GPU the Trainer moves the model there, as in main.py; here it stays on the CPU

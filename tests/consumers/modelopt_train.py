@@ -4,6 +4,7 @@ modelopt env: tests/consumers/modelopt_env.py), for scripts/bench_trainers.py.
     python modelopt_train.py JOB.json
 
 JOB: {"target", "data" (rows of {"messages"}), "work", "overrides" (the recipe's dotlist), and optionally
+"engine_norm" (true: layer 0 normalises the fused state once in training, as the engines read the export),
 "draft_vocab_size" with "draft_vocab_cache" (calibrate to that file) and "export_rope_scaling" (a dict).
 
 modelopt 0.47.0's wheel holds the library and the recipe (`modelopt_recipes/general/speculative_decoding/
@@ -50,6 +51,7 @@ from modelopt.torch.export import export_speculative_decoding
 from modelopt.torch.speculative.plugins.hf_training_args import TrainingArguments as SpecTrainingArgs
 from modelopt.torch.speculative.utils import calibrate_frequent_vocab, load_vlm_or_llm
 from modelopt.torch.utils.plugins.transformers_dataset import LanguageDataCollator, ShardedDataset
+from modelopt_run import EmbedsOnlyNorm
 
 RECIPE = "general/speculative_decoding/eagle3"  # the wheel's modelopt_recipes
 
@@ -85,9 +87,13 @@ def calibrate(target: str, data: str, size: int, out: Path) -> None:
     torch.save(d2t, out)
 
 
-def train(overrides: list[str], device_map: str | None = "cpu", dtype: str = "auto") -> dict:
+def train(
+    overrides: list[str], device_map: str | None = "cpu", dtype: str = "auto", engine_norm: bool = False
+) -> dict:
     """main.py's train() for an EAGLE recipe, online data, one process, no resume; the target on
-    `device_map` in `dtype` (main.py: "auto", the target config's)."""
+    `device_map` in `dtype` (main.py: "auto", the target config's). `engine_norm`: not main.py's: its draft's
+    layer 0 normalises the fused state once in training, as the engines read its export (EmbedsOnlyNorm),
+    the module put back before the checkpoint is saved."""
     recipe = load_recipe(RECIPE, overrides=overrides)
     args = HfTrainingArguments(**recipe.training.model_dump())
     path = recipe.model.model_name_or_path
@@ -105,7 +111,12 @@ def train(overrides: list[str], device_map: str | None = "cpu", dtype: str = "au
     )  # fmt: skip
     trainer.can_return_loss = True
     assert trainer.label_smoother is None
+    layer0 = model.eagle_module.layers[0]
+    own_norm = layer0.input_layernorm
+    if engine_norm:
+        layer0.input_layernorm = EmbedsOnlyNorm(own_norm)  # the same parameter: the optimizer's
     trainer.train()
+    layer0.input_layernorm = own_norm
     trainer.save_state()
     trainer.save_model(args.output_dir)
     return {"log_history": trainer.state.log_history, "global_step": trainer.state.global_step,
@@ -133,7 +144,12 @@ def main(job_path: str) -> None:
     if job.get("draft_vocab_cache"):
         calibrate(job["target"], job["data"], job["draft_vocab_size"], Path(job["draft_vocab_cache"]))
     seconds["calibrate"] = time.perf_counter() - start
-    got = train(job["overrides"], job.get("device_map", "cpu"), job.get("target_dtype", "auto"))
+    got = train(
+        job["overrides"],
+        job.get("device_map", "cpu"),
+        job.get("target_dtype", "auto"),
+        job.get("engine_norm", False),
+    )
     seconds["train"] = time.perf_counter() - start - seconds["calibrate"]
     export(got["output_dir"], work / "export", job.get("export_rope_scaling"))
     seconds["export"] = time.perf_counter() - start - seconds["calibrate"] - seconds["train"]

@@ -341,6 +341,13 @@ def test_modelopt_job_is_its_recipe_with_the_budget_the_cpu_and_our_layers_and_v
     tuned = modelopt.modelopt_job(ctx, tmp_path / "w", budget, 0, "lr 1e-3+warmup 10%", 557)
     assert "training.learning_rate=0.001" in tuned["overrides"]
     assert "training.warmup_steps=8" in tuned["overrides"]  # the HF Trainer's ceil(0.1 * 80)
+    assert "engine_norm" not in job
+    engine = modelopt.modelopt_job(ctx, tmp_path / "w", budget, 0, "lr 1e-3+engine norm", 557)
+    assert engine["engine_norm"] is True  # a job field modelopt_train.py reads, not a recipe override
+    assert (
+        not any(o.startswith("job.") for o in engine["overrides"])
+        and "training.learning_rate=0.001" in engine["overrides"]
+    )
 
 
 def test_on_cuda_both_train_as_their_gpu_recipes_say_and_the_changes_say_so(tmp_path, monkeypatch):
