@@ -80,6 +80,9 @@ MODELOPT_VARIANTS = {
     # normalises the fused state once, as its export's readers (vLLM, SGLang, our decoder) do, where its own
     # forward normalises it twice (modelopt_run.EmbedsOnlyNorm)
     "engine norm": lambda b: {"job.engine_norm": True},
+    # its recipe's own draft vocabulary, the target's whole vocabulary (no calibration, no d2t), in place of a
+    # calibrated one the size of ours
+    "whole vocab": lambda b: {"job.whole_vocab": True},
 }
 MODELOPT_CHANGES = [
     "the steps of its examples/speculative_decoding (calibrate_draft_vocab.py, main.py, export_hf_checkpoint.py) "
@@ -155,13 +158,21 @@ def modelopt_job(
     """modelopt_train.py's job: main.py's recipe overrides (a dotlist, as its command line takes them), and
     where the target loads (`device`: cpu in fp32, cuda in bf16)."""
     layer = json.loads((ctx["target"] / "config.json").read_text())
+    variant_overrides = modelopt_variant(variant, budget)
+    # variants that change modelopt_train.py's run rather than the recipe: "job." keys, fields of the job
+    job_fields = {
+        k[4:]: variant_overrides.pop(k) for k in [k for k in variant_overrides if k.startswith("job.")]
+    }
+    whole_vocab = job_fields.pop("whole_vocab", False)
+    if whole_vocab:
+        draft_vocab = layer["vocab_size"]
     arch = {**draft_layer_shape(layer), "rms_norm_eps": layer["rms_norm_eps"], "torch_dtype": "float32",
             "draft_vocab_size": draft_vocab,
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in ctx["eagle3_layers"]]}  # fmt: skip
     overrides = {
         "model.model_name_or_path": str(ctx["target"]),
         "data.data_path": str(ctx["rows_path"]),
-        "data.draft_vocab_cache": str(work / "d2t.pt"),
+        **({} if whole_vocab else {"data.draft_vocab_cache": str(work / "d2t.pt")}),
         "training.output_dir": str(work / "ckpt"),
         "training.num_train_epochs": budget["epochs"],
         "training.per_device_train_batch_size": budget["batch"],
@@ -169,14 +180,11 @@ def modelopt_job(
         "training.seed": seed,
         **(MODELOPT_CUDA if device == "cuda" else MODELOPT_CPU),
         "eagle.eagle_architecture_config": arch,
-        **modelopt_variant(variant, budget),
-    }
-    job_fields = {
-        k.removeprefix("job."): overrides.pop(k) for k in [k for k in overrides if k.startswith("job.")]
+        **variant_overrides,
     }
     dotlist = [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in overrides.items()]
     return {**job_fields, "target": str(ctx["target"]), "data": str(ctx["rows_path"]), "work": str(work), "overrides": dotlist,
-            "draft_vocab_size": draft_vocab, "draft_vocab_cache": str(work / "d2t.pt"),
+            "draft_vocab_size": draft_vocab, "draft_vocab_cache": None if whole_vocab else str(work / "d2t.pt"),
             "export_rope_scaling": {},
             # on a GPU the Trainer moves the model there, as in main.py; here it stays on the CPU
             "device_map": None if device == "cuda" else "cpu",
@@ -232,6 +240,11 @@ EAGLE3_ABLATIONS = {
     # modelopt's: positions whose target token is outside the draft vocabulary are trained too, against the
     # target's distribution renormalised over it (ours: left out)
     "train oov": lambda b, s: {"eagle3_out_of_vocab": "train"},
+    # the draft vocabulary larger than the rows' distinct tokens, as our recipes have it (SmolLM2's: 8192): the
+    # most frequent label tokens, then the rest in id order; modelopt's calibration can give it no more than
+    # the distinct tokens (its recipe's own default is the whole vocabulary: variant "whole vocab")
+    "vocab 4096": lambda b, s: {"draft_vocab_size": 4096},
+    "vocab 8192": lambda b, s: {"draft_vocab_size": 8192},
 }
 
 

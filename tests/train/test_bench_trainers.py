@@ -348,6 +348,19 @@ def test_modelopt_job_is_its_recipe_with_the_budget_the_cpu_and_our_layers_and_v
         not any(o.startswith("job.") for o in engine["overrides"])
         and "training.learning_rate=0.001" in engine["overrides"]
     )
+    (tmp_path / "whole").mkdir()
+    whole_ctx = modelopt_ctx(tmp_path / "whole", {**TINY_LAYER, "vocab_size": 1000})
+    whole = modelopt.modelopt_job(whole_ctx, tmp_path / "w", budget, 0, "whole vocab", 557)
+    arch = yaml.safe_load(
+        dict(item.split("=", 1) for item in whole["overrides"])["eagle.eagle_architecture_config"]
+    )
+    assert (
+        whole["draft_vocab_size"] == arch["draft_vocab_size"] == 1000
+    )  # its recipe's: no d2t, nothing calibrated
+    assert whole["draft_vocab_cache"] is None and not any(
+        "draft_vocab_cache" in o for o in whole["overrides"]
+    )
+    assert "whole_vocab" not in whole
 
 
 def test_on_cuda_both_train_as_their_gpu_recipes_say_and_the_changes_say_so(tmp_path, monkeypatch):
