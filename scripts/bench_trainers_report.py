@@ -240,7 +240,10 @@ def plot(rows: list[dict], path: Path, target: str = "tiny") -> None:
     from matplotlib.ticker import FuncFormatter
 
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    fig, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 4), squeeze=False)
+    n_trainers = max(len({r["trainer"] for r in rows if r["method"] == m}) for m in methods)
+    fig, axes = plt.subplots(
+        1, len(methods), figsize=(5.5 * len(methods), 4 + 0.2 * n_trainers), squeeze=False
+    )
     for ax, method in zip(axes[0], methods):
         for trainer in dict.fromkeys(r["trainer"] for r in rows if r["method"] == method):
             pts = sorted(
@@ -252,13 +255,14 @@ def plot(rows: list[dict], path: Path, target: str = "tiny") -> None:
             n = max(p["n"] for p in t)
             ax.errorbar(x, [p["mean"] for p in t], marker="o", capsize=3,
                         yerr=[[p["mean"] - p["min"] for p in t], [p["max"] - p["mean"] for p in t]],
-                        label=trainer + (f" (mean, min-max of {n} runs)" if n > 1 else ""))  # fmt: skip
+                        label=trainer + (f" (mean, min-max of up to {n} runs)" if n > 1 else ""))  # fmt: skip
         ax.set_title(f"{method} on the tiny target" if target == "tiny" else f"{method} on {target}")
         ax.set_xlabel("target tokens seen in training")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:g}k"))  # 40k, not 40000
         ax.set_ylabel(f"tau (our decoder, {'held-out prompts' if target == 'tiny' else 'MT-Bench'})")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        # under the panel: inside, the labels of four or more trainers cover the points
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
