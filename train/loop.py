@@ -408,10 +408,14 @@ def train(cfg: TrainConfig, progress: bool = True, overwrite: bool = False) -> d
     `overwrite`: delete another run's results in output_dir first (refused otherwise, unless resumed)."""
     accelerator = make_accelerator(cfg)
     with claim_output_dir(cfg, accelerator.is_main_process, overwrite):  # before any expensive work
-        return run_training(cfg, accelerator, progress)
+        # SIGTERM is taken from here on, set-up included (loading the target can take minutes): it only
+        # asks the loop to save and stop after its next step, so a run stopped at any point exits 143 with
+        # a checkpoint, never killed half-way with metrics.jsonl already started
+        with StopOnSignal() as stop:
+            return run_training(cfg, accelerator, progress, stop)
 
 
-def run_training(cfg: TrainConfig, accelerator, progress: bool) -> dict:
+def run_training(cfg: TrainConfig, accelerator, progress: bool, stop: StopOnSignal) -> dict:
     from accelerate.utils import set_seed  # lazy: accelerate is only needed once a run starts
 
     set_seed(cfg.seed)
@@ -445,37 +449,36 @@ def run_training(cfg: TrainConfig, accelerator, progress: bool) -> dict:
     )
     last_eval, since = {}, (0.0, 0)  # (step seconds, labels) at the last train log
     run.model.train()
-    with StopOnSignal() as stop:
-        for step in bar:
-            started = time.perf_counter()
-            grad_norm = train_step(cfg, accelerator, run, batches, window, timing, step)
-            timing["step"] += time.perf_counter() - started
-            if step % cfg.log_every == 0 or step == cfg.max_steps:
-                record = train_record(cfg, accelerator, run, step, window, grad_norm, timing, since)
-                since = (timing["step"], timing["labels"])
-                log(record)
-                top1 = "/".join(f"{v:.2f}" for k, v in record.items() if k.endswith("/top1"))
-                bar.set_postfix(loss=f"{record['loss']:.3f}", top1=top1, tau_sim=f"{record['tau_sim']:.2f}")
-            if run.eval_loader is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
-                last_eval = evaluate(cfg, accelerator, run.model, run.target, run.eval_loader)
-                log({"step": step, "split": "eval", **last_eval})
-            stopping = stop_requested(accelerator, stop)
-            if stopping or (cfg.save_every and step % cfg.save_every == 0 and step != cfg.max_steps):
-                everyone = accelerator.reduce(window.to(accelerator.device).clone(), "sum").cpu()
-                state.update(step=step, global_batches=step * cfg.grad_accum, window=everyone.tolist())
-                save_checkpoint(
-                    accelerator,
-                    run.model,
-                    out_dir,
-                    state,
-                    run.record,
-                    {**run.training, "step": step},
-                    label_counts=run.label_counts,
-                )
-                if main:
-                    prune_checkpoints(out_dir, cfg.keep_checkpoints)
-            if stopping:
-                break
+    for step in bar:
+        started = time.perf_counter()
+        grad_norm = train_step(cfg, accelerator, run, batches, window, timing, step)
+        timing["step"] += time.perf_counter() - started
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            record = train_record(cfg, accelerator, run, step, window, grad_norm, timing, since)
+            since = (timing["step"], timing["labels"])
+            log(record)
+            top1 = "/".join(f"{v:.2f}" for k, v in record.items() if k.endswith("/top1"))
+            bar.set_postfix(loss=f"{record['loss']:.3f}", top1=top1, tau_sim=f"{record['tau_sim']:.2f}")
+        if run.eval_loader is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
+            last_eval = evaluate(cfg, accelerator, run.model, run.target, run.eval_loader)
+            log({"step": step, "split": "eval", **last_eval})
+        stopping = stop_requested(accelerator, stop)
+        if stopping or (cfg.save_every and step % cfg.save_every == 0 and step != cfg.max_steps):
+            everyone = accelerator.reduce(window.to(accelerator.device).clone(), "sum").cpu()
+            state.update(step=step, global_batches=step * cfg.grad_accum, window=everyone.tolist())
+            save_checkpoint(
+                accelerator,
+                run.model,
+                out_dir,
+                state,
+                run.record,
+                {**run.training, "step": step},
+                label_counts=run.label_counts,
+            )
+            if main:
+                prune_checkpoints(out_dir, cfg.keep_checkpoints)
+        if stopping:
+            break
     bar.close()
     return finish(cfg, accelerator, run, step - first, step, timing, last_eval, resume_from)
 

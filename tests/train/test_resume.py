@@ -140,6 +140,34 @@ def test_sigterm_saves_stops_and_resume_auto_finishes_identically(
     assert records(uninterrupted) == records(out)
 
 
+def test_a_sigterm_during_set_up_saves_after_the_first_step(
+    tiny_target_dirs, text_data, tmp_path, monkeypatch
+):
+    """SIGTERM while the run sets up (the target loading, before the first step): it is taken already, so the
+    run trains one step, saves it and exits 143. It used to kill the process outright, leaving an empty
+    metrics.jsonl and no checkpoint (and a test that sent it once metrics.jsonl existed flaky)."""
+    from specheads.train import loop
+
+    real_set_up = loop.set_up
+
+    def set_up_then_sigterm(*args, **kwargs):
+        run = real_set_up(*args, **kwargs)
+        # only into a handler: the default action would end pytest itself rather than fail this test
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None), (
+            "SIGTERM not taken"
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+        return run
+
+    monkeypatch.setattr(loop, "set_up", set_up_then_sigterm)
+    out = tmp_path / "run"
+    assert cli_main(["train", *sigterm_args(tiny_target_dirs, text_data, out), "--no-progress"]) == 143
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert not summary["completed"] and summary["last_step"] == 1, summary
+    assert latest_checkpoint(out).name == "step-1"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handed back when the run ends
+
+
 def test_a_kill_mid_save_leaves_nothing_that_resume_takes(
     uninterrupted, tiny_target_dirs, text_data, tmp_path, monkeypatch
 ):
