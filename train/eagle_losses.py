@@ -299,13 +299,12 @@ def eagle3_loss(
         label_at = t + 1 + i  # the target's logits there predict x_{t+2+i}
         emittable = in_vocab[b, label_at]  # (N,) the target's top token is in the draft vocabulary
         logits = head.logits(h[b, t]).float()  # (N, Vd)
-        ce = teacher_cross_entropy(logits, teacher_logits[b, label_at], temperature)
-        if skip:
-            # positions whose target token the draft cannot emit are weighed 0 rather than dropped: their
-            # count stays on the device (where kept, the draft-vocabulary argmax is the target's top token)
-            ce = ce * emittable
-        trained = emittable.sum() if skip else len(b)
-        total = total + decay**i * ce.sum() / (trained.clamp_min(1) if skip else max(trained, 1))
+        # skipped positions (those whose target token the draft cannot emit) are weighed 0 rather than
+        # dropped: their count stays on the device (where kept, the draft-vocabulary argmax is the target's)
+        keep = emittable if skip else torch.ones_like(emittable)
+        ce = teacher_cross_entropy(logits, teacher_logits[b, label_at], temperature) * keep
+        trained = keep.sum()
+        total = total + decay**i * ce.sum() / trained.clamp_min(1)
         with torch.no_grad():
             top = head.to_target_ids(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices)
             top1, topk_hits = _hits(top, target_tokens[b, label_at])

@@ -39,10 +39,8 @@ from torch import nn
 
 LAYER_IDS = [0, 1, 2]
 DRAFT_VOCAB = 100
-LOSS_BATCH = (
-    2,
-    24,
-)  # its training batches' shape: its TTT attention masks are cached per step, not per shape
+# its training batches' shape: its TTT attention masks are cached per step, not per shape
+LOSS_BATCH = (2, 24)
 
 
 class EmbedsOnlyNorm(nn.Module):
