@@ -197,26 +197,58 @@ def train_batches(cfg: TrainConfig, dataset, collate, accelerator, start: int) -
 # -- one step -------------------------------------------------------------------------------------
 
 
+class TargetClock:
+    """The seconds the frozen target's forwards take. On the CPU the host's clock brackets each forward. On
+    a GPU the host only queues the work, so its clock would measure the launches: two CUDA events on the
+    stream bracket each forward instead, and are read once, by `seconds()` (reading them waits for them;
+    reading them at every step would stall the queue). `event` makes the events (a test's stand-in)."""
+
+    def __init__(self, device: torch.device | str, event=None):
+        self.gpu = torch.device(device).type == "cuda"
+        self.event = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self.host, self.pairs = 0.0, []
+
+    def time(self, forward):
+        """forward() with its time added; returns what it returns."""
+        if not self.gpu:
+            started = time.perf_counter()
+            out = forward()
+            self.host += time.perf_counter() - started
+            return out
+        start, end = self.event(), self.event()
+        start.record()
+        out = forward()
+        end.record()
+        self.pairs.append((start, end))
+        return out
+
+    def seconds(self) -> float:
+        if self.pairs:
+            self.pairs[-1][1].synchronize()  # the last end event: every pair before it has completed
+            self.host += sum(start.elapsed_time(end) for start, end in self.pairs) / 1000  # ms -> s
+            self.pairs.clear()
+        return self.host
+
+
 def heads_loss(
-    method: Method, model, target, batch: dict, weight: float = 0.0
-) -> tuple[torch.Tensor, torch.Tensor, float]:
+    method: Method, model, target, batch: dict, weight: float = 0.0, clock: TargetClock | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The frozen target's forward over `batch`, then the heads' loss through `model`.
 
     This is the loop's one call into the target: online it runs, offline (OfflineTarget) it reads the
     cached states the batch carries. `model` is the prepared HeadsWithLoss: calling it, not its insides,
     is what lets DDP and DeepSpeed do their part. A method whose objective `runs_target` (Medusa-2's
-    adapted target) is called with `weight`, the heads' loss weight. Returns (loss, metric sums, target
-    seconds).
+    adapted target) is called with `weight`, the heads' loss weight. `clock` times the target's forward.
+    Returns (loss, metric sums).
     """
     if method.runs_target:
-        loss, metrics = model(batch, weight)
-        return loss, metrics, 0.0
+        return model(batch, weight)
     objective = getattr(model, "module", model)  # the HeadsWithLoss inside a DDP / DeepSpeed wrapper
-    started = time.perf_counter()
-    out = target_output(target, batch, capture=objective.capture_layers, logits=objective.needs_logits)
-    target_seconds = time.perf_counter() - started
-    loss, metrics = model(batch, out, target)
-    return loss, metrics, target_seconds
+    forward = lambda: target_output(  # noqa: E731
+        target, batch, capture=objective.capture_layers, logits=objective.needs_logits
+    )
+    out = forward() if clock is None else clock.time(forward)
+    return model(batch, out, target)
 
 
 def metric_sums(cfg: TrainConfig, device=None) -> torch.Tensor:
@@ -242,12 +274,11 @@ def train_step(
         batch = next(batches)
         with accelerator.accumulate(run.model):  # gradients sync on the last micro-batch only
             with accelerator.autocast():
-                loss, metrics, target_seconds = heads_loss(run.method, run.model, run.target, batch, weight)
+                loss, metrics = heads_loss(run.method, run.model, run.target, batch, weight, timing["target"])
             accelerator.backward(loss)  # divided by grad_accum
         # Sums stay on the device until a log reads them: a read on the host makes a GPU wait for all
         # the work queued before it (tests/train/test_loop_syncs.py counts them).
         window += metrics.to(window.device)
-        timing["target"] += target_seconds
         timing["labels"] = timing["labels"] + batch["loss_mask"].sum()
     grad_norm = accelerator.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm)
     run.optimizer.step()  # under DeepSpeed these three are its engine's, done in backward()
@@ -272,7 +303,7 @@ def evaluate(cfg: TrainConfig, accelerator, model, target, loader: DataLoader) -
     for i in range(accelerator.process_index, math.ceil(n / procs) * procs, procs):
         batch = {k: v.to(accelerator.device) for k, v in batches[min(i, n - 1)].items()}
         # metrics do not depend on the heads' weight
-        _, metrics, _ = heads_loss(method_named(cfg.method), model, target, batch, cfg.lambda0)
+        _, metrics = heads_loss(method_named(cfg.method), model, target, batch, cfg.lambda0)
         if i < n:
             sums += metrics.to(sums.device)
     model.train()
@@ -441,7 +472,12 @@ def run_training(cfg: TrainConfig, accelerator, progress: bool, stop: StopOnSign
     window = metric_sums(cfg, accelerator.device)
     if state["window"] is not None and main:
         window += torch.tensor(state["window"], dtype=torch.float64).to(window.device)
-    timing = {"target": 0.0, "step": 0.0, "labels": 0, "started": time.perf_counter()}
+    timing = {
+        "target": TargetClock(accelerator.device),
+        "step": 0.0,
+        "labels": 0,
+        "started": time.perf_counter(),
+    }
     first = step = state["step"]
     steps = range(first + 1, cfg.max_steps + 1)
     bar = tqdm(
@@ -506,6 +542,7 @@ def finish(
     resident_all = accelerator.gather(torch.tensor([resident], device=accelerator.device)).tolist()
     memory = memory_per_process(accelerator)
     inside = run.method.runs_target  # its target runs inside the objective's forward: not timed apart
+    target_seconds = timing["target"].seconds()
     summary = {
         "steps": cfg.max_steps,
         "completed": completed,  # False: stopped by SIGTERM after `last_step`; resume=auto continues
@@ -513,8 +550,8 @@ def finish(
         "resumed_from": resume_from and str(resume_from),
         "wall_seconds": round(time.perf_counter() - timing["started"], 2),
         "step_seconds": timing["step"] / steps_run,
-        "target_forward_seconds": None if inside else timing["target"] / steps_run,
-        "step_to_target_forward_ratio": None if inside else timing["step"] / max(timing["target"], 1e-9),
+        "target_forward_seconds": None if inside else target_seconds / steps_run,
+        "step_to_target_forward_ratio": None if inside else timing["step"] / max(target_seconds, 1e-9),
         "labels_per_second": accelerator.num_processes * float(timing["labels"]) / max(timing["step"], 1e-9),
         "processes": accelerator.num_processes,
         "target_parameters": total,

@@ -54,7 +54,7 @@ def test_a_step_between_logs_reads_the_device_once_beyond_the_targets_forward(me
     run = loop.set_up(cfg, accelerator)
     batches = loop.train_batches(cfg, run.train_rows, run.collate, accelerator, start=0)
     window = loop.metric_sums(cfg, accelerator.device)
-    timing = {"target": 0.0, "step": 0.0, "labels": 0}
+    timing = {"target": loop.TargetClock("cpu"), "step": 0.0, "labels": 0}
     loop.train_step(cfg, accelerator, run, batches, window, timing, 1)  # lazy state made on the first
     with profile(activities=[ProfilerActivity.CPU]) as step:
         grad_norm = loop.train_step(cfg, accelerator, run, batches, window, timing, 2)
@@ -71,6 +71,48 @@ def test_a_step_between_logs_reads_the_device_once_beyond_the_targets_forward(me
     assert isinstance(grad_norm, torch.Tensor) and torch.isfinite(grad_norm)
     assert window.dtype == torch.float64 and window.sum() > 0
     assert isinstance(timing["labels"], torch.Tensor) and timing["labels"] > 0
+    assert timing["target"].seconds() > 0  # on the CPU the host's clock times the target's forwards
+
+
+class StandInEvent:
+    """A CUDA event's stand-in on a shared clock: the stream has run `clock[0]` ms when it is recorded;
+    waiting on it is counted in `clock[1]`."""
+
+    def __init__(self, clock: list):
+        self.clock, self.at = clock, None
+
+    def record(self):
+        self.at = self.clock[0]
+
+    def elapsed_time(self, end) -> float:
+        assert self.at is not None and end.at is not None, "elapsed_time of an event never recorded"
+        return end.at - self.at
+
+    def synchronize(self):
+        self.clock[1] += 1
+
+
+def test_on_a_gpu_the_target_clock_reads_stream_events_once_not_the_hosts_clock():
+    """On a GPU the host's clock around a forward measures its launches: the clock brackets each forward
+    with two events on the stream and waits on them once, when its seconds are read."""
+    clock = [0.0, 0]  # stream milliseconds, waits
+    timer = loop.TargetClock("cuda", event=lambda: StandInEvent(clock))
+
+    def forward(ms):  # queues `ms` of stream work, returns at once
+        def run():
+            clock[0] += ms
+            return ms
+
+        return run
+
+    assert [timer.time(forward(ms)) for ms in (30.0, 50.0, 20.0)] == [30.0, 50.0, 20.0]
+    clock[0] += 1000.0  # the heads' work between forwards is not the target's
+    assert clock[1] == 0  # timing the forwards waited for nothing
+    assert timer.seconds() == pytest.approx(0.1)
+    assert clock[1] == 1
+    timer.time(forward(5.0))
+    assert timer.seconds() == pytest.approx(0.105) and clock[1] == 2  # read again: the new pair only
+    assert timer.seconds() == pytest.approx(0.105) and clock[1] == 2  # nothing new: nothing to wait for
 
 
 def test_label_positions_are_each_offsets_nonzero_in_order():
