@@ -200,8 +200,9 @@ def train_batches(cfg: TrainConfig, dataset, collate, accelerator, start: int) -
 class TargetClock:
     """The seconds the frozen target's forwards take. On the CPU the host's clock brackets each forward. On
     a GPU the host only queues the work, so its clock would measure the launches: two CUDA events on the
-    stream bracket each forward instead, and are read once, by `seconds()` (reading them waits for them;
-    reading them at every step would stall the queue). `event` makes the events (a test's stand-in)."""
+    stream bracket each forward instead, read by `seconds()` at each log (which has waited for the device
+    already) and at the end; reading them at every step would stall the queue. `event` makes the events (a
+    test's stand-in)."""
 
     def __init__(self, device: torch.device | str, event=None):
         self.gpu = torch.device(device).type == "cuda"
@@ -317,6 +318,7 @@ def train_record(
     empties the metric window."""
     summary = summarise(cfg, accelerator.reduce(window.to(accelerator.device), "sum").cpu())
     window.zero_()
+    timing["target"].seconds()  # folds the events of the steps logged (the read above waited for them)
     seconds, labels = timing["step"] - since[0], float(timing["labels"] - since[1])
     lrs = run.scheduler.get_last_lr()  # Medusa-2: (heads, adapters)
     extra = run.method.log_extras(cfg, step, lrs)
