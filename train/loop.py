@@ -201,20 +201,21 @@ class TargetClock:
     """The seconds the frozen target's forwards take. On the CPU the host's clock brackets each forward. On
     a GPU the host only queues the work, so its clock would measure the launches: two CUDA events on the
     stream bracket each forward instead, read by `seconds()` at each log (which has waited for the device
-    already) and at the end; reading them at every step would stall the queue. `event` makes the events (a
-    test's stand-in)."""
+    already) and at the end; reading them at every step would stall the queue (decode/step.py's `timed`
+    waits for the device around its work, which decoding can afford and a training step cannot). `event`
+    makes the events (a test's stand-in)."""
 
     def __init__(self, device: torch.device | str, event=None):
         self.gpu = torch.device(device).type == "cuda"
         self.event = event or (lambda: torch.cuda.Event(enable_timing=True))
-        self.host, self.pairs = 0.0, []
+        self.total, self.pairs = 0.0, []  # seconds folded in; event pairs not yet read
 
     def time(self, forward):
         """forward() with its time added; returns what it returns."""
         if not self.gpu:
             started = time.perf_counter()
             out = forward()
-            self.host += time.perf_counter() - started
+            self.total += time.perf_counter() - started
             return out
         start, end = self.event(), self.event()
         start.record()
@@ -226,9 +227,9 @@ class TargetClock:
     def seconds(self) -> float:
         if self.pairs:
             self.pairs[-1][1].synchronize()  # the last end event: every pair before it has completed
-            self.host += sum(start.elapsed_time(end) for start, end in self.pairs) / 1000  # ms -> s
+            self.total += sum(start.elapsed_time(end) for start, end in self.pairs) / 1000  # ms -> s
             self.pairs.clear()
-        return self.host
+        return self.total
 
 
 def heads_loss(
@@ -245,8 +246,8 @@ def heads_loss(
     if method.runs_target:
         return model(batch, weight)
     objective = getattr(model, "module", model)  # the HeadsWithLoss inside a DDP / DeepSpeed wrapper
-    forward = lambda: target_output(  # noqa: E731
-        target, batch, capture=objective.capture_layers, logits=objective.needs_logits
+    forward = partial(
+        target_output, target, batch, capture=objective.capture_layers, logits=objective.needs_logits
     )
     out = forward() if clock is None else clock.time(forward)
     return model(batch, out, target)
