@@ -151,16 +151,16 @@ PEER_CHANGES = {
 OUR_CHANGES = {
     "eagle": [
         "data, max_steps, batch_size for the budget",
-        "loss_on=assistant (chat rows; the recipe's text rows use all)",
+        "loss_on=assistant on the tiny target (chat rows; its recipe's text rows use all)",
     ],
     "medusa": [
         "data, max_steps, batch_size, grad_accum for the budget",
         "num_heads=3 (the peer's; the recipe has 4) so both decode with the same tree",
-        "loss_on=assistant (chat rows)",
+        "loss_on=assistant on the tiny target (chat rows)",
     ],
     "eagle3": [
         "data, max_steps, batch_size for the budget",
-        "loss_on=assistant (chat rows; the recipe's text rows use all)",
+        "loss_on=assistant on the tiny target (chat rows; its recipe's text rows use all)",
     ],
 }
 

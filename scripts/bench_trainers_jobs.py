@@ -254,11 +254,12 @@ def train_ours(
         "batch_size": budget["batch"],
         "grad_accum": budget["grad_accum"],
         "eval_every": budget["steps"],
-        "loss_on": "assistant",
         "report_to": "none",
         "output_dir": str(out),
-        # a chat target's recipe holds out a share of its data; here both sides train on every row
-        **({} if target == "tiny" else {"eval_fraction": 0}),
+        # a chat target's recipe holds out a share of its data; here both sides train on every row. The tiny
+        # recipes' loss on every token is for their plain-text rows: on the bench's chat rows ours trains the
+        # answers, as the peers' masks do; a chat target's recipe keeps its own (SmolLM2's EAGLE-3: every token)
+        **({"loss_on": "assistant"} if target == "tiny" else {"eval_fraction": 0}),
         **(OURS_CUDA if device == "cuda" else {}),
         **extra,
     }

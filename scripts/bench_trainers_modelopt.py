@@ -99,7 +99,8 @@ MODELOPT_CHANGES = [
     "`eagle_export_rope_scaling={}` override merges into the default and keeps it)",
     "decoded as vLLM and SGLang read its export: layer 0 normalises the fused state once, where its training "
     "forward normalised it twice (tests/consumers/modelopt_run.py)",
-    "answer_only_loss false kept (its loss on every token of the chat; ours on the answer's); seed S is its "
+    "answer_only_loss false kept (its loss on every token of the chat, as our SmolLM2 recipe's since "
+    "2026-11-28; ours on the answer's on the tiny target); seed S is its "
     "training.seed (data order), main.py seeds the draft's initial weights with 0",
 ]
 

@@ -7,6 +7,8 @@ import json
 import pytest
 from bench_trainers_modules import bench, jobs, medusa, modelopt, report
 
+from specheads.train.config import load_config
+
 
 def test_eagle_budget_follows_main_py_split_epochs_and_batch():
     """main.py trains on int(0.95 N) files at --bs 4; ours takes the same optimizer steps and batch."""
@@ -389,6 +391,12 @@ def test_on_cuda_both_train_as_their_gpu_recipes_say_and_the_changes_say_so(tmp_
     got = jobs.train_ours("eagle3", tmp_path / "rows.jsonl", budget, tmp_path / "ours", {}, "smollm2", "cpu")
     assert "target_dtype" not in got["overrides"] and got["peak_accelerator_mib"] == 3.0
     assert got["loop_s"] == 2.5  # the steps alone, from the run's summary
+    # ours trains its recipe's loss: SmolLM2's EAGLE-3 recipe puts it on every token, as modelopt does
+    assert "loss_on" not in got["overrides"] and not any(a.startswith("loss_on=") for a in ran[-1])
+    assert load_config(jobs.recipe_path("smollm2", "eagle3")).loss_on == "all"
+    # the tiny recipes' every-token loss is for plain text: on the bench's chat rows ours trains the answers
+    jobs.train_ours("eagle3", tmp_path / "rows.jsonl", budget, tmp_path / "ours", {}, "tiny", "cpu")
+    assert "loss_on=assistant" in ran[-1] and load_config(jobs.recipe_path("tiny", "eagle3")).loss_on == "all"
     assert jobs.accelerator_mib([-1]) is None and jobs.accelerator_mib(None) is None
 
 
