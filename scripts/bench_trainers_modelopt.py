@@ -205,8 +205,9 @@ EAGLE3_ABLATIONS = {
     "ttt 3": lambda b, s: {"ttt_steps": 3},  # its eagle_ttt_steps; ours 5
     "decay 0.9": lambda b, s: {"decay": 0.9},  # its eagle_loss_decay_factor; ours 0.8
     "linear": lambda b, s: {"lr_schedule": "linear"},  # its Trainer's lr_scheduler_type; ours cosine to 0.1
-    # the warm-up of modelopt's variant "warmup 10%" (ceil(0.1 * steps)); ours 20 steps
-    "warmup 10%": lambda b, s: {"warmup_steps": warmup_like_hf(b["steps"], 0.1)},
+    # the warm-up of modelopt's variant "warmup 10%" (ceil(0.1 * steps)), whatever our recipe's warm-up (the
+    # tiny one's 20 steps; SmolLM2's warmup_ratio 0.1 already)
+    "warmup 10%": lambda b, s: {"warmup_steps": warmup_like_hf(b["steps"], 0.1), "warmup_ratio": 0.0},
     "ttt 2": lambda b, s: {"ttt_steps": 2},
     "ttt 4": lambda b, s: {"ttt_steps": 4},
     "decay 1": lambda b, s: {"decay": 1.0},

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 import warnings
@@ -108,6 +109,9 @@ class TrainConfig:
     # AdamW's beta2: PyTorch's and the HF Trainer's 0.999 (Model Optimizer, medusa-llm); EAGLE's main.py 0.95
     adam_beta2: float = 0.999
     warmup_steps: int = 50
+    # the warm-up as a fraction of max_steps instead, ceil(warmup_ratio * max_steps) steps as the HF Trainer
+    # counts its warmup_ratio, so that it follows a max_steps= override; set warmup_steps to 0 with it
+    warmup_ratio: float = 0.0
     # after the warm-up: "cosine" to a tenth of lr at max_steps, or "linear" to 0 at max_steps (the HF
     # Trainer's `linear`, Model Optimizer's and medusa-llm's recipes' schedule)
     lr_schedule: str = "cosine"
@@ -133,6 +137,11 @@ class TrainConfig:
     report_to: str = "wandb"  # "wandb" (offline without WANDB_API_KEY) or "none"
     wandb_project: str = "specheads"
     run_name: str = ""  # wandb's run name; empty: wandb picks one
+
+    @property
+    def warmup(self) -> int:
+        """The warm-up's optimizer steps: warmup_steps, or ceil(warmup_ratio * max_steps) when that is set."""
+        return math.ceil(self.warmup_ratio * self.max_steps) if self.warmup_ratio else self.warmup_steps
 
     def __post_init__(self):
         table = methods()
@@ -190,6 +199,16 @@ class TrainConfig:
         ):
             checks.append((getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}"))
         checks.append((0 <= self.adam_beta2 < 1, f"adam_beta2 must be in [0, 1), got {self.adam_beta2}"))
+        checks.append(
+            (0 <= self.warmup_ratio < 1, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        )
+        checks.append(
+            (
+                not (self.warmup_ratio and self.warmup_steps),
+                f"set warmup_steps or warmup_ratio, not both (got {self.warmup_steps} and {self.warmup_ratio}): "
+                "a recipe with warmup_ratio sets warmup_steps to 0, and `warmup_steps=N warmup_ratio=0` overrides it",
+            )
+        )
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"bad recipe value: {message}")

@@ -116,11 +116,12 @@ def label_counts_of(train_rows, target: FrozenTarget) -> torch.Tensor:
 
 
 def lr_lambda(step: int, cfg: TrainConfig) -> float:
-    """The lr factor of optimizer step `step` (0-based): linear warm-up to 1 over warmup_steps, then
+    """The lr factor of optimizer step `step` (0-based): linear warm-up to 1 over `cfg.warmup` steps, then
     `cfg.lr_schedule`: cosine decay to 0.1 at max_steps, or linear decay to 0 at max_steps."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    warmup = cfg.warmup
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, cfg.max_steps - warmup))
     if cfg.lr_schedule == "linear":
         return 1.0 - progress
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))

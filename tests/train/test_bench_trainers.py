@@ -487,7 +487,12 @@ def test_eagle3_ablations_are_modelopts_settings_as_our_recipe_overrides():
     assert modelopt.eagle3_ablation("ttt 3+decay 0.9", budget) == {"ttt_steps": 3, "decay": 0.9}
     # modelopt's HF Trainer schedule: warm-up ceil(10% of the steps), then linear to 0
     got = modelopt.eagle3_ablation("linear+warmup 10%", budget)
-    assert got == {"lr_schedule": "linear", "warmup_steps": 24}
+    assert got == {"lr_schedule": "linear", "warmup_steps": 24, "warmup_ratio": 0.0}
+    # over either recipe's own warm-up (the tiny one's steps, SmolLM2's ratio): 24 steps
+    for target in ("tiny", "smollm2"):
+        cfg = load_config(jobs.recipe_path(target, "eagle3"), [f"{k}={v}" for k, v in got.items()])
+        assert cfg.warmup == 24
+    assert load_config(jobs.recipe_path("smollm2", "eagle3"), ["max_steps=96"]).warmup == 10  # its own tenth
     # its seeding: the draft's initial weights drawn with seed 0 whatever the run's seed, which orders the rows
     assert modelopt.eagle3_ablation("init seed 0", budget, seed=2) == {"seed": 0, "data_seed": 2}
     with pytest.raises(SystemExit, match="ttt 7"):  # an unknown ablation stops the bench

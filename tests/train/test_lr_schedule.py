@@ -1,5 +1,6 @@
 """The learning-rate schedule (warm-up, then cosine or linear decay), the data order's seed, and AdamW's beta2."""
 
+import re
 from itertools import islice
 from types import SimpleNamespace
 
@@ -70,3 +71,31 @@ def test_adam_beta2_reaches_the_optimizer(method):
         assert {g["betas"] for g in optimizer.param_groups} == {betas}
     with pytest.raises(ValueError, match="adam_beta2 must be in"):
         load_config(None, ["adam_beta2=1.0"])
+
+
+def test_warmup_ratio_counts_its_steps_as_the_hf_trainer_and_follows_max_steps():
+    """warmup_ratio: ceil(ratio * max_steps) warm-up steps (HF's get_warmup_steps), so a max_steps= override
+    keeps a recipe's tenth; with warmup_steps 0 it is the same schedule as that many warmup_steps."""
+    import math
+
+    for steps in (80, 96, 200, 7):
+        cfg = load_config(
+            None, ["lr_schedule=linear", "warmup_steps=0", "warmup_ratio=0.1", f"max_steps={steps}"]
+        )
+        assert cfg.warmup == math.ceil(0.1 * steps)
+        same = load_config(None, ["lr_schedule=linear", f"warmup_steps={cfg.warmup}", f"max_steps={steps}"])
+        assert factors(cfg) == factors(same)
+    assert load_config(None, ["warmup_steps=4"]).warmup == 4  # the default ratio 0: the steps as given
+
+
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (["warmup_ratio=0.1"], "set warmup_steps or warmup_ratio, not both"),  # the default warmup_steps 50
+        (["warmup_steps=0", "warmup_ratio=1.5"], "warmup_ratio must be in [0, 1)"),
+        (["warmup_steps=0", "warmup_ratio=-0.1"], "warmup_ratio must be in [0, 1)"),
+    ],
+)
+def test_a_warmup_given_twice_or_out_of_range_is_refused_by_name(overrides, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        load_config(None, overrides)
