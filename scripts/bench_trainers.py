@@ -288,7 +288,7 @@ def run_medusa(args, ctx: dict) -> list[dict]:
                     rows.append(medusa_llm_row(budget, seed, args, ctx, lr))
             if seed not in ints(args.seeds):
                 continue
-            if not (args.medusa_ablations_only and variants and e == epochs[0]):
+            if not (args.ablations_only and variants and e == epochs[0]):
                 rows.append(ours_row("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed))
             for variant in variants if e == epochs[0] else ():
                 extra = {"num_heads": 3, **ablation_overrides(variant, budget)}
@@ -319,7 +319,7 @@ def run_eagle3(args, ctx: dict) -> list[dict]:
                 rows.append(modelopt_row(budget, seed, variant, vocab, args, ctx))
             if seed not in ints(args.seeds):
                 continue
-            if not (args.eagle3_ablations_only and ablations and e == epochs[0]):
+            if not (args.ablations_only and ablations and e == epochs[0]):
                 rows.append(ours_row("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
                                      changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
             for variant in ablations if e == epochs[0] else ():
@@ -395,7 +395,7 @@ def carried_rows(report: Path, methods: list[str]) -> tuple[list[dict], dict]:
     return rows, {r["method"]: r["carried_from"] for r in rows}
 
 
-def main(argv: list[str] | None = None) -> int:
+def arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--target",
@@ -462,15 +462,14 @@ def main(argv: list[str] | None = None) -> int:
         help=joined_help("ours at the largest EAGLE-3 budget with modelopt's settings", EAGLE3_ABLATIONS),
     )
     p.add_argument(
-        "--medusa-ablations-only",
-        action="store_true",
-        help="at the largest Medusa budget, ours with --medusa-ablations only, not the recipe as it is "
-        "(its rows merged from another run's report: --render --merge)",
-    )
-    p.add_argument(
+        "--ablations-only",
+        "--medusa-ablations-only",  # the names earlier sessions' commands use
         "--eagle3-ablations-only",
+        dest="ablations_only",
         action="store_true",
-        help="at the largest EAGLE-3 budget, ours with --eagle3-ablations only, not the recipe as it is",
+        help="at a method's largest budget, ours with that method's --*-ablations only, not the recipe as it "
+        "is (its rows merged from another run's report: --render --merge); a method given no ablations "
+        "runs its recipe as usual",
     )
     p.add_argument("--seed", type=int, default=0, help="the data's")
     p.add_argument("--overwrite", action="store_true")
@@ -485,7 +484,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --render: add the measured rows of this bench_trainers.json (another run's, e.g. more "
         "seeds run beside it) to --report's, recording its command",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arg_parser().parse_args(argv)
     if args.render:
         render(args.report, args.merge)
         return 0

@@ -499,9 +499,35 @@ def test_eagle3_ablations_are_modelopts_settings_as_our_recipe_overrides():
         modelopt.eagle3_ablation("ttt 7", budget)
 
 
+def test_one_ablations_only_flag_answers_to_its_earlier_per_method_names():
+    """--ablations-only holds for every method run; the per-method names that earlier sessions' commands
+    (docs/bench_trainers/) use still set it."""
+    for name in ("--ablations-only", "--medusa-ablations-only", "--eagle3-ablations-only"):
+        assert bench.arg_parser().parse_args([name]).ablations_only is True
+    assert bench.arg_parser().parse_args([]).ablations_only is False
+
+
+def test_eagle3_ablations_only_leaves_the_recipe_out_at_the_largest_budget(monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench, "distinct_chat_tokens", lambda target, conversations: 4096)
+    monkeypatch.setattr(bench, "modelopt_row", lambda *a: calls.append(("peer",)) or {})
+    monkeypatch.setattr(bench, "ours_row", lambda method, budget, extra, tree, args, ctx, seed, variant="",
+                        changes=(): calls.append((budget["epochs"], seed, variant)) or {})  # fmt: skip
+    args = bench.argparse.Namespace(eagle3_epochs="1,3", eagle3_batch=4, eagle3_ablations="ttt 3", seeds="0",
+                                    peer_seeds="", modelopt_variants="defaults", eagle_tree="dynamic-16",
+                                    ablations_only=False)  # fmt: skip
+    ctx = {"rows": [], "conversations": [("p", "a")] * 16, "eagle3_vocab": 2048, "target": None}
+    bench.run_eagle3(args, ctx)
+    assert calls == [(3, 0, ""), (3, 0, "ttt 3"), (1, 0, "")]
+    calls.clear()
+    args.ablations_only = True
+    bench.run_eagle3(args, ctx)
+    assert calls == [(3, 0, "ttt 3"), (1, 0, "")]
+
+
 def test_medusa_runs_pair_seeds_and_ablations_only_leaves_the_recipe_out(monkeypatch):
     """run_medusa: at each seed, medusa-llm (--peer-seeds) then ours (--seeds), then ours with each ablation
-    at the largest budget; --medusa-ablations-only leaves the recipe's own run out there (its rows come from
+    at the largest budget; --ablations-only leaves the recipe's own run out there (its rows come from
     another report) but not at the smaller budgets."""
     calls = []
     monkeypatch.setattr(bench, "medusa_llm_row", lambda budget, seed, args, ctx, lr: calls.append(
@@ -510,14 +536,14 @@ def test_medusa_runs_pair_seeds_and_ablations_only_leaves_the_recipe_out(monkeyp
         ("ours", budget["epochs"], seed, variant, extra.get("share_lm_head"))) or {})  # fmt: skip
     args = bench.argparse.Namespace(medusa_epochs="2,4", medusa_ablations="own lm_head", peer_seeds="0",
                                     seeds="0,1", medusa_lrs="1e-3", medusa_tree="medusa-31",
-                                    medusa_ablations_only=False)  # fmt: skip
+                                    ablations_only=False)  # fmt: skip
     ctx = {"rows": [], "conversations": [("p", "a")] * 64}
     bench.run_medusa(args, ctx)
     assert calls == [("peer", 4, 0), ("ours", 4, 0, "", None), ("ours", 4, 0, "own lm_head", False),
                      ("ours", 4, 1, "", None), ("ours", 4, 1, "own lm_head", False),
                      ("peer", 2, 0), ("ours", 2, 0, "", None), ("ours", 2, 1, "", None)]  # fmt: skip
     calls.clear()
-    args.medusa_ablations_only, args.peer_seeds = True, ""
+    args.ablations_only, args.peer_seeds = True, ""
     bench.run_medusa(args, ctx)
     assert calls == [("ours", 4, 0, "own lm_head", False), ("ours", 4, 1, "own lm_head", False),
                      ("ours", 2, 0, "", None), ("ours", 2, 1, "", None)]  # fmt: skip
