@@ -165,6 +165,11 @@ OUR_CHANGES = {
 }
 
 
+# ours in offline mode (--ours-offline): `specheads cache` then `train mode=offline`, timed together
+# (bench_trainers_jobs.train_ours); the cache in the recipe's default dtype (bf16), as a user builds it
+OFFLINE = {"mode": "offline"}
+
+
 def run_eagle(args, ctx: dict) -> list[dict]:
     import torch
     from trainer_run import eagle_draft_config, finish_trainer, start_trainer
@@ -209,6 +214,8 @@ def run_eagle(args, ctx: dict) -> list[dict]:
         print(f"ours eagle {e} epochs ({budget['steps']} steps x {budget['batch']})", flush=True)
         for seed in ints(args.seeds):
             rows.append(ours_row("eagle", budget, {}, args.eagle_tree, args, ctx, seed))
+            if args.ours_offline:
+                rows.append(ours_row("eagle", budget, OFFLINE, args.eagle_tree, args, ctx, seed, "offline"))
     return rows
 
 
@@ -262,9 +269,13 @@ def ours_row(
         )
     if args.device == "cuda":
         changes.append("CUDA: target_dtype=bfloat16, mixed_precision=bf16 (the recipe's GPU command)")
+    if got["cache_s"] is not None:
+        changes.append(f"offline mode: `specheads cache` (bf16, {got['cache_s']:.0f} s) then `train mode=offline`, "
+                       "both in the wall time")  # fmt: skip
     row = row_result(label, trainer, budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
                      changes, overrides=got["overrides"], seed=seed, load_average=load,
-                     peak_accelerator_mib=got["peak_accelerator_mib"], loop_s=got["loop_s"])  # fmt: skip
+                     peak_accelerator_mib=got["peak_accelerator_mib"], loop_s=got["loop_s"],
+                     cache_s=got["cache_s"])  # fmt: skip
     print(f"  {trainer} seed {seed}: tau {row['tau']:.3f} {row['identical']}", flush=True)
     return row
 
@@ -290,6 +301,9 @@ def run_medusa(args, ctx: dict) -> list[dict]:
                 continue
             if not (args.ablations_only and variants and e == epochs[0]):
                 rows.append(ours_row("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed))
+                if args.ours_offline:
+                    rows.append(ours_row("medusa", budget, {"num_heads": 3, **OFFLINE}, args.medusa_tree, args,
+                                         ctx, seed, "offline"))  # fmt: skip
             for variant in variants if e == epochs[0] else ():
                 extra = {"num_heads": 3, **ablation_overrides(variant, budget)}
                 rows.append(ours_row("medusa", budget, extra, args.medusa_tree, args, ctx, seed, variant))
@@ -322,6 +336,9 @@ def run_eagle3(args, ctx: dict) -> list[dict]:
             if not (args.ablations_only and ablations and e == epochs[0]):
                 rows.append(ours_row("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
                                      changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
+                if args.ours_offline:
+                    rows.append(ours_row("eagle3", budget, {**ours_extra, **OFFLINE}, args.eagle_tree, args, ctx,
+                                         seed, "offline", changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
             for variant in ablations if e == epochs[0] else ():
                 extra = {**ours_extra, **eagle3_ablation(variant, budget, seed)}
                 rows.append(ours_row("eagle3", budget, extra, args.eagle_tree, args, ctx, seed, variant,
@@ -470,6 +487,13 @@ def arg_parser() -> argparse.ArgumentParser:
         help="at a method's largest budget, ours with that method's --*-ablations only, not the recipe as it "
         "is (its rows merged from another run's report: --render --merge); a method given no ablations "
         "runs its recipe as usual",
+    )
+    p.add_argument(
+        "--ours-offline",
+        action="store_true",
+        help="ours also in offline mode at every budget and seed, a line 'specheads (offline)': `specheads "
+        "cache` (the target's hidden states once, bf16) then `train mode=offline`, both in its wall time, as "
+        "eagle-llm's ge_data stage is in its",
     )
     p.add_argument("--seed", type=int, default=0, help="the data's")
     p.add_argument("--overwrite", action="store_true")

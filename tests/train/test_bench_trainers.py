@@ -400,6 +400,26 @@ def test_on_cuda_both_train_as_their_gpu_recipes_say_and_the_changes_say_so(tmp_
     assert jobs.accelerator_mib([-1]) is None and jobs.accelerator_mib(None) is None
 
 
+def test_offline_ours_builds_its_cache_with_the_runs_rows_first_and_counts_it(tmp_path, monkeypatch):
+    """--ours-offline: `specheads cache` over the same recipe and overrides (not the train-only ones) into a
+    folder beside the run, then `train mode=offline` from it; the wall time and peak are both processes'."""
+    budget = jobs.eagle_budget(16, 21)
+    ran, times = [], iter([(30.0, 500.0), (70.0, 400.0), (60.0, 400.0)])
+    monkeypatch.setattr(jobs, "run_measured", lambda cmd, log, env=None: ran.append(cmd) or next(times))
+    got = jobs.train_ours("eagle", tmp_path / "rows.jsonl", budget, tmp_path / "ours", {"mode": "offline"})
+    cache, train = ran
+    assert cache[3:5] == ["cache", str(jobs.recipe_path("tiny", "eagle"))] and train[3] == "train"
+    assert cache[cache.index("--out") + 1] == str(tmp_path / "ours-cache")
+    assert f"cache_dir={tmp_path / 'ours-cache'}" in train and "mode=offline" in train
+    shared = [a for a in train[5:] if "=" in a and not a.startswith(("mode=", "cache_dir=", "output_dir="))]
+    assert shared and all(a in cache for a in shared)  # the same rows: data, max_length, loss_on, seed ...
+    assert not any(a.startswith(("mode=", "output_dir=")) for a in cache)
+    assert (got["wall_s"], got["peak_rss_mib"], got["cache_s"]) == (100.0, 500.0, 30.0)
+    online = jobs.train_ours("eagle", tmp_path / "rows.jsonl", budget, tmp_path / "ours", {"seed": 1})
+    assert online["cache_s"] is None and ran[-1][3] == "train" and len(ran) == 3
+    assert bench.arg_parser().parse_args(["--ours-offline"]).ours_offline
+
+
 @pytest.mark.parametrize("target", ["tiny", "smollm2"])
 def test_modelopt_fuses_our_recipes_layers_and_drafts_over_its_vocabulary_size(target):
     """Each target's EAGLE-3 recipe says which target layers both trainers fuse and how many tokens both draft
@@ -515,7 +535,7 @@ def test_eagle3_ablations_only_leaves_the_recipe_out_at_the_largest_budget(monke
                         changes=(): calls.append((budget["epochs"], seed, variant)) or {})  # fmt: skip
     args = bench.argparse.Namespace(eagle3_epochs="1,3", eagle3_batch=4, eagle3_ablations="ttt 3", seeds="0",
                                     peer_seeds="", modelopt_variants="defaults", eagle_tree="dynamic-16",
-                                    ablations_only=False)  # fmt: skip
+                                    ablations_only=False, ours_offline=False)  # fmt: skip
     ctx = {"rows": [], "conversations": [("p", "a")] * 16, "eagle3_vocab": 2048, "target": None}
     bench.run_eagle3(args, ctx)
     assert calls == [(3, 0, ""), (3, 0, "ttt 3"), (1, 0, "")]
@@ -523,6 +543,10 @@ def test_eagle3_ablations_only_leaves_the_recipe_out_at_the_largest_budget(monke
     args.ablations_only = True
     bench.run_eagle3(args, ctx)
     assert calls == [(3, 0, "ttt 3"), (1, 0, "")]
+    calls.clear()
+    args.ablations_only, args.ours_offline = False, True  # offline beside the recipe, at every budget
+    bench.run_eagle3(args, ctx)
+    assert calls == [(3, 0, ""), (3, 0, "offline"), (3, 0, "ttt 3"), (1, 0, ""), (1, 0, "offline")]
 
 
 def test_medusa_runs_pair_seeds_and_ablations_only_leaves_the_recipe_out(monkeypatch):
@@ -536,7 +560,7 @@ def test_medusa_runs_pair_seeds_and_ablations_only_leaves_the_recipe_out(monkeyp
         ("ours", budget["epochs"], seed, variant, extra.get("share_lm_head"))) or {})  # fmt: skip
     args = bench.argparse.Namespace(medusa_epochs="2,4", medusa_ablations="own lm_head", peer_seeds="0",
                                     seeds="0,1", medusa_lrs="1e-3", medusa_tree="medusa-31",
-                                    ablations_only=False)  # fmt: skip
+                                    ablations_only=False, ours_offline=False)  # fmt: skip
     ctx = {"rows": [], "conversations": [("p", "a")] * 64}
     bench.run_medusa(args, ctx)
     assert calls == [("peer", 4, 0), ("ours", 4, 0, "", None), ("ours", 4, 0, "own lm_head", False),
