@@ -263,7 +263,8 @@ def ours_row(
     label = {"eagle": "EAGLE", "medusa": "Medusa", "eagle3": "EAGLE-3"}[method]
     trainer = "specheads" + (f" ({variant})" if variant else "")
     changes = list(changes or OUR_CHANGES[method])
-    if args.target != "tiny":
+    if args.target != "tiny":  # a chat target's recipe keeps its own loss (train_ours)
+        changes = [c for c in changes if not c.startswith("loss_on=assistant on the tiny target")]
         changes.append(
             "eval_fraction=0 (the recipe holds 2% of its rows out; here it trains on every row, as modelopt)"
         )

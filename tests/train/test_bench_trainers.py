@@ -421,6 +421,27 @@ def test_offline_ours_builds_its_cache_with_the_runs_rows_first_and_counts_it(tm
 
 
 @pytest.mark.parametrize("target", ["tiny", "smollm2"])
+def test_our_rows_list_the_answer_only_loss_only_where_the_bench_sets_it(tmp_path, monkeypatch, target):
+    """train_ours puts the loss on the answers on the tiny target only, so only there do our rows' changes
+    say so; offline runs add the cache's seconds."""
+    got = {"heads": str(tmp_path), "wall_s": 10.0, "peak_rss_mib": 1.0, "peak_accelerator_mib": None,
+           "loop_s": 5.0, "overrides": {}, "cache_s": 3.0}  # fmt: skip
+    monkeypatch.setattr(bench, "train_ours", lambda *a: got)
+    monkeypatch.setattr(
+        bench, "evaluate", lambda *a: {"mean_accept_length": 1.5, "identical_to_baseline": "8/8"}
+    )
+    args = bench.argparse.Namespace(out=tmp_path, our_eval_batches=2, target=target, device="cpu", eval_prompts=8,
+                                    eval_new_tokens=64)  # fmt: skip
+    ctx = {"rows_path": tmp_path / "rows.jsonl", "eval_source": "heldout", "chat_tokens": 100.0}
+    for method in ("eagle", "medusa", "eagle3"):
+        row = bench.ours_row(method, bench.eagle_budget(16, 21), {}, "dynamic", args, ctx, 0, "offline")
+        answer_only = [c for c in row["changes"] if c.startswith("loss_on=assistant")]
+        assert len(answer_only) == (target == "tiny"), (method, row["changes"])
+        assert row["changes"][-1].startswith("offline mode: `specheads cache` (bf16, 3 s)")
+        assert row["cache_s"] == 3.0
+
+
+@pytest.mark.parametrize("target", ["tiny", "smollm2"])
 def test_modelopt_fuses_our_recipes_layers_and_drafts_over_its_vocabulary_size(target):
     """Each target's EAGLE-3 recipe says which target layers both trainers fuse and how many tokens both draft
     over (the bench lowers both to the rows' distinct tokens when fewer)."""
