@@ -148,20 +148,14 @@ PEER_CHANGES = {
         "in-process, hard-coded paths, wandb disabled)",
     ],
 }
+# what ours changes of each recipe beside what train_ours adds by target and device (its "changes")
 OUR_CHANGES = {
-    "eagle": [
-        "data, max_steps, batch_size for the budget",
-        "loss_on=assistant on the tiny target (chat rows; its recipe's text rows use all)",
-    ],
+    "eagle": ["data, max_steps, batch_size for the budget"],
     "medusa": [
         "data, max_steps, batch_size, grad_accum for the budget",
         "num_heads=3 (the peer's; the recipe has 4) so both decode with the same tree",
-        "loss_on=assistant on the tiny target (chat rows)",
     ],
-    "eagle3": [
-        "data, max_steps, batch_size for the budget",
-        "loss_on=assistant on the tiny target (chat rows; its recipe's text rows use all)",
-    ],
+    "eagle3": ["data, max_steps, batch_size for the budget"],
 }
 
 
@@ -262,17 +256,7 @@ def ours_row(
                   args.target, ctx["eval_source"], args.device)  # fmt: skip
     label = {"eagle": "EAGLE", "medusa": "Medusa", "eagle3": "EAGLE-3"}[method]
     trainer = "specheads" + (f" ({variant})" if variant else "")
-    changes = list(changes or OUR_CHANGES[method])
-    if args.target != "tiny":  # a chat target's recipe keeps its own loss (train_ours)
-        changes = [c for c in changes if not c.startswith("loss_on=assistant on the tiny target")]
-        changes.append(
-            "eval_fraction=0 (the recipe holds 2% of its rows out; here it trains on every row, as modelopt)"
-        )
-    if args.device == "cuda":
-        changes.append("CUDA: target_dtype=bfloat16, mixed_precision=bf16 (the recipe's GPU command)")
-    if got["cache_s"] is not None:
-        changes.append(f"offline mode: `specheads cache` (bf16, {got['cache_s']:.0f} s) then `train mode=offline`, "
-                       "both in the wall time")  # fmt: skip
+    changes = list(changes or OUR_CHANGES[method]) + got["changes"]
     row = row_result(label, trainer, budget, ctx["chat_tokens"], ev, got["wall_s"], got["peak_rss_mib"],
                      changes, overrides=got["overrides"], seed=seed, load_average=load,
                      peak_accelerator_mib=got["peak_accelerator_mib"], loop_s=got["loop_s"],

@@ -264,6 +264,14 @@ def train_ours(
         **extra,
     }
     recipe = recipe_path(target, method)
+    # what this function changes of the recipe, for the row's footnote (the caller adds the budget's keys)
+    changes = [
+        "loss_on=assistant on the tiny target (chat rows; its recipe's text rows use all)"
+        if target == "tiny"
+        else "eval_fraction=0 (the recipe holds 2% of its rows out; here it trains on every row, as modelopt)"
+    ]
+    if device == "cuda":
+        changes.append("CUDA: target_dtype=bfloat16, mixed_precision=bf16 (the recipe's GPU command)")
     cache_s = None
     if overrides.get("mode") == "offline":
         # offline mode as a user runs it: `specheads cache` (the target once over the rows) then training
@@ -277,6 +285,8 @@ def train_ours(
     wall, rss = run_measured(specheads_cmd(*args), out.parent / f"{out.name}.log")
     if cache_s is not None:
         wall, rss = wall + cache_s, max(rss, cache_rss)
+        changes.append(f"offline mode: `specheads cache` (bf16, {cache_s:.0f} s) then `train mode=offline`, both in "
+                       "the wall time")  # fmt: skip
     summary = (
         json.loads((out / "train_summary.json").read_text()) if (out / "train_summary.json").is_file() else {}
     )
@@ -290,6 +300,7 @@ def train_ours(
         "heads": str(out),
         "overrides": {k: str(v) for k, v in overrides.items()},
         "cache_s": cache_s,  # offline mode: the cache's share of wall_s
+        "changes": changes,
     }
 
 

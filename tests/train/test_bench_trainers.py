@@ -424,9 +424,9 @@ def test_offline_ours_builds_its_cache_with_the_runs_rows_first_and_counts_it(tm
 def test_our_rows_list_the_answer_only_loss_only_where_the_bench_sets_it(tmp_path, monkeypatch, target):
     """train_ours puts the loss on the answers on the tiny target only, so only there do our rows' changes
     say so; offline runs add the cache's seconds."""
-    got = {"heads": str(tmp_path), "wall_s": 10.0, "peak_rss_mib": 1.0, "peak_accelerator_mib": None,
-           "loop_s": 5.0, "overrides": {}, "cache_s": 3.0}  # fmt: skip
-    monkeypatch.setattr(bench, "train_ours", lambda *a: got)
+    monkeypatch.setattr(
+        jobs, "run_measured", lambda cmd, log, env=None: (3.0, 1.0)
+    )  # the cache's, then train's
     monkeypatch.setattr(
         bench, "evaluate", lambda *a: {"mean_accept_length": 1.5, "identical_to_baseline": "8/8"}
     )
@@ -434,9 +434,13 @@ def test_our_rows_list_the_answer_only_loss_only_where_the_bench_sets_it(tmp_pat
                                     eval_new_tokens=64)  # fmt: skip
     ctx = {"rows_path": tmp_path / "rows.jsonl", "eval_source": "heldout", "chat_tokens": 100.0}
     for method in ("eagle", "medusa", "eagle3"):
-        row = bench.ours_row(method, bench.eagle_budget(16, 21), {}, "dynamic", args, ctx, 0, "offline")
+        row = bench.ours_row(
+            method, bench.eagle_budget(16, 21), bench.OFFLINE, "dynamic", args, ctx, 0, "offline"
+        )
         answer_only = [c for c in row["changes"] if c.startswith("loss_on=assistant")]
         assert len(answer_only) == (target == "tiny"), (method, row["changes"])
+        assert any(c.startswith("eval_fraction=0") for c in row["changes"]) == (target != "tiny")
+        assert (row["overrides"].get("loss_on") == "assistant") == (target == "tiny")
         assert row["changes"][-1].startswith("offline mode: `specheads cache` (bf16, 3 s)")
         assert row["cache_s"] == 3.0
 
