@@ -207,9 +207,7 @@ def run_eagle(args, ctx: dict) -> list[dict]:
         budget = eagle_budget(n, e)
         print(f"ours eagle {e} epochs ({budget['steps']} steps x {budget['batch']})", flush=True)
         for seed in ints(args.seeds):
-            rows.append(ours_row("eagle", budget, {}, args.eagle_tree, args, ctx, seed))
-            if args.ours_offline:
-                rows.append(ours_row("eagle", budget, OFFLINE, args.eagle_tree, args, ctx, seed, "offline"))
+            rows += recipe_rows("eagle", budget, {}, args.eagle_tree, args, ctx, seed)
     return rows
 
 
@@ -265,6 +263,13 @@ def ours_row(
     return row
 
 
+def recipe_rows(method, budget, extra, tree, args, ctx, seed, changes=None) -> list[dict]:
+    """Ours with the recipe (`extra` the budget's overrides) and, with --ours-offline, the same in offline mode."""
+    modes = [({}, "")] + [(OFFLINE, "offline")] * args.ours_offline
+    return [ours_row(method, budget, {**extra, **mode}, tree, args, ctx, seed, variant, changes=changes)
+            for mode, variant in modes]  # fmt: skip
+
+
 def run_medusa(args, ctx: dict) -> list[dict]:
     """At each budget, largest first, seed by seed: medusa-llm (--peer-seeds), ours (--seeds) and, at the
     largest budget, ours with each of --medusa-ablations (medusa-llm's settings); so a run cut short still
@@ -285,10 +290,7 @@ def run_medusa(args, ctx: dict) -> list[dict]:
             if seed not in ints(args.seeds):
                 continue
             if not (args.ablations_only and variants and e == epochs[0]):
-                rows.append(ours_row("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed))
-                if args.ours_offline:
-                    rows.append(ours_row("medusa", budget, {"num_heads": 3, **OFFLINE}, args.medusa_tree, args,
-                                         ctx, seed, "offline"))  # fmt: skip
+                rows += recipe_rows("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed)
             for variant in variants if e == epochs[0] else ():
                 extra = {"num_heads": 3, **ablation_overrides(variant, budget)}
                 rows.append(ours_row("medusa", budget, extra, args.medusa_tree, args, ctx, seed, variant))
@@ -319,11 +321,8 @@ def run_eagle3(args, ctx: dict) -> list[dict]:
             if seed not in ints(args.seeds):
                 continue
             if not (args.ablations_only and ablations and e == epochs[0]):
-                rows.append(ours_row("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
-                                     changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
-                if args.ours_offline:
-                    rows.append(ours_row("eagle3", budget, {**ours_extra, **OFFLINE}, args.eagle_tree, args, ctx,
-                                         seed, "offline", changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
+                rows += recipe_rows("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
+                                    OUR_CHANGES["eagle3"] + ours_changes)  # fmt: skip
             for variant in ablations if e == epochs[0] else ():
                 extra = {**ours_extra, **eagle3_ablation(variant, budget, seed)}
                 rows.append(ours_row("eagle3", budget, extra, args.eagle_tree, args, ctx, seed, variant,

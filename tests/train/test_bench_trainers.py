@@ -581,7 +581,7 @@ def test_medusa_runs_pair_seeds_and_ablations_only_leaves_the_recipe_out(monkeyp
     calls = []
     monkeypatch.setattr(bench, "medusa_llm_row", lambda budget, seed, args, ctx, lr: calls.append(
         ("peer", budget["epochs"], seed)) or {})  # fmt: skip
-    monkeypatch.setattr(bench, "ours_row", lambda method, budget, extra, tree, args, ctx, seed, variant="": calls.append(
+    monkeypatch.setattr(bench, "ours_row", lambda method, budget, extra, tree, args, ctx, seed, variant="", changes=None: calls.append(
         ("ours", budget["epochs"], seed, variant, extra.get("share_lm_head"))) or {})  # fmt: skip
     args = bench.argparse.Namespace(medusa_epochs="2,4", medusa_ablations="own lm_head", peer_seeds="0",
                                     seeds="0,1", medusa_lrs="1e-3", medusa_tree="medusa-31",
