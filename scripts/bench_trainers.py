@@ -75,9 +75,10 @@ that measured it. Writes REPORT/bench_trainers.json and REPORT/bench_trainers.md
 run, REPORT/learning_curve.png at the end (--report, default docs/bench_trainers/; --render redraws both
 from the JSON); the checkpoints and logs stay in --out (runs/bench-trainers).
 
-Beside it: bench_trainers_jobs.py (budgets, data, running and evaluating one side), bench_trainers_medusa.py
-(medusa-llm's run and the Medusa ablations), bench_trainers_modelopt.py (Model Optimizer's job and the EAGLE-3
-settings), bench_trainers_report.py (table and plot).
+Beside it: bench_trainers_jobs.py (budgets, data, running and evaluating one side), bench_trainers_eagle.py
+(eagle-llm's run and its saved states decoded), bench_trainers_medusa.py (medusa-llm's run and the Medusa
+ablations), bench_trainers_modelopt.py (Model Optimizer's job and the EAGLE-3 settings),
+bench_trainers_report.py (table and plot).
 """
 
 from __future__ import annotations
@@ -91,16 +92,14 @@ import sys
 import time
 from pathlib import Path
 
+from bench_trainers_eagle import EAGLE_LR, PEER_CHANGES, add_eagle_llm_rows, eagle_llm_changes
 from bench_trainers_jobs import (
-    EAGLE_BS,
     RECIPES,
     ROOT,
     chat_conversations,
-    chat_target_view,
     eagle_budget,
     eval_prompts,
     evaluate,
-    import_heads,
     load_average,
     make_conversations,
     mean_tokens,
@@ -137,17 +136,6 @@ from bench_trainers_report import plot, render, render_table
 
 CONSUMERS = ROOT / "tests" / "consumers"
 
-EAGLE_LLM_ROPE_THETA = 10000.0  # cnets.LlamaRotaryEmbedding's default base; the config's is not read
-EAGLE_EPOCHS = 21  # main.py: `for epoch in range(num_epochs + 1)` with num_epochs 20
-EAGLE_SAVED = tuple(e for e in range(EAGLE_EPOCHS) if (e + 1) % 5)  # main.py saves state_e for these
-EAGLE_LR = 3e-5  # main.py's --lr default (linear warm-up over 2000 steps, hard-coded)
-PEER_CHANGES = {
-    "eagle-llm": [
-        "CPU fp32 (accelerate's bf16 autocast kept as main.py sets it; no CUDA)",
-        "the trainer_run.py shims (CUDA calls, EConfig rope_scaling, an index file, DataLoader workers "
-        "in-process, hard-coded paths, wandb disabled)",
-    ],
-}
 # what ours changes of each recipe beside what train_ours adds by target and device (its "changes")
 OUR_CHANGES = {
     "eagle": ["data, max_steps, batch_size for the budget"],
@@ -165,71 +153,16 @@ OFFLINE = {"mode": "offline"}
 
 
 def run_eagle(args, ctx: dict) -> list[dict]:
-    import torch
-    from trainer_run import eagle_draft_config, finish_trainer, start_trainer
-
-    out, n, rows = args.out, len(ctx["conversations"]), ctx["rows"]
+    n, rows = len(ctx["conversations"]), ctx["rows"]
     epochs = [int(e) for e in args.eagle_epochs.split(",")]
     for lr in floats(args.eagle_lrs):
-        work = out / f"eagle-llm-lr{lr:g}"
-        work.mkdir()
-        (work / "ShareGPT_V4.3_unfiltered_cleaned_split.json").write_text(json.dumps(ctx["sharegpt"]))
-        (work / "vicunav13").mkdir()
-        (work / "vicunav13" / "13B").symlink_to(ctx["peer_target"])
-        eagle_draft_config(ctx["peer_target"], work / "config.json")
-        torch.save({"features": torch.zeros(1, 4, ctx["hidden"]), "input_ids": torch.zeros(1, 4, dtype=torch.long)},
-                   work / "inputs.pt")  # fmt: skip
-        job = {"kind": "eagle", "work": str(work), "target": str(ctx["peer_target"]), "lr": lr, "bs": EAGLE_BS,
-               "inputs": str(work / "inputs.pt"), "out": str(work / "out.pt")}  # fmt: skip
-        print(f"eagle-llm lr {lr:g}: training", flush=True)
-        proc = start_trainer(ctx["env"], job, work)
-        got = finish_trainer(proc.wait(), job, work)
-        changes = eagle_llm_changes(args.target)
-        if lr != EAGLE_LR:
-            changes.insert(0, f"--lr {lr:g} (its default {EAGLE_LR:g}: with its 2000-step warm-up it reaches "
-                              "a fraction of that in this budget)")  # fmt: skip
-        for e in epochs:
-            release = work / f"release-e{e}"
-            release.mkdir()
-            shutil.copy(work / "ckpt" / f"state_{e - 1}" / "model.safetensors", release / "model.safetensors")
-            (release / "config.json").write_text(json.dumps(eagle_llm_release_config(work / "config.json")))
-            native = import_heads("eagle", release, ctx["target"], work / f"native-e{e}")
-            ev = evaluate(native, args.eagle_tree, work / f"eval-e{e}", args.eval_prompts, args.eval_new_tokens,
-                          args.target, ctx["eval_source"], args.device)  # fmt: skip
-            full = e == EAGLE_EPOCHS
-            rows.append(row_result(
-                "EAGLE", f"eagle-llm 1.2.1 (lr {lr:g})", eagle_budget(n, e), ctx["vicuna_tokens"], ev,
-                wall=got["wall_s"] if full else None, rss=got["maxrss_kb"] / 1024 if full else None,
-                changes=changes, stages_s={"ge_data": got["ge_data_s"], "main": got["main_s"]} if full else None,
-            ))  # fmt: skip
-            print(f"  {e} epochs: tau {rows[-1]['tau']:.3f} {rows[-1]['identical']}", flush=True)
+        add_eagle_llm_rows(lr, epochs, args, ctx)
     for e in epochs:
         budget = eagle_budget(n, e)
         print(f"ours eagle {e} epochs ({budget['steps']} steps x {budget['batch']})", flush=True)
         for seed in ints(args.seeds):
-            rows += recipe_rows("eagle", budget, {}, args.eagle_tree, args, ctx, seed)
+            add_recipe_rows("eagle", budget, {}, args.eagle_tree, args, ctx, seed)
     return rows
-
-
-EAGLE_CHAT_TARGET_VIEW = (
-    chat_target_view("the tied embedding named lm_head.weight in its index, which main.py reads", "ge_data")
-    + "; its heads decoded with the rotary base its cnets.py trains with, 10000 (the target's config: 100000)"
-)
-
-
-def eagle_llm_changes(target: str) -> list[str]:
-    """What the bench changes of eagle-llm's run: the shims, and on a chat target the view it reads."""
-    return list(PEER_CHANGES["eagle-llm"]) + ([EAGLE_CHAT_TARGET_VIEW] if target != "tiny" else [])
-
-
-def eagle_llm_release_config(config_path: Path) -> dict:
-    """The config an eagle-llm 1.2.1 head is read with: main.py's --configpath with the rotary base its
-    cnets.py really uses. Its LlamaAttention builds LlamaRotaryEmbedding(head_dim, max_position_embeddings)
-    and so base 10000, whatever the config says; SmolLM2's says 100000, and our import reads the config."""
-    from specheads.heads.eagle import with_rope_theta
-
-    config = json.loads(config_path.read_text())
-    return with_rope_theta(config, EAGLE_LLM_ROPE_THETA)
 
 
 def ours_row(
@@ -263,11 +196,13 @@ def ours_row(
     return row
 
 
-def recipe_rows(method, budget, extra, tree, args, ctx, seed, changes=None) -> list[dict]:
-    """Ours with the recipe (`extra` the budget's overrides) and, with --ours-offline, the same in offline mode."""
-    modes = [({}, "")] + [(OFFLINE, "offline")] * args.ours_offline
-    return [ours_row(method, budget, {**extra, **mode}, tree, args, ctx, seed, variant, changes=changes)
-            for mode, variant in modes]  # fmt: skip
+def add_recipe_rows(method, budget, extra, tree, args, ctx, seed, changes=None) -> None:
+    """Ours with the recipe (`extra` the budget's overrides) and, with --ours-offline, the same in offline mode,
+    each appended to ctx["rows"] as it is measured (ReportedRows: the report rewritten after each)."""
+    for mode, variant in [({}, "")] + [(OFFLINE, "offline")] * args.ours_offline:
+        ctx["rows"].append(
+            ours_row(method, budget, {**extra, **mode}, tree, args, ctx, seed, variant, changes=changes)
+        )
 
 
 def run_medusa(args, ctx: dict) -> list[dict]:
@@ -290,7 +225,7 @@ def run_medusa(args, ctx: dict) -> list[dict]:
             if seed not in ints(args.seeds):
                 continue
             if not (args.ablations_only and variants and e == epochs[0]):
-                rows += recipe_rows("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed)
+                add_recipe_rows("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed)
             for variant in variants if e == epochs[0] else ():
                 extra = {"num_heads": 3, **ablation_overrides(variant, budget)}
                 rows.append(ours_row("medusa", budget, extra, args.medusa_tree, args, ctx, seed, variant))
@@ -321,7 +256,7 @@ def run_eagle3(args, ctx: dict) -> list[dict]:
             if seed not in ints(args.seeds):
                 continue
             if not (args.ablations_only and ablations and e == epochs[0]):
-                rows += recipe_rows("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
+                add_recipe_rows("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
                                     OUR_CHANGES["eagle3"] + ours_changes)  # fmt: skip
             for variant in ablations if e == epochs[0] else ():
                 extra = {**ours_extra, **eagle3_ablation(variant, budget, seed)}

@@ -5,7 +5,7 @@ test_bench_trainers_peers.py."""
 import json
 
 import pytest
-from bench_trainers_modules import bench, jobs, medusa, modelopt, report
+from bench_trainers_modules import bench, eagle, jobs, medusa, modelopt, report
 
 from specheads.train.config import load_config
 
@@ -22,9 +22,9 @@ def test_eagle_budget_follows_main_py_split_epochs_and_batch():
 
 def test_eagle_budgets_are_states_main_py_saves():
     """main.py saves state_e only when (e + 1) % 5 != 0: the curve's budgets must be among them."""
-    assert bench.EAGLE_EPOCHS - 1 in bench.EAGLE_SAVED
-    assert all(e - 1 in bench.EAGLE_SAVED for e in (6, 11, 21))
-    assert 4 not in bench.EAGLE_SAVED and 19 not in bench.EAGLE_SAVED
+    assert eagle.EAGLE_EPOCHS - 1 in eagle.EAGLE_SAVED
+    assert all(e - 1 in eagle.EAGLE_SAVED for e in (6, 11, 21))
+    assert 4 not in eagle.EAGLE_SAVED and 19 not in eagle.EAGLE_SAVED
 
 
 def test_medusa_budget_counts_optimizer_steps_of_batch_times_accumulation():
@@ -561,9 +561,11 @@ def test_eagle3_ablations_only_leaves_the_recipe_out_at_the_largest_budget(monke
     args = bench.argparse.Namespace(eagle3_epochs="1,3", eagle3_batch=4, eagle3_ablations="ttt 3", seeds="0",
                                     peer_seeds="", modelopt_variants="defaults", eagle_tree="dynamic-16",
                                     ablations_only=False, ours_offline=False)  # fmt: skip
-    ctx = {"rows": [], "conversations": [("p", "a")] * 16, "eagle3_vocab": 2048, "target": None}
+    writes = []  # the report is rewritten after every row, as each is measured
+    ctx = {"rows": bench.ReportedRows(lambda rows: writes.append(len(rows))), "conversations": [("p", "a")] * 16,
+           "eagle3_vocab": 2048, "target": None}  # fmt: skip
     bench.run_eagle3(args, ctx)
-    assert calls == [(3, 0, ""), (3, 0, "ttt 3"), (1, 0, "")]
+    assert calls == [(3, 0, ""), (3, 0, "ttt 3"), (1, 0, "")] and writes == [1, 2, 3]
     calls.clear()
     args.ablations_only = True
     bench.run_eagle3(args, ctx)
@@ -572,6 +574,7 @@ def test_eagle3_ablations_only_leaves_the_recipe_out_at_the_largest_budget(monke
     args.ablations_only, args.ours_offline = False, True  # offline beside the recipe, at every budget
     bench.run_eagle3(args, ctx)
     assert calls == [(3, 0, ""), (3, 0, "offline"), (3, 0, "ttt 3"), (1, 0, ""), (1, 0, "offline")]
+    assert writes[-5:] == [6, 7, 8, 9, 10]
 
 
 def test_medusa_runs_pair_seeds_and_ablations_only_leaves_the_recipe_out(monkeypatch):

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from bench_trainers_modules import bench, jobs, medusa
+from bench_trainers_modules import eagle, jobs, medusa
 
 
 def test_vicuna_text_is_fastchats_one_turn_prompt():
@@ -131,9 +131,9 @@ def test_eagle_llms_heads_are_decoded_with_the_rotary_base_its_cnets_uses(tmp_pa
     ):
         path = tmp_path / "config.json"
         path.write_text(json.dumps({"hidden_size": 576, **config}))
-        got = bench.eagle_llm_release_config(path)
+        got = eagle.eagle_llm_release_config(path)
         assert _rope(got)[0] == 10000.0 and got["hidden_size"] == 576
     # and the table says so where it matters: on a chat target, not the tiny one (whose base is 10000)
-    assert bench.eagle_llm_changes("tiny") == bench.PEER_CHANGES["eagle-llm"]
-    assert bench.eagle_llm_changes("smollm2")[-1] == bench.EAGLE_CHAT_TARGET_VIEW
-    assert "rotary base" in bench.EAGLE_CHAT_TARGET_VIEW and "lm_head.weight" in bench.EAGLE_CHAT_TARGET_VIEW
+    assert eagle.eagle_llm_changes("tiny") == eagle.PEER_CHANGES["eagle-llm"]
+    assert eagle.eagle_llm_changes("smollm2")[-1] == eagle.EAGLE_CHAT_TARGET_VIEW
+    assert "rotary base" in eagle.EAGLE_CHAT_TARGET_VIEW and "lm_head.weight" in eagle.EAGLE_CHAT_TARGET_VIEW
