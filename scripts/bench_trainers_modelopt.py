@@ -214,6 +214,7 @@ EAGLE3_ABLATIONS = {
     "decay 0.5": lambda b, s: {"decay": 0.5},  # the first draft step weighted more (where tau comes from)
     "lr 2e-3": lambda b, s: {"lr": 2e-3},
     "lr 3e-3": lambda b, s: {"lr": 3e-3},
+    "lr 4e-3": lambda b, s: {"lr": 4e-3},
     "lr 5e-4": lambda b, s: {"lr": 5e-4},
     # the initial weights drawn with seed s, the rows in one order whatever s
     "data seed 0": lambda b, s: {"data_seed": 0},
@@ -245,6 +246,9 @@ EAGLE3_ABLATIONS = {
     # the draft vocabulary larger than the rows' distinct tokens, as our recipes have it (SmolLM2's: 8192): the
     # most frequent label tokens, then the rest in id order; modelopt's calibration can give it no more than
     # the distinct tokens (its recipe's own default is the whole vocabulary: variant "whole vocab")
+    # the high fused layer nearer the top: HF 29 of SmolLM2's 30 (the recipe's L-3 = 27, modelopt's default;
+    # HF 30 would be after the final norm, where vLLM and SGLang capture before it)
+    "top 29": lambda b, s: {"eagle3_layers": [2, 15, 29]},
     "vocab 4096": lambda b, s: {"draft_vocab_size": 4096},
     "vocab 8192": lambda b, s: {"draft_vocab_size": 8192},
 }
