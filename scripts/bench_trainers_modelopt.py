@@ -243,12 +243,12 @@ EAGLE3_ABLATIONS = {
     # modelopt's: positions whose target token is outside the draft vocabulary are trained too, against the
     # target's distribution renormalised over it (ours: left out)
     "train oov": lambda b, s: {"eagle3_out_of_vocab": "train"},
-    # the draft vocabulary larger than the rows' distinct tokens, as our recipes have it (SmolLM2's: 8192): the
-    # most frequent label tokens, then the rest in id order; modelopt's calibration can give it no more than
-    # the distinct tokens (its recipe's own default is the whole vocabulary: variant "whole vocab")
     # the high fused layer nearer the top: HF 29 of SmolLM2's 30 (the recipe's L-3 = 27, modelopt's default;
     # HF 30 would be after the final norm, where vLLM and SGLang capture before it)
     "top 29": lambda b, s: {"eagle3_layers": [2, 15, 29]},
+    # the draft vocabulary larger than the rows' distinct tokens, as our recipes have it (SmolLM2's: 8192): the
+    # most frequent label tokens, then the rest in id order; modelopt's calibration can give it no more than
+    # the distinct tokens (its recipe's own default is the whole vocabulary: variant "whole vocab")
     "vocab 4096": lambda b, s: {"draft_vocab_size": 4096},
     "vocab 8192": lambda b, s: {"draft_vocab_size": 8192},
 }
