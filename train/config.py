@@ -21,6 +21,7 @@ import yaml
 from specheads.heads.methods import methods
 from specheads.train.data.readers import check_max_bad_rows
 from specheads.train.medusa2 import LORA_TARGET_MODULES
+from specheads.train.optimizers import OPTIMIZERS
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
 LR_SCHEDULES = ("cosine", "linear")
@@ -108,6 +109,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     # AdamW's beta2: PyTorch's and the HF Trainer's 0.999 (Model Optimizer, medusa-llm); EAGLE's main.py 0.95
     adam_beta2: float = 0.999
+    # "adamw", or "muon": torch's Muon on the heads' hidden matrices at muon_lr_scale x lr, AdamW at lr on
+    # the rest (lm_head, norms, biases; train/optimizers.py). Not with DeepSpeed or FSDP, whose sharding
+    # splits the matrices Muon orthogonalises whole, nor Medusa-2, which builds its own optimizer
+    optimizer: str = "adamw"
+    muon_lr_scale: float = 8.0  # Muon's updates are scaled to AdamW's RMS: 1 would take AdamW's step size
     warmup_steps: int = 50
     # the warm-up as a fraction of max_steps instead, ceil(warmup_ratio * max_steps) steps as the HF Trainer
     # counts its warmup_ratio, so that it follows a max_steps= override; set warmup_steps to 0 with it
@@ -160,6 +166,12 @@ class TrainConfig:
             ),
             (self.data_seed >= -1, f"data_seed must be >= 0, or -1 for seed's, got {self.data_seed}"),
             (self.mode in MODES, f"mode must be one of {MODES}, got {self.mode!r}"),
+            (self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}"),
+            (
+                self.optimizer == "adamw" or method.objective is None,
+                f"method {self.method!r} builds its own optimizer (AdamW over the heads and its adapters): "
+                f"optimizer {self.optimizer!r} is not available for it, use 'adamw'",
+            ),
             (
                 self.mode != "offline" or bool(self.cache_dir),
                 "mode 'offline' reads the hidden-state cache: set cache_dir (written by `specheads cache`)",
@@ -188,7 +200,7 @@ class TrainConfig:
             "log_every",
         ):
             checks.append((getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}"))
-        for name in ("lr", "lr_adapter", "max_grad_norm"):
+        for name in ("lr", "lr_adapter", "max_grad_norm", "muon_lr_scale"):
             checks.append((getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}"))
         for name in (
             "warmup_steps",

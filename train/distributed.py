@@ -107,6 +107,20 @@ def fill_deepspeed_config(accelerator, cfg: TrainConfig) -> None:
         )
 
 
+def check_optimizer_layout(accelerator, optimizer: str) -> None:
+    """Refuse Muon where the heads' matrices reach the optimizer split over processes: DeepSpeed's ZeRO
+    hands it flat partitions of the weights, FSDP shards them, and Muon orthogonalises each matrix whole."""
+    from accelerate.utils import DistributedType  # lazy: accelerate is only needed once a run starts
+
+    split = {DistributedType.DEEPSPEED: "DeepSpeed", DistributedType.FSDP: "FSDP"}
+    if optimizer == "muon" and accelerator.distributed_type in split:
+        raise ValueError(
+            f"optimizer 'muon' cannot run under {split[accelerator.distributed_type]}, which splits the heads' "
+            "matrices over processes: launch with recipes/accelerate/ddp.yaml (or one process), or set "
+            "optimizer=adamw"
+        )
+
+
 def is_partitioned(module: torch.nn.Module) -> bool:
     """Whether ZeRO-3 has partitioned the module's weights (each process holds a slice)."""
     return any(hasattr(p, "ds_id") for p in module.parameters())

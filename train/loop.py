@@ -58,6 +58,7 @@ from specheads.train.config import TrainConfig
 from specheads.train.data.checks import check_label_tokens
 from specheads.train.data.sources import rows_for
 from specheads.train.distributed import (
+    check_optimizer_layout,
     fill_deepspeed_config,
     gathered_lm_head,
     is_partitioned,
@@ -70,6 +71,7 @@ from specheads.train.eagle_losses import count_label_tokens
 from specheads.train.hidden_cache import CachedRows, cache_layers, collate_cached
 from specheads.train.objective import HeadsWithLoss
 from specheads.train.offline_target import OfflineTarget, target_output
+from specheads.train.optimizers import build_optimizer
 from specheads.train.provenance import provenance, write_provenance
 from specheads.train.sampler import EpochBatches
 from specheads.train.tracking import keep_metrics_until, log_record, new_run_id, start_tracking
@@ -368,7 +370,7 @@ class Run:
 def build_objective(
     cfg: TrainConfig, method: Method, target, heads: nn.Module
 ) -> tuple[nn.Module, torch.optim.Optimizer, object]:
-    """(the module data-parallel wrappers train, its AdamW, the target from here on).
+    """(the module data-parallel wrappers train, its optimizer (train/optimizers.py), the target from here on).
 
     HeadsWithLoss holds the heads only; the frozen target stays outside it. A method with an objective
     of its own builds it (Medusa-2: LoRA adapters on the target, trained with the heads).
@@ -391,14 +393,15 @@ def build_objective(
         eagle3_teacher_temperature=cfg.eagle3_teacher_temperature,
         eagle3_out_of_vocab=cfg.eagle3_out_of_vocab,
     )
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=cfg.adam_betas, weight_decay=cfg.weight_decay
+    optimizer = build_optimizer(
+        model, cfg.optimizer, cfg.lr, cfg.adam_betas, cfg.weight_decay, cfg.muon_lr_scale
     )
     return model, optimizer, target
 
 
 def set_up(cfg: TrainConfig, accelerator) -> Run:
     method = method_named(cfg.method)
+    check_optimizer_layout(accelerator, cfg.optimizer)  # before the target loads
     with accelerator.main_process_first():  # builds the embedded target once
         path = resolve_target(cfg.target)
     target = load_target(cfg, path, accelerator.device)

@@ -69,8 +69,9 @@ def records(out: Path) -> list[dict]:
     [
         ("medusa.yaml", ("num_heads=3", "labels=data")),
         ("eagle.yaml", ("noise=0.1", "grad_accum=2")),  # input noise: the RNG states must come back
+        ("eagle3.yaml", ("optimizer=muon", "ttt_steps=2")),  # both optimizers' states must come back
     ],
-    ids=["medusa", "eagle-noise-accum"],
+    ids=["medusa", "eagle-noise-accum", "eagle3-muon"],
 )
 def test_resumed_run_ends_bit_identical(recipe, extra, tiny_target_dirs, text_data, tmp_path):
     args = (recipe, tiny_target_dirs["llama"], text_data)

@@ -1,0 +1,195 @@
+"""The heads' optimizer: AdamW, or Muon on the hidden matrices with AdamW on the rest (train/optimizers.py)."""
+
+import types
+
+import pytest
+import torch
+from accelerate.utils import DistributedType
+
+from specheads.heads.methods import method_named
+from specheads.train import optimizers
+from specheads.train.config import load_config
+from specheads.train.distributed import check_optimizer_layout
+from specheads.train.loop import build_heads, build_objective, load_target, lr_lambda
+from specheads.train.optimizers import MuonWithAdamW, build_optimizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def objective(method: str, target_dir, **overrides):
+    cfg = load_config(None, {"method": method, "target": str(target_dir), "report_to": "none", **overrides})
+    target = load_target(cfg, str(target_dir), torch.device("cpu"))
+    heads, _ = build_heads(cfg, target, label_counts=torch.ones(target.vocab_size))
+    model, optimizer, _ = build_objective(cfg, method_named(method), target, heads)
+    return cfg, model, optimizer
+
+
+def names_by_part(model, optimizer: MuonWithAdamW) -> dict[str, list[str]]:
+    name_of = {id(p): n.removeprefix("heads.") for n, p in model.named_parameters()}
+    return {
+        type(part).__name__: sorted(name_of[id(p)] for g in part.param_groups for p in g["params"])
+        for part in optimizer.parts
+    }
+
+
+@pytest.mark.parametrize(
+    "method, overrides, muon, adamw",
+    [
+        (
+            "medusa",
+            {"num_heads": 2},
+            ["blocks.0.0.linear.weight", "blocks.1.0.linear.weight"],
+            ["blocks.0.0.linear.bias", "blocks.1.0.linear.bias", "lm_heads.0.weight", "lm_heads.1.weight"],
+        ),
+        (
+            "eagle",
+            {},
+            ["fc.weight"]
+            + [f"layers.0.mlp.{m}_proj.weight" for m in ("down", "gate", "up")]
+            + [f"layers.0.self_attn.{m}_proj.weight" for m in ("k", "o", "q", "v")],
+            ["fc.bias", "layers.0.post_attention_layernorm.weight"],
+        ),
+        (
+            "eagle3",
+            {"draft_vocab_size": 100},
+            ["fc.weight"]
+            + [f"midlayer.mlp.{m}_proj.weight" for m in ("down", "gate", "up")]
+            + [f"midlayer.self_attn.{m}_proj.weight" for m in ("k", "o", "q", "v")],
+            ["lm_head.weight"]
+            + [f"midlayer.{n}.weight" for n in ("hidden_norm", "input_layernorm", "post_attention_layernorm")]
+            + ["norm.weight"],
+        ),
+    ],
+    ids=["medusa", "eagle", "eagle3"],
+)
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(method, overrides, muon, adamw, tiny_target_dirs):
+    """The vocabulary projections, norms and biases stay with AdamW; every trainable weight is in one part."""
+    cfg, model, optimizer = objective(method, tiny_target_dirs["llama"], optimizer="muon", **overrides)
+    assert isinstance(optimizer, MuonWithAdamW)
+    assert names_by_part(model, optimizer) == {"AdamW": sorted(adamw), "Muon": sorted(muon)}
+    rates = [g["lr"] for g in optimizer.param_groups]
+    assert rates == [
+        cfg.lr,
+        cfg.lr * cfg.muon_lr_scale,
+    ]  # AdamW's group first: the logged "lr" is the recipe's
+    _, _, plain = objective(method, tiny_target_dirs["llama"], **overrides)
+    assert type(plain) is torch.optim.AdamW  # the default is unchanged
+
+
+def toy_params(seed: int = 0) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(shape, generator=g)) for shape in ((6, 4), (5, 6), (6,), (9, 4))]
+
+
+def set_grads(params, step: int) -> None:
+    g = torch.Generator().manual_seed(100 + step)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+
+
+def test_one_step_is_torchs_muon_on_the_matrices_and_adamw_on_the_rest():
+    ours, ref = toy_params(), toy_params()
+    combined = MuonWithAdamW(ours[:2], ours[2:], lr=1e-2, muon_lr=3e-2, betas=(0.9, 0.95), weight_decay=0.01)
+    muon = torch.optim.Muon(ref[:2], lr=3e-2, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
+    adamw = torch.optim.AdamW(ref[2:], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.01)
+    for step in range(3):
+        set_grads(ours, step), set_grads(ref, step)
+        combined.step(), muon.step(), adamw.step()
+        combined.zero_grad(), muon.zero_grad(), adamw.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref, strict=True))
+    assert all(p.grad is None for p in ours)
+    assert set(combined.state) == set(ours)  # both parts' state, one entry a parameter
+
+
+def run(params, optimizer, scheduler, steps: range) -> None:
+    for step in steps:
+        set_grads(params, step)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+
+
+def test_the_schedule_drives_both_parts_and_a_saved_state_resumes_exactly():
+    """A scheduler reaches both optimizers' rates, also after load_state_dict (accelerate's prepare()
+    loads the state once: the groups must be rebound, or the rates would stay where they started),
+    and a run resumed from the state after 3 of 6 steps ends bit-identical to the run straight through."""
+    cfg = load_config(None, ["optimizer=muon", "lr=0.01", "warmup_steps=2", "max_steps=6"])
+
+    def fresh():
+        params = toy_params()
+        optimizer = MuonWithAdamW(
+            params[:2], params[2:], cfg.lr, cfg.lr * cfg.muon_lr_scale, (0.9, 0.999), 0.0
+        )
+        optimizer.load_state_dict(optimizer.state_dict())  # as accelerate's prepare() does
+        return params, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_lambda(s, cfg))
+
+    straight, opt, sched = fresh()
+    run(straight, opt, sched, range(6))
+    factor = lr_lambda(6, cfg)
+    assert [g["lr"] for part in opt.parts for g in part.param_groups] == pytest.approx(
+        [cfg.lr * factor, cfg.lr * cfg.muon_lr_scale * factor]
+    )
+    first, opt, sched = fresh()
+    run(first, opt, sched, range(3))
+    saved = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
+    saved_weights = [p.detach().clone() for p in first]
+    resumed, opt, sched = fresh()
+    with torch.no_grad():
+        for p, w in zip(resumed, saved_weights, strict=True):
+            p.copy_(w)
+    opt.load_state_dict(saved["optimizer"])
+    sched.load_state_dict(saved["scheduler"])
+    run(resumed, opt, sched, range(3, 6))
+    assert all(torch.equal(a, b) for a, b in zip(straight, resumed, strict=True))
+
+
+def test_an_adamw_state_is_refused_by_name():
+    params = toy_params()
+    combined = MuonWithAdamW(params[:2], params[2:], 1e-3, 1e-3, (0.9, 0.999), 0.0)
+    with pytest.raises(ValueError, match="not an AdamW \\+ Muon state of 2 parts"):
+        combined.load_state_dict(torch.optim.AdamW(params).state_dict())
+
+
+def test_heads_without_hidden_matrices_are_refused_naming_them():
+    model = torch.nn.Module()
+    model.lm_head = torch.nn.Linear(4, 9, bias=False)
+    with pytest.raises(
+        ValueError, match="found no hidden matrices to train in the heads \\(only lm_head.weight\\)"
+    ):
+        build_optimizer(model, "muon", 1e-3, (0.9, 0.999), 0.0)
+
+
+def test_a_torch_without_muon_is_named(monkeypatch):
+    monkeypatch.delattr(torch.optim, "Muon")
+    monkeypatch.setattr(torch, "__version__", "2.8.0")
+    with pytest.raises(ValueError, match="needs torch.optim.Muon \\(torch >= 2.9\\); this torch is 2.8.0"):
+        optimizers.check_muon_available()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["optimizer=sgd"], r"optimizer must be one of \('adamw', 'muon'\), got 'sgd'"),
+        (["optimizer=muon", "muon_lr_scale=0"], "muon_lr_scale must be > 0"),
+        (
+            ["method=medusa2", "optimizer=muon"],
+            "method 'medusa2' builds its own optimizer .*optimizer 'muon' is not available for it, use 'adamw'",
+        ),
+    ],
+)
+def test_bad_optimizer_settings_are_clear_errors(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(None, overrides)
+
+
+@pytest.mark.parametrize(
+    "layout, name", [(DistributedType.DEEPSPEED, "DeepSpeed"), (DistributedType.FSDP, "FSDP")]
+)
+def test_muon_is_refused_where_the_matrices_are_split_over_processes(layout, name):
+    accelerator = types.SimpleNamespace(distributed_type=layout)
+    with pytest.raises(
+        ValueError, match=f"optimizer 'muon' cannot run under {name}.*recipes/accelerate/ddp.yaml"
+    ):
+        check_optimizer_layout(accelerator, "muon")
+    check_optimizer_layout(accelerator, "adamw")  # AdamW runs there
+    check_optimizer_layout(types.SimpleNamespace(distributed_type=DistributedType.MULTI_CPU), "muon")  # DDP

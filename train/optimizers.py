@@ -1,0 +1,131 @@
+"""The heads' optimizer: AdamW, or Muon on the heads' hidden matrices with AdamW on the rest.
+
+Muon (Jordan et al. 2024, "Muon: an optimizer for hidden layers"; `torch.optim.Muon`) replaces a weight
+matrix's momentum-averaged gradient by the nearest semi-orthogonal matrix (five Newton-Schulz steps)
+before it updates the weight. It is made for hidden 2-D weights only: the projections onto the vocabulary
+(the heads' lm_head), embeddings, norm gains and biases stay with AdamW, as its authors and Moonlight
+(Liu et al. 2025) train them. `adjust_lr_fn="match_rms_adamw"` (Moonlight's) scales each matrix's update
+to the RMS an AdamW update has, 0.2 * sqrt(max(rows, columns)) times the rate, so one schedule drives both
+and `muon_lr_scale` says how much larger Muon's step is than AdamW's.
+
+Why here: at the bench's SmolLM2 EAGLE-3 budget it is the one change found that raises τ beyond the
+peers' (docs/bench_trainers/eagle3-smollm2/s22-ideas/), best near 8x the recipe's lr.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+OPTIMIZERS = ("adamw", "muon")
+
+
+def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
+    """Whether Muon updates `param`: a 2-D weight that maps hidden states to hidden states. Not the
+    vocabulary's projections (Medusa's `lm_heads.k`, EAGLE-3's `lm_head`) or embeddings: their rows are
+    tokens, and each row's own scale matters, which orthogonalising the whole matrix would erase."""
+    return param.ndim == 2 and "lm_head" not in name and "embed" not in name
+
+
+def build_optimizer(
+    model: nn.Module,
+    optimizer: str,
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    muon_lr_scale: float = 1.0,
+) -> torch.optim.Optimizer:
+    """The optimizer of `model`'s trainable parameters: `optimizer` "adamw" (every parameter), or "muon"
+    (Muon at `muon_lr_scale * lr` on the hidden matrices, AdamW at `lr` on the rest)."""
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if optimizer == "adamw":
+        return torch.optim.AdamW([p for _, p in trainable], lr=lr, betas=betas, weight_decay=weight_decay)
+    if optimizer != "muon":
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    matrices = [p for n, p in trainable if is_hidden_matrix(n, p)]
+    if not matrices:
+        raise ValueError(
+            "optimizer 'muon' found no hidden matrices to train in the heads (only "
+            f"{', '.join(n for n, _ in trainable)}): use optimizer 'adamw'"
+        )
+    others = [p for n, p in trainable if not is_hidden_matrix(n, p)]
+    return MuonWithAdamW(matrices, others, lr, muon_lr_scale * lr, betas, weight_decay)
+
+
+def check_muon_available() -> None:
+    """Refuse Muon on a torch without it, naming the version that has it."""
+    if not hasattr(torch.optim, "Muon"):
+        raise ValueError(
+            f"optimizer 'muon' needs torch.optim.Muon (torch >= 2.9); this torch is {torch.__version__}: "
+            "upgrade torch, or use optimizer 'adamw'"
+        )
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """torch's Muon over `matrices` and AdamW over `others`, seen as one optimizer.
+
+    Its param_groups are the two optimizers' own group dicts (AdamW's, then Muon's), so an lr scheduler
+    that scales each group's lr, clipping, and accelerate's wrapper reach both. state_dict() holds both
+    states, and load_state_dict() rebinds the groups: loading replaces the two optimizers' group dicts
+    (accelerate's prepare() loads the state once, to move it to the device), and a scheduler driving
+    the old dicts would leave the rates where they started.
+    """
+
+    def __init__(
+        self,
+        matrices: Iterable[torch.Tensor],
+        others: Iterable[torch.Tensor],
+        lr: float,
+        muon_lr: float,
+        betas: tuple[float, float],
+        weight_decay: float,
+    ):
+        check_muon_available()
+        matrices, others = list(matrices), list(others)
+        # AdamW's groups first: a train log's "lr" is the first group's, the recipe's lr as scheduled
+        self.parts = (
+            [torch.optim.AdamW(others, lr=lr, betas=betas, weight_decay=weight_decay)] if others else []
+        )
+        self.parts.append(
+            torch.optim.Muon(matrices, lr=muon_lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
+        )
+        super().__init__(matrices + others, {"lr": lr})  # the base class's hooks; its groups are replaced
+        self._bind()
+
+    def _bind(self) -> None:
+        self.param_groups = [group for part in self.parts for group in part.param_groups]
+
+    @property
+    def state(self) -> dict:
+        """Both optimizers' per-parameter state (read-only: each keeps its own)."""
+        return {p: s for part in self.parts for p, s in part.state.items()}
+
+    @state.setter
+    def state(self, value) -> None:
+        pass  # the base class's __init__ sets an empty state; the two optimizers hold the real one
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for part in self.parts:
+            part.step()
+        return loss
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [part.state_dict() for part in self.parts]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved = state_dict.get("optimizers") if isinstance(state_dict, dict) else None
+        if saved is None or len(saved) != len(self.parts):
+            raise ValueError(
+                f"this optimizer state is not an AdamW + Muon state of {len(self.parts)} parts (was the "
+                "checkpoint written with another optimizer?)"
+            )
+        for part, part_state in zip(self.parts, saved, strict=True):
+            part.load_state_dict(part_state)
+        self._bind()
