@@ -243,6 +243,12 @@ EAGLE3_ABLATIONS = {
     # modelopt's: positions whose target token is outside the draft vocabulary are trained too, against the
     # target's distribution renormalised over it (ours: left out)
     "train oov": lambda b, s: {"eagle3_out_of_vocab": "train"},
+    # ours only: torch's Muon on the draft's hidden matrices, AdamW on its lm_head and norms (train/optimizers.py):
+    # Muon at 8 x lr, the product's default, or at the rate named ('+lr 4e-3' moves AdamW's part and Muon's)
+    "muon": lambda b, s: {"optimizer": "muon"},
+    "muon x1": lambda b, s: {"optimizer": "muon", "muon_lr_scale": 1.0},
+    "muon x4": lambda b, s: {"optimizer": "muon", "muon_lr_scale": 4.0},
+    "muon x16": lambda b, s: {"optimizer": "muon", "muon_lr_scale": 16.0},
     # the high fused layer nearer the top: HF 29 of SmolLM2's 30 (the recipe's L-3 = 27, modelopt's default;
     # HF 30 would be after the final norm, where vLLM and SGLang capture before it)
     "top 29": lambda b, s: {"eagle3_layers": [2, 15, 29]},

@@ -175,3 +175,12 @@ def test_eagle3_ablations_are_modelopts_settings_as_our_recipe_overrides():
     assert modelopt.eagle3_ablation("init seed 0", budget, seed=2) == {"seed": 0, "data_seed": 2}
     with pytest.raises(SystemExit, match="ttt 7"):  # an unknown ablation stops the bench
         modelopt.eagle3_ablation("ttt 7", budget)
+
+
+def test_every_eagle3_ablation_is_a_valid_recipe_override():
+    """Each name gives keys and values the SmolLM2 EAGLE-3 recipe takes (a typo would stop a bench run late)."""
+    budget = modelopt.eagle3_budget(128, 3, 4)
+    for name in modelopt.EAGLE3_ABLATIONS:
+        overrides = modelopt.eagle3_ablation(name, budget, seed=1)
+        load_config(jobs.recipe_path("smollm2", "eagle3"), [f"{k}={v}" for k, v in overrides.items()])
+    assert modelopt.eagle3_ablation("muon+wd 0.1", budget) == {"optimizer": "muon", "weight_decay": 0.1}
