@@ -136,18 +136,16 @@ def test_ddp_two_processes_match_one(tiny_target_dirs, equal_rows, tmp_path):
 
 
 def test_ddp_two_processes_match_one_with_muon(tiny_target_dirs, equal_rows, tmp_path):
-    """The same under Muon (EAGLE-3): each process orthogonalises the averaged gradient of each whole
-    matrix, as the one process does. Muon's update has the same size whatever the gradient's, so it turns
-    roundings in a gradient's weak directions into whole steps: at the recipe's rates (Muon at 8 x 0.01
-    here) the twin drifts 3e-2 from its reference, past what tells a reordering from a fault, so this run
-    takes Muon at 1e-3 (twin 1.4e-4)."""
-    fixed = ("optimizer=muon", "lr=0.001", "muon_lr_scale=1", "ttt_steps=2", "eagle3_noise=0")
-    args = partial_args("eagle3.yaml", tiny_target_dirs["llama"], equal_rows, *fixed)
+    """The same under Muon at its default rate (EAGLE-3): each process orthogonalises the averaged gradient
+    of each whole matrix, as the one process does. (With bf16 Newton-Schulz products, as torch's Muon has on
+    an accelerator, this run's twin drifts 3e-2 from its reference: a unit gradient step turns roundings in
+    weak directions into whole steps. The CPU's fp32 products keep it at 4e-6.)"""
+    args = partial_args("eagle3.yaml", tiny_target_dirs["llama"], equal_rows, "optimizer=muon", "ttt_steps=2")
     one(args(tmp_path / "one", "batch_size=2", "grad_accum=2"))
     one(args(tmp_path / "twin", "batch_size=1", "grad_accum=4"))
     launch_two("ddp.yaml", args(tmp_path / "two", "batch_size=1", "grad_accum=2"))
-    # the loss falls 1% in its 6 steps at this rate; gradients left unsynchronised move it 2,000x the twin
-    assert_same_run(tmp_path / "one", tmp_path / "two", tmp_path / "twin", fall=0.995)
+    # the loss falls 2.6% in its 6 steps; gradients left unsynchronised move it 1.5e5 times the twin's distance
+    assert_same_run(tmp_path / "one", tmp_path / "two", tmp_path / "twin", fall=0.98)
     summary = json.loads((tmp_path / "two" / "train_summary.json").read_text())
     assert summary["processes"] == 2
     assert json.loads((tmp_path / "two" / "config.json").read_text())["training"]["optimizer"] == "muon"

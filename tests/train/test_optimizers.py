@@ -87,18 +87,53 @@ def set_grads(params, step: int) -> None:
         p.grad = torch.randn(p.shape, generator=g)
 
 
-def test_one_step_is_torchs_muon_on_the_matrices_and_adamw_on_the_rest():
-    ours, ref = toy_params(), toy_params()
-    combined = MuonWithAdamW(ours[:2], ours[2:], lr=1e-2, muon_lr=3e-2, betas=(0.9, 0.95), weight_decay=0.01)
-    muon = torch.optim.Muon(ref[:2], lr=3e-2, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
-    adamw = torch.optim.AdamW(ref[2:], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.01)
+def three_steps(combined, muon, adamw, ours, ref) -> None:
     for step in range(3):
         set_grads(ours, step), set_grads(ref, step)
         combined.step(), muon.step(), adamw.step()
         combined.zero_grad(), muon.zero_grad(), adamw.zero_grad()
+
+
+def torchs_pair(ref):
+    muon = torch.optim.Muon(ref[:2], lr=3e-2, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
+    return muon, torch.optim.AdamW(ref[2:], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.01)
+
+
+def test_on_an_accelerator_a_step_is_torchs_muon_on_the_matrices_and_adamw_on_the_rest(monkeypatch):
+    """Where bf16 products are fast (an accelerator: here the CPU made to count as one), Muon's step is torch's."""
+    monkeypatch.setattr(optimizers, "newton_schulz_dtype", lambda device: torch.bfloat16)
+    ours, ref = toy_params(), toy_params()
+    combined = MuonWithAdamW(ours[:2], ours[2:], lr=1e-2, muon_lr=3e-2, betas=(0.9, 0.95), weight_decay=0.01)
+    three_steps(combined, *torchs_pair(ref), ours, ref)
     assert all(torch.equal(a, b) for a, b in zip(ours, ref, strict=True))
     assert all(p.grad is None for p in ours)
     assert set(combined.state) == set(ours)  # both parts' state, one entry a parameter
+
+
+def test_on_the_cpu_muon_is_torchs_update_with_fp32_products():
+    """The same three steps on the CPU, the Newton-Schulz products in fp32 rather than torch's bf16 (15-80x
+    slower on CPUs without bf16 units): AdamW's part equal, Muon's within bf16's rounding of torch's, 3% of
+    how far the weights moved."""
+    assert optimizers.newton_schulz_dtype(torch.device("cpu")) == torch.float32
+    start, ours, ref = toy_params(), toy_params(), toy_params()
+    combined = MuonWithAdamW(ours[:2], ours[2:], lr=1e-2, muon_lr=3e-2, betas=(0.9, 0.95), weight_decay=0.01)
+    three_steps(combined, *torchs_pair(ref), ours, ref)
+    assert all(torch.equal(a, b) for a, b in zip(ours[2:], ref[2:], strict=True))
+    for a, b, s in zip(ours[:2], ref[:2], start[:2], strict=True):
+        moved = (b - s).abs().max().item()
+        assert moved > 0.02 and (a - b).abs().max().item() < 0.03 * moved, ((a - b).abs().max().item(), moved)
+
+
+def test_the_fp32_iteration_brings_every_singular_value_near_one_as_torchs():
+    """orthogonalised(G) ~ U V^T for G = U S V^T, whose singular values span 1e-3 to 1: each lands in
+    torch's (bf16) range, wide or tall."""
+    coefficients = torch.optim.Muon([torch.nn.Parameter(torch.zeros(2, 2))]).defaults["ns_coefficients"]
+    for shape in ((64, 192), (128, 64)):
+        g = torch.randn(shape, generator=torch.Generator().manual_seed(0)) @ torch.diag(
+            torch.logspace(-3, 0, shape[1])
+        )
+        values = torch.linalg.svdvals(optimizers.orthogonalised(g, coefficients, 5, 1e-7))
+        assert values.min() > 0.15 and values.max() < 1.25, (shape, values.min(), values.max())
 
 
 def run(params, optimizer, scheduler, steps: range) -> None:
