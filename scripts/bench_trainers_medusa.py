@@ -61,6 +61,9 @@ MEDUSA_ABLATIONS = {
     "lr 5e-3": lambda b: {"lr": 5e-3},
     "lr 8e-3": lambda b: {"lr": 8e-3},
     "lr 1.2e-2": lambda b: {"lr": 1.2e-2},
+    # not theirs: torch's Muon on the heads' blocks (train/optimizers.py) at 8 x lr, AdamW on the rest
+    "muon": lambda b: {"optimizer": "muon"},
+    "muon x4": lambda b: {"optimizer": "muon", "muon_lr_scale": 4.0},
 }
 
 

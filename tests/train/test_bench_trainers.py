@@ -429,3 +429,15 @@ def test_medusa_runs_pair_seeds_and_ablations_only_leaves_the_recipe_out(monkeyp
     bench.run_medusa(args, ctx)
     assert calls == [("ours", 4, 0, "own lm_head", False), ("ours", 4, 1, "own lm_head", False),
                      ("ours", 2, 0, "", None), ("ours", 2, 1, "", None)]  # fmt: skip
+
+
+def test_every_medusa_ablation_is_a_valid_recipe_override():
+    """Each name gives keys and values both Medusa recipes take (a typo would stop a bench run late)."""
+    from specheads.train.config import load_config
+
+    budget = {"steps": 96, "epochs": 3}
+    for target in ("tiny", "smollm2"):
+        for name in medusa.MEDUSA_ABLATIONS:
+            overrides = medusa.ablation_overrides(name, budget)
+            load_config(jobs.recipe_path(target, "medusa"), [f"{k}={v}" for k, v in overrides.items()])
+    assert medusa.ablation_overrides("muon+lr 2e-3", budget) == {"optimizer": "muon", "lr": 2e-3}
