@@ -93,19 +93,23 @@ def chat_conversations(
     order (train/data/seed_prompts.py; never MT-Bench or Spec-Bench, which a test proves) and, as the answer,
     the target's own greedy reply in its chat template (at most `answer_tokens`, up to its EOS), `batch`
     prompts at a time through the evaluation's baseline runner (left-padded, as `generate` gives each alone),
-    in fp32 on `device`."""
+    in fp32 on `device`; kept in the specheads cache for the next run (conversations_cache)."""
     import torch
 
     from specheads.decode.batched_inputs import left_pad
     from specheads.decode.step import eos_ids
     from specheads.evaluate.baseline import generate_rows, pad_token_id
     from specheads.heads import FrozenTarget
+    from specheads.heads.atomic import write_json
     from specheads.train.data.seed_prompts import seed_prompts
 
+    prompts = [r["messages"][0]["content"] for r in seed_prompts(seed)][:n]
+    cached = conversations_cache(target_dir, prompts, answer_tokens, batch, device)
+    if cached.is_file():
+        return [tuple(pair) for pair in json.loads(cached.read_text())]
     target = FrozenTarget.from_pretrained(str(target_dir), dtype="float32",
                                           device_map=None if device == "cpu" else device)  # fmt: skip
     tok, eos = target.tokenizer, eos_ids(target)
-    prompts = [r["messages"][0]["content"] for r in seed_prompts(seed)][:n]
     out = []
     for start in range(0, len(prompts), batch):
         chunk = prompts[start : start + batch]
@@ -116,7 +120,26 @@ def chat_conversations(
         for prompt, row in zip(chunk, generate_rows(target, ids.to(device), answer_tokens, mask.to(device))):
             answer = row[:-1] if row and row[-1] in eos else row  # the EOS ends the turn; not answer text
             out.append((prompt, tok.decode(answer, skip_special_tokens=True)))
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    write_json(cached, out)
     return out
+
+
+def conversations_cache(
+    target_dir: Path, prompts: list[str], answer_tokens: int, batch: int, device: str
+) -> Path:
+    """Where chat_conversations keeps its answers (greedy, so the same every run, and minutes of CPU for a
+    few hundred): under the specheads cache, named by a hash of the target's files (their sizes and times),
+    the prompts and the generation's settings."""
+    import hashlib
+
+    from specheads.heads.named_targets import cache_root
+
+    files = sorted(
+        (f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(target_dir).iterdir() if f.is_file()
+    )
+    key = json.dumps([str(Path(target_dir).resolve()), files, prompts, answer_tokens, batch, device])
+    return cache_root() / "bench-conversations" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
 def eval_prompts(target: str, out: Path, n: int) -> str:

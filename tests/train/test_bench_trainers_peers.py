@@ -41,17 +41,33 @@ def test_smollm2_is_evaluated_on_mt_bench_one_question_a_category_in_turn(tmp_pa
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_chat_rows_are_the_targets_greedy_answers_to_the_seed_prompts_in_order(tiny_target_dirs):
+def test_chat_rows_are_the_targets_greedy_answers_to_the_seed_prompts_in_order(
+    tiny_target_dirs, tmp_path, monkeypatch
+):
     """For a chat target the rows are the project's seed prompts (never MT-Bench or Spec-Bench) answered by
     the target, greedily in its own template; batched with left padding, each answer is the one the prompt
-    gets alone."""
+    gets alone. A second run reads them from the specheads cache, without the target; other settings don't."""
+    from specheads.heads import FrozenTarget
     from specheads.train.data.seed_prompts import seed_prompts
 
+    monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
     target = tiny_target_dirs["llama"]
     rows = jobs.chat_conversations(target, 3, 5, seed=0, batch=3)
     assert [p for p, _ in rows] == [r["messages"][0]["content"] for r in seed_prompts(0)[:3]]
     alone = [jobs.chat_conversations(target, i + 1, 5, seed=0, batch=1)[i] for i in range(3)]
     assert rows == alone and all(isinstance(a, str) for _, a in rows)
+    assert len(list((tmp_path / "cache" / "bench-conversations").glob("*.json"))) == 4
+    loaded = FrozenTarget.from_pretrained
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("the target was loaded for answers in the cache")
+
+    monkeypatch.setattr(FrozenTarget, "from_pretrained", no_target)
+    assert jobs.chat_conversations(target, 3, 5, seed=0, batch=3) == rows
+    monkeypatch.setattr(FrozenTarget, "from_pretrained", loaded)
+    assert (
+        jobs.chat_conversations(target, 3, 4, seed=0, batch=3) != rows
+    )  # fewer answer tokens: answered anew
 
 
 def chatml_target(path: Path) -> Path:
