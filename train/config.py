@@ -21,7 +21,7 @@ import yaml
 from specheads.heads.methods import methods
 from specheads.train.data.readers import check_max_bad_rows
 from specheads.train.medusa2 import LORA_TARGET_MODULES
-from specheads.train.optimizers import OPTIMIZERS
+from specheads.train.optimizers import OPTIMIZERS, muon_missing
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
 LR_SCHEDULES = ("cosine", "linear")
@@ -167,6 +167,7 @@ class TrainConfig:
             (self.data_seed >= -1, f"data_seed must be >= 0, or -1 for seed's, got {self.data_seed}"),
             (self.mode in MODES, f"mode must be one of {MODES}, got {self.mode!r}"),
             (self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}"),
+            (self.optimizer != "muon" or not muon_missing(), muon_missing()),
             (
                 self.optimizer == "adamw" or method.objective is None,
                 f"method {self.method!r} builds its own optimizer (AdamW over the heads and its adapters): "

@@ -56,13 +56,19 @@ def build_optimizer(
     return MuonWithAdamW(matrices, others, lr, muon_lr_scale * lr, betas, weight_decay)
 
 
+def muon_missing() -> str:
+    """Why this torch cannot run Muon, naming the version that can ("" when it can)."""
+    if hasattr(torch.optim, "Muon"):
+        return ""
+    return (
+        f"optimizer 'muon' needs torch.optim.Muon (torch >= 2.9); this torch is {torch.__version__}: "
+        "upgrade torch, or use optimizer 'adamw'"
+    )
+
+
 def check_muon_available() -> None:
-    """Refuse Muon on a torch without it, naming the version that has it."""
-    if not hasattr(torch.optim, "Muon"):
-        raise ValueError(
-            f"optimizer 'muon' needs torch.optim.Muon (torch >= 2.9); this torch is {torch.__version__}: "
-            "upgrade torch, or use optimizer 'adamw'"
-        )
+    if muon_missing():
+        raise ValueError(muon_missing())
 
 
 def newton_schulz_dtype(device: torch.device) -> torch.dtype:
@@ -87,7 +93,9 @@ def orthogonalised(update: torch.Tensor, coefficients: tuple[float, float, float
     return x.T if tall else x
 
 
-class Muon(torch.optim.Muon):
+# torch.optim.Muon is torch >= 2.9's: on an older torch this class stands on Optimizer and is never built
+# (MuonWithAdamW checks first), so that importing the module, as every recipe does, still works there
+class Muon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
     """torch's Muon (its settings, state and checks), with the Newton-Schulz iteration in
     `newton_schulz_dtype` of the weights' device: torch's own step on an accelerator, the same update with
     fp32 products on the CPU. Only `adjust_lr_fn="match_rms_adamw"`: the step is 0.2 sqrt(max(m, n)) lr."""

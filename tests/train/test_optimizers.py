@@ -197,8 +197,12 @@ def test_heads_without_hidden_matrices_are_refused_naming_them():
 def test_a_torch_without_muon_is_named(monkeypatch):
     monkeypatch.delattr(torch.optim, "Muon")
     monkeypatch.setattr(torch, "__version__", "2.8.0")
-    with pytest.raises(ValueError, match="needs torch.optim.Muon \\(torch >= 2.9\\); this torch is 2.8.0"):
+    message = "needs torch.optim.Muon \\(torch >= 2.9\\); this torch is 2.8.0"
+    with pytest.raises(ValueError, match=message):  # from the recipe, before a target or data is loaded
+        load_config(None, ["optimizer=muon"])
+    with pytest.raises(ValueError, match=message):
         optimizers.check_muon_available()
+    load_config(None, ["optimizer=adamw"])
 
 
 @pytest.mark.parametrize(
