@@ -122,14 +122,19 @@ def assert_same_run(single: Path, multi: Path, twin: Path, fall: float = 0.9) ->
     assert a[-2][2] < fall * a[0][2]
 
 
-def test_ddp_two_processes_match_one(tiny_target_dirs, equal_rows, tmp_path):
-    """DDP, 2 processes x batch 1 x grad_accum 2 == 1 process x batch 2 x grad_accum 2 (Medusa)."""
-    args = partial_args("medusa.yaml", tiny_target_dirs["llama"], equal_rows, "labels=data", "num_heads=3")
+def ddp_trio(args, tmp_path: Path) -> None:
+    """The reference (1 process x batch 2 x grad_accum 2), its twin (batch 1 x grad_accum 4) and DDP (2
+    processes x batch 1 x grad_accum 2) in tmp_path's one/, twin/ and two/."""
     one(args(tmp_path / "one", "batch_size=2", "grad_accum=2"))
     one(args(tmp_path / "twin", "batch_size=1", "grad_accum=4"))
     launch_two("ddp.yaml", args(tmp_path / "two", "batch_size=1", "grad_accum=2"))
-    # the loss falls 1% in its 6 steps at this rate; gradients left unsynchronised move it 2,000x the twin
-    assert_same_run(tmp_path / "one", tmp_path / "two", tmp_path / "twin", fall=0.995)
+
+
+def test_ddp_two_processes_match_one(tiny_target_dirs, equal_rows, tmp_path):
+    """DDP, 2 processes x batch 1 x grad_accum 2 == 1 process x batch 2 x grad_accum 2 (Medusa)."""
+    args = partial_args("medusa.yaml", tiny_target_dirs["llama"], equal_rows, "labels=data", "num_heads=3")
+    ddp_trio(args, tmp_path)
+    assert_same_run(tmp_path / "one", tmp_path / "two", tmp_path / "twin")
     summary = json.loads((tmp_path / "two" / "train_summary.json").read_text())
     assert summary["processes"] == 2
     assert summary["target_resident_parameters"] == [summary["target_parameters"]] * 2  # replicated
@@ -141,9 +146,7 @@ def test_ddp_two_processes_match_one_with_muon(tiny_target_dirs, equal_rows, tmp
     an accelerator, this run's twin drifts 3e-2 from its reference: a unit gradient step turns roundings in
     weak directions into whole steps. The CPU's fp32 products keep it at 4e-6.)"""
     args = partial_args("eagle3.yaml", tiny_target_dirs["llama"], equal_rows, "optimizer=muon", "ttt_steps=2")
-    one(args(tmp_path / "one", "batch_size=2", "grad_accum=2"))
-    one(args(tmp_path / "twin", "batch_size=1", "grad_accum=4"))
-    launch_two("ddp.yaml", args(tmp_path / "two", "batch_size=1", "grad_accum=2"))
+    ddp_trio(args, tmp_path)
     # the loss falls 2.6% in its 6 steps; gradients left unsynchronised move it 1.5e5 times the twin's distance
     assert_same_run(tmp_path / "one", tmp_path / "two", tmp_path / "twin", fall=0.98)
     summary = json.loads((tmp_path / "two" / "train_summary.json").read_text())
