@@ -37,7 +37,7 @@ def build_optimizer(
     lr: float,
     betas: tuple[float, float],
     weight_decay: float,
-    muon_lr_scale: float = 1.0,
+    muon_lr_scale: float,
 ) -> torch.optim.Optimizer:
     """The optimizer of `model`'s trainable parameters: `optimizer` "adamw" (every parameter), or "muon"
     (Muon at `muon_lr_scale * lr` on the hidden matrices, AdamW at `lr` on the rest)."""

@@ -191,7 +191,7 @@ def test_heads_without_hidden_matrices_are_refused_naming_them():
     with pytest.raises(
         ValueError, match="found no hidden matrices to train in the heads \\(only lm_head.weight\\)"
     ):
-        build_optimizer(model, "muon", 1e-3, (0.9, 0.999), 0.0)
+        build_optimizer(model, "muon", 1e-3, (0.9, 0.999), 0.0, muon_lr_scale=8.0)
 
 
 def test_a_torch_without_muon_is_named(monkeypatch):
