@@ -257,6 +257,9 @@ EAGLE3_ABLATIONS = {
     # the distinct tokens (its recipe's own default is the whole vocabulary: variant "whole vocab")
     "vocab 4096": lambda b, s: {"draft_vocab_size": 4096},
     "vocab 8192": lambda b, s: {"draft_vocab_size": 8192},
+    # no warm-up: the rate at its peak from the first step (Muon's updates have a fixed size whatever the
+    # gradient's, so its first steps need no warm-up to stay small)
+    "warmup 0": lambda b, s: {"warmup_ratio": 0.0, "warmup_steps": 0},
 }
 
 

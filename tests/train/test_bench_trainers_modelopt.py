@@ -184,3 +184,7 @@ def test_every_eagle3_ablation_is_a_valid_recipe_override():
         overrides = modelopt.eagle3_ablation(name, budget, seed=1)
         load_config(jobs.recipe_path("smollm2", "eagle3"), [f"{k}={v}" for k, v in overrides.items()])
     assert modelopt.eagle3_ablation("muon+wd 0.1", budget) == {"optimizer": "muon", "weight_decay": 0.1}
+    # no warm-up over the SmolLM2 recipe's tenth of the steps
+    overrides = modelopt.eagle3_ablation("muon+warmup 0", budget)
+    cfg = load_config(jobs.recipe_path("smollm2", "eagle3"), [f"{k}={v}" for k, v in overrides.items()])
+    assert (cfg.warmup, cfg.optimizer) == (0, "muon")
