@@ -159,6 +159,11 @@ def test_an_unknown_modelopt_variant_stops_the_bench():
         modelopt.modelopt_variant("defaults+lr 1e-2", modelopt.eagle3_budget(8, 1, 4))
 
 
+def eagle3_recipe(target: str, overrides: dict):
+    """`target`'s EAGLE-3 recipe with `overrides`, as the bench passes them to `specheads train`."""
+    return load_config(jobs.recipe_path(target, "eagle3"), [f"{k}={v}" for k, v in overrides.items()])
+
+
 def test_eagle3_ablations_are_modelopts_settings_as_our_recipe_overrides():
     budget = modelopt.eagle3_budget(32, 30, 4)  # 240 steps
     assert modelopt.eagle3_ablation("loss all", budget) == {"loss_on": "all"}
@@ -168,7 +173,7 @@ def test_eagle3_ablations_are_modelopts_settings_as_our_recipe_overrides():
     assert got == {"lr_schedule": "linear", "warmup_steps": 24, "warmup_ratio": 0.0}
     # over either recipe's own warm-up (the tiny one's steps, SmolLM2's ratio): 24 steps
     for target in ("tiny", "smollm2"):
-        cfg = load_config(jobs.recipe_path(target, "eagle3"), [f"{k}={v}" for k, v in got.items()])
+        cfg = eagle3_recipe(target, got)
         assert cfg.warmup == 24
     assert load_config(jobs.recipe_path("smollm2", "eagle3"), ["max_steps=96"]).warmup == 10  # its own tenth
     # its seeding: the draft's initial weights drawn with seed 0 whatever the run's seed, which orders the rows
@@ -182,9 +187,8 @@ def test_every_eagle3_ablation_is_a_valid_recipe_override():
     budget = modelopt.eagle3_budget(128, 3, 4)
     for name in modelopt.EAGLE3_ABLATIONS:
         overrides = modelopt.eagle3_ablation(name, budget, seed=1)
-        load_config(jobs.recipe_path("smollm2", "eagle3"), [f"{k}={v}" for k, v in overrides.items()])
+        eagle3_recipe("smollm2", overrides)
     assert modelopt.eagle3_ablation("muon+wd 0.1", budget) == {"optimizer": "muon", "weight_decay": 0.1}
     # no warm-up over the SmolLM2 recipe's tenth of the steps
-    overrides = modelopt.eagle3_ablation("muon+warmup 0", budget)
-    cfg = load_config(jobs.recipe_path("smollm2", "eagle3"), [f"{k}={v}" for k, v in overrides.items()])
+    cfg = eagle3_recipe("smollm2", modelopt.eagle3_ablation("muon+warmup 0", budget))
     assert (cfg.warmup, cfg.optimizer) == (0, "muon")
