@@ -10,6 +10,7 @@ be re-plotted from its results.json alone:
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,23 @@ def check_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError as e:
         raise ImportError("the plots need matplotlib: `pip install matplotlib`, or pass --no-plots") from e
+
+
+def save_png(figure, path: Path, **savefig) -> None:
+    """Write `figure` to `path` as a 256-colour PNG: a third of the size of matplotlib's RGBA for the same
+    picture (line plots use a few dozen colours), so plots kept in the repository stay small. Written
+    whole or not at all: a temporary file beside `path`, then renamed."""
+    from PIL import Image  # lazy: plots only (pillow is matplotlib's own dependency)
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", **savefig)
+    with Image.open(buffer) as image:
+        palette = image.convert("RGB").quantize(
+            256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE
+        )
+    partial = path.with_name(path.name + ".partial")
+    palette.save(partial, format="PNG", optimize=True)
+    partial.replace(path)
 
 
 def _colors(methods: list[dict[str, Any]]) -> dict[str, str]:
@@ -61,7 +79,7 @@ def plot_acceptance_per_depth(methods: list[dict[str, Any]], path: Path) -> None
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize="small")
-    figure.savefig(path)
+    save_png(figure, path)
 
 
 def plot_accept_lengths(methods: list[dict[str, Any]], path: Path) -> None:
@@ -86,7 +104,7 @@ def plot_accept_lengths(methods: list[dict[str, Any]], path: Path) -> None:
     ax.grid(axis="y", alpha=0.3)
     if shown:
         ax.legend(fontsize="small")
-    figure.savefig(path)
+    save_png(figure, path)
 
 
 def plot_tokens_per_second(methods: list[dict[str, Any]], path: Path, baseline: str) -> None:
@@ -102,7 +120,7 @@ def plot_tokens_per_second(methods: list[dict[str, Any]], path: Path, baseline: 
     ax.set(xlabel="new tokens / s (prefill included)", title=f"Throughput, speedup over {baseline}")
     ax.set_xlim(0, max(speeds, default=1.0) * 1.2 or 1.0)
     ax.grid(axis="x", alpha=0.3)
-    figure.savefig(path)
+    save_png(figure, path)
 
 
 def write_plots(methods: list[dict[str, Any]], out: Path, baseline: str) -> dict[str, str]:

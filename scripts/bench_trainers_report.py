@@ -239,13 +239,16 @@ def plot(rows: list[dict], path: Path, target: str = "tiny") -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
+    from specheads.evaluate.plots import save_png
+
     methods = list(dict.fromkeys(r["method"] for r in rows))
     n_trainers = max(len({r["trainer"] for r in rows if r["method"] == m}) for m in methods)
     fig, axes = plt.subplots(
         1, len(methods), figsize=(5.5 * len(methods), 4 + 0.2 * n_trainers), squeeze=False
     )
     for ax, method in zip(axes[0], methods):
-        for trainer in dict.fromkeys(r["trainer"] for r in rows if r["method"] == method):
+        trainers = dict.fromkeys(r["trainer"] for r in rows if r["method"] == method)
+        for i, trainer in enumerate(trainers):
             pts = sorted(
                 (runs[0]["tokens_seen"], tau_range(runs))
                 for runs in groups([r for r in rows if r["method"] == method and r["trainer"] == trainer])
@@ -253,7 +256,8 @@ def plot(rows: list[dict], path: Path, target: str = "tiny") -> None:
             )
             x, t = [p[0] for p in pts], [p[1] for p in pts]
             n = max(p["n"] for p in t)
-            ax.errorbar(x, [p["mean"] for p in t], marker="o", capsize=3,
+            # matplotlib's 10 colours, then the same colours with another marker: no two lines alike
+            ax.errorbar(x, [p["mean"] for p in t], color=f"C{i % 10}", marker="osD^v"[i // 10 % 5], capsize=3,
                         yerr=[[p["mean"] - p["min"] for p in t], [p["max"] - p["mean"] for p in t]],
                         label=trainer + (f" (mean, min-max of up to {n} runs)" if n > 1 else ""))  # fmt: skip
         ax.set_title(f"{method} on the tiny target" if target == "tiny" else f"{method} on {target}")
@@ -264,7 +268,7 @@ def plot(rows: list[dict], path: Path, target: str = "tiny") -> None:
         # under the panel: inside, the labels of four or more trainers cover the points
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_png(fig, path, dpi=100)
     plt.close(fig)
 
 

@@ -32,7 +32,7 @@ ACROSS = {
 }
 # Imported inside functions, so that no command pays for them at start (`import specheads.commands` loads
 # none of them) or so that an optional one is needed only where it is used.
-LAZY = {"transformers", "accelerate", "deepspeed", "peft", "matplotlib", "gguf", "tokenizers", "fcntl"}
+LAZY = {"transformers", "accelerate", "deepspeed", "peft", "matplotlib", "gguf", "tokenizers", "fcntl", "PIL"}
 
 
 def sources(package: str) -> list[Path]:

@@ -153,6 +153,8 @@ def test_plots_are_valid_pngs(questions_run):
         with Image.open(out / name) as image:
             assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 150
             image.verify()
+        with Image.open(out / name) as image:
+            assert image.mode == "P" and len(image.getcolors(256)) > 8  # 256 colours at most, yet drawn
         assert f"]({name})" in (out / "report.md").read_text()
 
 

@@ -222,6 +222,19 @@ def test_plot_writes_a_png(tmp_path):
     ]
     report.plot(rows, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["curve.png"]  # no partial file left beside it
+
+
+def test_the_plot_draws_no_two_trainers_alike_past_ten_colours(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    rows = [row("EAGLE-3", f"specheads (ablation {i})", 4, 1.3 + i / 100) for i in range(12)]
+    report.plot(rows, tmp_path / "curve.png")
+    lines = [bars.lines[0] for bars in figures[0].axes[0].containers]  # each errorbar's data line
+    styles = [(line.get_color(), line.get_marker()) for line in lines]
+    assert len(styles) == 12 and len(set(styles)) == 12
 
 
 @pytest.mark.parametrize(
