@@ -53,7 +53,9 @@ def test_recipes_parse():
 
 def test_eagle_recipe_trains(tiny_target_dirs, text_data, tmp_path, capsys):
     out = tmp_path / "eagle"
-    metrics = train("eagle.yaml", tiny_target_dirs["llama"], text_data, out)
+    # lr 2e-3: the recipe's Muon runs at 8 x lr, 1.6e-2 here (the bench's tuned rate); at the helper's 1e-2,
+    # meant for AdamW, Muon's 8e-2 has the feature loss down by the first logged step, so it cannot halve after
+    metrics = train("eagle.yaml", tiny_target_dirs["llama"], text_data, out, "lr=0.002")
     assert "held-out top-1 per draft step" in capsys.readouterr().out
     steps = [m for m in metrics if m["split"] == "train"]
     assert [m["step"] for m in steps] == [10, 20, 30]
