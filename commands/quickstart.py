@@ -26,6 +26,7 @@ from specheads.train.builders.tiny_draft import TinyDraftConfig, ensure_tiny_dra
 from specheads.train.builders.tiny_target import TinyTargetConfig, ensure_tiny_target
 from specheads.train.config import find_recipe, load_config
 from specheads.train.loop import train
+from specheads.train.optimizers import muon_missing
 
 METHODS = ("medusa", "eagle", "eagle3")
 # EAGLE heads decode over a fixed tree, not `--tree auto` (their default in eval and compare): a calibrated
@@ -45,19 +46,35 @@ def fixed_tree(heads_dir: Path) -> str:
 # What the default quickstart gave over fresh builds, each from an empty cache (README's quickstart
 # table), per machine: the tiny target's weights depend on the order the CPU's kernels sum in, which moves
 # with the CPU, the thread count and the instruction set, so τ and speedup move with them; identity with
-# generate() held on every build. Method -> (τ low, τ high, speedup low, speedup high).
+# generate() held on every build. Method -> (τ low, τ high, speedup low, speedup high), or None where that
+# machine has not measured the method's recipe as it is now (the tiny EAGLE and EAGLE-3 recipes train with
+# Muon since 2026-11-29; the first two machines measured them with AdamW).
 MEASURED_SPREAD = [
     {
         "builds": 3,
+        "machine": "2-core AMD EPYC (Zen 5, family 26; AVX-512), Python 3.11.7, torch 2.13.0+cpu",
+        "short": "EPYC Zen 5",
+        "settings": "OMP_NUM_THREADS=2; =1; =1 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2), the two =1 builds side "
+        "by side; load average 1.4-2.1",
+        "ranges": {  # 2026-12-01: the AVX-512 builds gave one target, the AVX2 build the AMD EPYC's below
+            "generate": (1.00, 1.00, 1.00, 1.00),
+            "prompt-lookup": (3.29, 4.02, 1.65, 2.13),
+            "medusa": (3.26, 3.71, 0.73, 0.96),
+            "eagle": (3.71, 3.89, 0.62, 0.69),
+            "eagle3": (3.27, 3.59, 0.53, 0.58),
+        },
+    },
+    {
+        "builds": 3,
         "machine": "2-core AMD EPYC (AVX-512), Python 3.11.7, torch 2.13.0+cpu",
-        "short": "AMD EPYC",
+        "short": "EPYC earlier",
         "settings": "OMP_NUM_THREADS=2; =1; =1 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2); load average 1.5-7.7",
         "ranges": {  # 2026-11-26, Medusa with labels: target-top1; the three builds gave the same target and tau
             "generate": (1.00, 1.00, 1.00, 1.00),
             "prompt-lookup": (4.02, 4.02, 2.57, 2.68),
             "medusa": (3.71, 3.71, 1.51, 1.58),
-            "eagle": (3.50, 3.50, 0.73, 0.79),
-            "eagle3": (3.11, 3.11, 0.72, 0.75),
+            "eagle": None,  # AdamW: 3.50, 0.73-0.79x
+            "eagle3": None,  # AdamW: 3.11, 0.72-0.75x
         },
     },
     {
@@ -69,8 +86,8 @@ MEASURED_SPREAD = [
             "generate": (1.00, 1.00, 1.00, 1.00),
             "prompt-lookup": (3.89, 4.51, 2.52, 3.04),
             "medusa": (2.57, 3.34, 1.13, 1.33),
-            "eagle": (2.48, 3.52, 0.55, 0.74),
-            "eagle3": (2.63, 3.00, 0.59, 0.66),
+            "eagle": None,  # AdamW: 2.48-3.52, 0.55-0.74x
+            "eagle3": None,  # AdamW: 2.63-3.00, 0.59-0.66x
         },
     },
 ]
@@ -92,12 +109,23 @@ def trained_with(heads_dir: Path, recipe: Path, overrides: list[str]) -> bool:
     return all(saved.get(k) == v for k, v in wanted.items())
 
 
+def without_muon(method: str, recipe: Path, overrides: list[str]) -> list[str]:
+    """`overrides`, plus optimizer=adamw where the recipe asks for Muon and this torch has none (torch < 2.9):
+    the quickstart runs on any torch the package accepts, and says what it changed."""
+    why = muon_missing()
+    if not why or load_config(recipe, overrides).optimizer != "muon":
+        return overrides
+    print(f"\n== {method}: {why}; training with optimizer=adamw (the measured ranges assume Muon)")
+    return [*overrides, "optimizer=adamw"]
+
+
 def train_heads(method: str, target: Path, out: Path, args: argparse.Namespace) -> Path:
     heads_dir = out / method
     recipe = recipe_for(method)
     overrides = [f"target={target}", f"output_dir={heads_dir}", "report_to=none"]
     if args.max_steps:
         overrides += [f"max_steps={args.max_steps}", f"eval_every={args.max_steps}"]
+    overrides = without_muon(method, recipe, overrides)
     if args.retrain or not trained_with(heads_dir, recipe, overrides):
         print(f"\n== training {method} heads: specheads train {recipe} {' '.join(overrides)} --overwrite")
         # overwrite: quickstart owns its folders (a retrain replaces what was there)
@@ -199,13 +227,14 @@ def spread(methods: list[dict], args: argparse.Namespace) -> str:
         "| --- " * (3 + 2 * len(machines)) + "|",
     ]
     for m in methods:
+        # a machine without a range for a method has not measured today's recipe for it: "–" there
         ranges = [machine["ranges"].get(m["name"]) for machine in machines]
-        if None in ranges:
+        if not any(ranges):
             continue
         tau, sp = m["mean_accept_length"], m["speedup"]
-        inside = any(tau_lo - 0.005 <= tau <= tau_hi + 0.005 for tau_lo, tau_hi, _, _ in ranges)
-        taus = " | ".join(f"{lo:.2f}-{hi:.2f}" for lo, hi, _, _ in ranges)
-        speeds = " | ".join(f"{lo:.2f}-{hi:.2f}x" for _, _, lo, hi in ranges)
+        inside = any(r[0] - 0.005 <= tau <= r[1] + 0.005 for r in ranges if r)
+        taus = " | ".join(f"{r[0]:.2f}-{r[1]:.2f}" if r else "–" for r in ranges)
+        speeds = " | ".join(f"{r[2]:.2f}-{r[3]:.2f}x" if r else "–" for r in ranges)
         flag = "" if inside else " (outside every machine's)"
         lines.append(f"| {m['name']} | {tau:.2f}{flag} | {taus} | {sp:.2f}x | {speeds} |")
     return text + "\n".join(lines) + "\n"

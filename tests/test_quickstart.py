@@ -73,6 +73,11 @@ def test_report_says_which_figures_vary_and_by_how_much(monkeypatch):
     for tau in (2.7, 3.55):  # inside one machine's range is not flagged
         methods[1]["mean_accept_length"] = tau
         assert f"| medusa | {tau:.2f} | 2.50-3.00 |" in quickstart.spread(methods, args)
+    machines[1]["ranges"]["medusa"] = None  # B has not measured today's Medusa recipe
+    methods[1]["mean_accept_length"] = 3.55
+    assert "| medusa | 3.55 (outside every machine's) | 2.50-3.00 | – | 1.10x | 0.90-1.20x | – |" in (
+        quickstart.spread(methods, args)
+    )
     args.max_steps = 2
     assert "do not apply" in quickstart.spread(methods, args) and "| medusa |" not in quickstart.spread(
         methods, args
@@ -85,5 +90,20 @@ def test_measured_ranges_cover_every_method_and_peer():
     for machine in quickstart.MEASURED_SPREAD:
         ranges = machine["ranges"]
         assert set(ranges) == {"generate", "prompt-lookup", *METHODS}, machine["short"]
-        for tau_lo, tau_hi, sp_lo, sp_hi in ranges.values():
+        for tau_lo, tau_hi, sp_lo, sp_hi in filter(None, ranges.values()):  # None: not measured there
             assert 1.0 <= tau_lo <= tau_hi and 0 < sp_lo <= sp_hi
+    for method in ("generate", "prompt-lookup", *METHODS):  # each measured on one machine at least
+        assert any(machine["ranges"][method] for machine in quickstart.MEASURED_SPREAD), method
+
+
+def test_a_recipe_asking_for_muon_trains_with_adamw_on_a_torch_without_it(monkeypatch, capsys):
+    from specheads.commands import quickstart
+
+    recipe = quickstart.recipe_for("eagle3")
+    assert quickstart.load_config(recipe, []).optimizer == "muon"  # the tiny EAGLE-3 recipe's optimizer
+    assert quickstart.without_muon("eagle3", recipe, ["seed=1"]) == ["seed=1"]  # this torch has Muon
+    monkeypatch.setattr(quickstart, "muon_missing", lambda: "needs torch >= 2.9")
+    assert quickstart.without_muon("eagle3", recipe, ["seed=1"]) == ["seed=1", "optimizer=adamw"]
+    assert "eagle3: needs torch >= 2.9; training with optimizer=adamw" in capsys.readouterr().out
+    medusa = quickstart.recipe_for("medusa")  # an AdamW recipe is left as it is
+    assert quickstart.without_muon("medusa", medusa, []) == []
