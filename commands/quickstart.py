@@ -24,7 +24,7 @@ from specheads.evaluate.evaluate import REPORT_FILE
 from specheads.heads.checkpoint import CONFIG_FILE, read_head_config
 from specheads.train.builders.tiny_draft import TinyDraftConfig, ensure_tiny_draft
 from specheads.train.builders.tiny_target import TinyTargetConfig, ensure_tiny_target
-from specheads.train.config import find_recipe, load_config
+from specheads.train.config import find_recipe, load_config, recipe_values
 from specheads.train.loop import train
 from specheads.train.optimizers import muon_missing
 
@@ -111,9 +111,10 @@ def trained_with(heads_dir: Path, recipe: Path, overrides: list[str]) -> bool:
 
 def without_muon(method: str, recipe: Path, overrides: list[str]) -> list[str]:
     """`overrides`, plus optimizer=adamw where the recipe asks for Muon and this torch has none (torch < 2.9):
-    the quickstart runs on any torch the package accepts, and says what it changed."""
+    the quickstart runs on any torch the package accepts, and says what it changed. The recipe is read
+    unchecked: load_config refuses optimizer=muon on such a torch."""
     why = muon_missing()
-    if not why or load_config(recipe, overrides).optimizer != "muon":
+    if not why or recipe_values(recipe, overrides).get("optimizer") != "muon":
         return overrides
     print(f"\n== {method}: {why}; training with optimizer=adamw (the measured ranges assume Muon)")
     return [*overrides, "optimizer=adamw"]

@@ -3,6 +3,8 @@
 import argparse
 import json
 
+import pytest
+
 from specheads.cli import main as cli_main
 
 METHODS = ("medusa", "eagle", "eagle3")
@@ -98,12 +100,19 @@ def test_measured_ranges_cover_every_method_and_peer():
 
 def test_a_recipe_asking_for_muon_trains_with_adamw_on_a_torch_without_it(monkeypatch, capsys):
     from specheads.commands import quickstart
+    from specheads.train import config
 
     recipe = quickstart.recipe_for("eagle3")
     assert quickstart.load_config(recipe, []).optimizer == "muon"  # the tiny EAGLE-3 recipe's optimizer
     assert quickstart.without_muon("eagle3", recipe, ["seed=1"]) == ["seed=1"]  # this torch has Muon
-    monkeypatch.setattr(quickstart, "muon_missing", lambda: "needs torch >= 2.9")
-    assert quickstart.without_muon("eagle3", recipe, ["seed=1"]) == ["seed=1", "optimizer=adamw"]
+    # such a torch: the recipe check refuses Muon (train/config.py) as the quickstart's own check sees it missing
+    for module in (quickstart, config):
+        monkeypatch.setattr(module, "muon_missing", lambda: "needs torch >= 2.9")
+    with pytest.raises(ValueError, match="needs torch >= 2.9"):
+        quickstart.load_config(recipe, ["seed=1"])
+    overrides = quickstart.without_muon("eagle3", recipe, ["seed=1"])
+    assert overrides == ["seed=1", "optimizer=adamw"]
+    assert quickstart.load_config(recipe, overrides).optimizer == "adamw"  # what train_heads then trains
     assert "eagle3: needs torch >= 2.9; training with optimizer=adamw" in capsys.readouterr().out
     medusa = quickstart.recipe_for("medusa")  # an AdamW recipe is left as it is
     assert quickstart.without_muon("medusa", medusa, []) == []

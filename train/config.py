@@ -319,6 +319,16 @@ def _reject_unknown(values: dict[str, Any], known: dict[str, Any], where: str) -
 
 def load_config(recipe: str | Path | None, overrides: list[str] | dict[str, Any] = ()) -> TrainConfig:
     """Read a YAML recipe (or none: defaults), apply overrides, reject unknown keys."""
+    values = recipe_values(recipe, overrides)
+    known = {f.name: f for f in fields(TrainConfig)}
+    typed = {k: _coerce(k, v, known[k].type) for k, v in values.items()}
+    _warn_other_methods_keys(typed, recipe)
+    return TrainConfig(**typed)
+
+
+def recipe_values(recipe: str | Path | None, overrides: list[str] | dict[str, Any] = ()) -> dict[str, Any]:
+    """The keys a recipe and its overrides set, as written (unknown keys rejected; not yet typed or checked):
+    what a caller reads to adjust a recipe that this machine would refuse (the quickstart's AdamW fallback)."""
     values: dict[str, Any] = {}
     known = {f.name: f for f in fields(TrainConfig)}
     if recipe is not None:
@@ -334,9 +344,7 @@ def load_config(recipe: str | Path | None, overrides: list[str] | dict[str, Any]
     overrides = parse_overrides(list(overrides)) if not isinstance(overrides, dict) else dict(overrides)
     _reject_unknown(overrides, known, "on the command line")
     values.update(overrides)
-    typed = {k: _coerce(k, v, known[k].type) for k, v in values.items()}
-    _warn_other_methods_keys(typed, recipe)
-    return TrainConfig(**typed)
+    return values
 
 
 def _warn_other_methods_keys(values: dict[str, Any], recipe) -> None:
