@@ -216,6 +216,7 @@ EAGLE3_ABLATIONS = {
     "lr 3e-3": lambda b, s: {"lr": 3e-3},
     "lr 4e-3": lambda b, s: {"lr": 4e-3},
     "lr 5e-4": lambda b, s: {"lr": 5e-4},
+    "lr 1e-3": lambda b, s: {"lr": 1e-3},
     # the initial weights drawn with seed s, the rows in one order whatever s
     "data seed 0": lambda b, s: {"data_seed": 0},
     # modelopt's seeding: main.py draws the draft's initial weights with seed 0 whatever its training.seed,
