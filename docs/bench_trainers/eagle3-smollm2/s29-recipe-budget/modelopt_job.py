@@ -14,13 +14,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, "scripts")
-from bench_trainers_modelopt import eagle3_budget, modelopt_job  # noqa: E402
+from bench_trainers_modelopt import eagle3_budget, modelopt_job, recipe_eagle3  # noqa: E402
 
 from specheads.heads.named_targets import resolve_target  # noqa: E402
 
 rows, work, seed, seq_len, vocab = Path(sys.argv[1]), Path(sys.argv[2]), *map(int, sys.argv[3:6])
 budget = eagle3_budget(sum(1 for _ in rows.open()), 1, 8)
-ctx = {"target": Path(resolve_target("smollm2")), "rows_path": rows.resolve(), "eagle3_layers": [2, 15, 27],
+layers, _ = recipe_eagle3(Path("recipes/smollm2-135m/eagle3.yaml"))  # the layers ours fuses: HF 2, 15, 27
+ctx = {"target": Path(resolve_target("smollm2")), "rows_path": rows.resolve(), "eagle3_layers": layers,
        "max_length": seq_len}  # fmt: skip
 work.mkdir(parents=True)
 job = modelopt_job(ctx, work.resolve(), budget, seed, "lr 2e-3+warmup 10%", vocab)

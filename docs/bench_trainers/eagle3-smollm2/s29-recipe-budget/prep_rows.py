@@ -2,8 +2,8 @@
 
     python prep_rows.py DATA_DIR OUT.jsonl [SEED]
 
-Run from the repository root. It splits DATA_DIR as the recipe does (2% of the prompts held out), draws the
-recipe's max_steps batches with the trainer's own sampler for SEED (the recipe's seed, 0, by default), writes
+Run from the repository root. It takes DATA_DIR's training rows as the trainer does (`make_data`: 2% of the
+prompts held out, tokenised), draws the recipe's max_steps batches with the trainer's own sampler for SEED (the recipe's seed, 0, by default), writes
 those rows as {"messages": [...]} lines, and prints their count, the longest in the target's chat template
 (Model Optimizer's training_seq_len must hold it) and their tokens (the budget's target tokens).
 """
@@ -17,9 +17,8 @@ from transformers import AutoTokenizer
 
 from specheads.heads.named_targets import resolve_target
 from specheads.train.config import load_config
-from specheads.train.data.chat_masks import tokenize_rows
 from specheads.train.data.sources import rows_for
-from specheads.train.loop import data_seed
+from specheads.train.loop import data_seed, make_data
 from specheads.train.sampler import EpochBatches
 
 data, out = sys.argv[1], Path(sys.argv[2])
@@ -27,9 +26,7 @@ seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 cfg = load_config("recipes/smollm2-135m/eagle3.yaml", [f"data=[{data}]", f"seed={seed}"])
 train, held = rows_for(cfg)
 tokenizer = AutoTokenizer.from_pretrained(resolve_target(cfg.target))
-tokens = tokenize_rows(
-    train, tokenizer, max_length=cfg.max_length, loss_on=cfg.loss_on, max_bad_rows=cfg.max_bad_rows
-)
+tokens, _, _ = make_data(cfg, tokenizer)  # the training rows tokenised, as `specheads train` has them
 if len(tokens) != len(train):
     raise SystemExit(
         f"{len(train) - len(tokens)} rows were dropped in tokenising: the indices no longer match"
@@ -44,4 +41,4 @@ with out.open("w") as f:
         f.write(json.dumps({"messages": train[i]["messages"]}, ensure_ascii=False) + "\n")
 print(json.dumps({"training_rows": len(train), "held_out": len(held), "rows_seen": len(seen),
                   "longest": max(lengths), "tokens": sum(lengths),
-                  "truncated": sum(n >= cfg.max_length for n in lengths)}))  # fmt: skip
+                  "at_max_length": sum(n >= cfg.max_length for n in lengths)}))  # fmt: skip
