@@ -139,6 +139,8 @@ class TrainConfig:
     log_every: int = 10
     output_dir: str = "runs/medusa"
     num_workers: int = 0
+    # glibc keeps the memory torch frees, so a CPU step does not fault its pages in again (train/host_memory.py)
+    keep_host_memory: bool = True
     # tracking
     report_to: str = "wandb"  # "wandb" (offline without WANDB_API_KEY) or "none"
     wandb_project: str = "specheads"

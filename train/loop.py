@@ -69,6 +69,7 @@ from specheads.train.distributed import (
 )
 from specheads.train.eagle_losses import count_label_tokens
 from specheads.train.hidden_cache import CachedRows, cache_layers, collate_cached
+from specheads.train.host_memory import keep_freed_memory
 from specheads.train.objective import HeadsWithLoss
 from specheads.train.offline_target import OfflineTarget, target_output
 from specheads.train.optimizers import build_optimizer
@@ -449,7 +450,7 @@ def train(cfg: TrainConfig, progress: bool = True, overwrite: bool = False) -> d
         # SIGTERM is taken from here on, set-up included (loading the target can take minutes): it only
         # asks the loop to save and stop after its next step, so a run stopped at any point exits 143 with
         # a checkpoint, never killed half-way with metrics.jsonl already started
-        with StopOnSignal() as stop:
+        with StopOnSignal() as stop, keep_freed_memory(cfg.keep_host_memory):
             return run_training(cfg, accelerator, progress, stop)
 
 

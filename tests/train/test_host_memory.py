@@ -1,0 +1,97 @@
+"""train/host_memory.py: within `keep_freed_memory` glibc serves a large block from its heap (no mmap),
+glibc's defaults come back after it, and training is the same with it as without."""
+
+import ctypes
+from contextlib import contextmanager
+
+import pytest
+import torch
+from test_train_cli import args
+
+from specheads.cli import main as cli_main
+from specheads.heads import load_heads
+from specheads.train import loop
+from specheads.train.host_memory import glibc, keep_freed_memory
+
+BLOCK = 64 << 20  # over glibc's largest mmap threshold (32 MiB): served by mmap under its defaults
+
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",  # bytes in mmapped blocks
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def mmapped_bytes() -> int:
+    libc = glibc()
+    libc.mallinfo2.restype = MallInfo2
+    return libc.mallinfo2().hblkhd
+
+
+def mmapped_by_a_block() -> int:
+    """The mmapped bytes a 64 MiB tensor adds while it lives (torch allocates through malloc)."""
+    before = mmapped_bytes()
+    block = torch.empty(BLOCK, dtype=torch.uint8)
+    during = mmapped_bytes()
+    del block
+    return during - before
+
+
+needs_glibc = pytest.mark.skipif(
+    glibc() is None or not hasattr(glibc(), "mallinfo2"), reason="glibc >= 2.33 only (mallinfo2)"
+)
+
+
+@needs_glibc
+def test_a_large_block_comes_from_the_heap_within_and_from_mmap_after():
+    assert mmapped_by_a_block() >= BLOCK  # glibc's defaults
+    with keep_freed_memory() as took:
+        assert took is True
+        assert mmapped_by_a_block() == 0
+    assert mmapped_by_a_block() >= BLOCK  # restored
+
+
+def test_disabled_it_changes_nothing():
+    with keep_freed_memory(enabled=False) as took:
+        assert took is False
+        if glibc() is not None and hasattr(glibc(), "mallinfo2"):
+            assert mmapped_by_a_block() >= BLOCK
+
+
+def test_train_holds_it_as_the_recipe_says_and_trains_the_same(
+    tiny_target_dirs, text_data, tmp_path, monkeypatch
+):
+    seen = []
+    real = loop.keep_freed_memory
+
+    @contextmanager
+    def recording(enabled=True):
+        with real(enabled) as took:
+            seen.append((enabled, took))
+            yield took
+
+    monkeypatch.setattr(loop, "keep_freed_memory", recording)
+    heads = []
+    for keep in ("true", "false"):
+        out = tmp_path / keep
+        extra = ("max_steps=4", "eval_every=4", f"keep_host_memory={keep}")
+        assert (
+            cli_main(["train", *args(tiny_target_dirs["qwen3"], text_data, out, *extra), "--no-progress"])
+            == 0
+        )
+        heads.append(load_heads(out)[0].state_dict())
+    assert [enabled for enabled, _ in seen] == [True, False]
+    assert seen[1][1] is False and (glibc() is None or seen[0][1] is True)
+    assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])
