@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,11 +53,17 @@ def main(argv: list[str] | None = None) -> int:
         out = work / f"keep-{str(keep).lower()}"
         runs[keep] = start(args.recipe, args.steps, keep, out, args.overrides, args.threads) + (out,)
     usage = {}
-    while len(usage) < len(runs):
-        pid, status, rusage = os.wait4(-1, 0)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        while len(usage) < len(runs):
+            pid, status, rusage = os.wait4(-1, 0)
+            for keep, (process, *_rest) in runs.items():
+                if process.pid == pid:
+                    usage[keep] = (os.waitstatus_to_exitcode(status), rusage, time.time() - started)
+    finally:  # stopped (Ctrl-C, SIGTERM): no run left behind
         for keep, (process, *_rest) in runs.items():
-            if process.pid == pid:
-                usage[keep] = (os.waitstatus_to_exitcode(status), rusage, time.time() - started)
+            if keep not in usage:
+                process.kill()
     load_after = os.getloadavg()
 
     results = {}
