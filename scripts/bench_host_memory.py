@@ -1,7 +1,7 @@
 """What `keep_host_memory` (train/host_memory.py) does to a CPU training run, JSON out.
 
     python scripts/bench_host_memory.py recipes/smollm2-135m/eagle3.yaml --steps 8 \
-        --out docs/bench_trainers/eagle3-smollm2/s33-host-memory/host_memory.json -- "data=[DIR]"
+        --out runs/host-memory.json -- "data=[DIR]"
 
 Trains the recipe twice at once, side by side on one thread each, with `keep_host_memory=false` and `=true`
 (the same seed and data, so the same losses), so that both share the machine's load. For each run: its
@@ -24,14 +24,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_trainers_jobs import load_average, specheads_cmd
+
 
 def start(recipe: str, steps: int, keep: bool, out: Path, overrides: list[str], threads: int):
-    command = [
-        sys.executable, "-m", "specheads.cli", "train", recipe, *overrides,
+    command = specheads_cmd(
+        "train", recipe, *overrides,
         f"max_steps={steps}", f"eval_every={steps}", f"save_every={steps}",
         f"keep_host_memory={str(keep).lower()}", "report_to=none", f"output_dir={out}",
         "--threads", str(threads), "--no-progress", "--overwrite",
-    ]  # fmt: skip
+    )  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     log = open(out.with_suffix(".log"), "w")
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), command, log
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench-host-memory-"))
     started, runs = time.time(), {}
-    load_before = os.getloadavg()
+    load_before = load_average()
     for keep in (False, True):
         out = work / f"keep-{str(keep).lower()}"
         runs[keep] = start(args.recipe, args.steps, keep, out, args.overrides, args.threads) + (out,)
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         for keep, (process, *_rest) in runs.items():
             if keep not in usage:
                 process.kill()
-    load_after = os.getloadavg()
+    load_after = load_average()
 
     results = {}
     for keep, (_process, command, log, out) in runs.items():
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         "side_by_side": True,
         "overrides": args.overrides,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average": {
-            "before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]}},
+            "before": load_before, "after": load_after}},
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "runs": results,
         "ratios_off_over_on": {

@@ -10,8 +10,11 @@ against 8.8, the same losses to the last digit, at 3% more peak memory (3.20 GB 
 scripts/bench_host_memory.py measures it, JSON out. It is PyTorch's CPU tuning guide's advice (a caching
 allocator such as jemalloc or TCMalloc) without a preloaded library.
 
-The settings are process-wide, so `keep_freed_memory` restores glibc's defaults on exit and trims the heap,
-and a caller that trains from Python gets its memory back. Off glibc (macOS, musl) it does nothing.
+The settings are process-wide, so on exit `keep_freed_memory` sets both back to glibc's default values and
+trims the heap, and a caller that trains from Python gets its memory back. Two things stay as mallopt(3) leaves
+them: the mmap threshold no longer adapts to freed blocks (any mallopt of these turns that off), and values a
+user gave through GLIBC_TUNABLES or MALLOC_*_ are replaced by the defaults. Off glibc (macOS, musl) it does
+nothing.
 """
 
 from __future__ import annotations
