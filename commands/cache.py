@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specheads.commands.threads import add_threads_argument
 from specheads.heads.run_folder import check_writable, hold_folder
+from specheads.train import host_memory
 from specheads.train.config import load_config
 from specheads.train.recipe_cache import cache_recipe
 
@@ -31,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
     if not out:
         raise SystemExit("error: no cache directory: pass --out DIR or set cache_dir in the recipe")
     check_writable(out, "cache folder")  # before the target loads
-    with hold_folder(out, "cache folder"):  # a second cache into the folder stops at once, naming this one
+    # a second cache into the folder stops at once, naming this one; the target's forwards free and allocate
+    # the same large activations every batch, so glibc keeps them as in training (the recipe's keep_host_memory)
+    with hold_folder(out, "cache folder"), host_memory.keep_freed_memory(cfg.keep_host_memory):
         summaries = cache_recipe(
             cfg,
             Path(out),

@@ -12,6 +12,7 @@ from specheads.heads import FrozenTarget
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.run_folder import LOCK_FILE, check_writable, clear, hold_folder
 from specheads.train import data as data_lib
+from specheads.train import host_memory
 from specheads.train.data.distillation import SUMMARY_FILE, DistillConfig, distill
 from specheads.train.data.questions import question_rows, question_source
 from specheads.train.data.sources import stdlib_rows
@@ -75,6 +76,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
     p.add_argument("--overwrite", action="store_true", help="start over, deleting what --out holds")
+    p.add_argument(
+        "--keep-host-memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="glibc keeps the memory torch frees between generation steps, as in training (train/host_memory.py)",
+    )
     p.add_argument("--no-progress", action="store_true")
     add_threads_argument(p)
 
@@ -106,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         rows = data_lib.load_rows(args.source, split=args.split)
     if args.shuffle:
         rows = rows.shuffle(seed=args.seed)
-    with hold_folder(args.out):  # a second distill into --out stops at once, naming this one
+    # a second distill into --out stops at once, naming this one
+    with hold_folder(args.out), host_memory.keep_freed_memory(args.keep_host_memory):
         if args.overwrite:
             clear(args.out, [p.name for p in args.out.iterdir() if p.name != LOCK_FILE])
         target = FrozenTarget.from_pretrained(resolve_target(args.target), dtype=args.dtype)

@@ -3,6 +3,7 @@ glibc's defaults come back after it, and training is the same with it as without
 
 import ctypes
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,9 +11,10 @@ from test_train_cli import args
 
 from specheads.cli import main as cli_main
 from specheads.heads import load_heads
-from specheads.train import loop
+from specheads.train import host_memory, loop
 from specheads.train.host_memory import glibc, keep_freed_memory
 
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny" / "medusa.yaml"
 BLOCK = 64 << 20  # over glibc's largest mmap threshold (32 MiB): served by mmap under its defaults
 
 
@@ -101,3 +103,45 @@ def test_train_holds_it_as_the_recipe_says_and_trains_the_same(
     assert [enabled for enabled, _ in seen] == [True, False]
     assert seen[1][1] is False and (glibc() is None or seen[0][1] is True)
     assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])
+
+
+def test_cache_and_distill_hold_it_as_told_and_write_the_same(
+    tiny_target_dirs, text_data, tmp_path, monkeypatch
+):
+    """`specheads cache` holds it as the recipe's keep_host_memory says, `distill` as --[no-]keep-host-memory
+    says; either way they write the same shards and answers."""
+    seen = []
+    real = host_memory.keep_freed_memory
+
+    @contextmanager
+    def recording(enabled=True):
+        with real(enabled) as took:
+            seen.append((enabled, took))
+            yield took
+
+    monkeypatch.setattr(host_memory, "keep_freed_memory", recording)
+    target = tiny_target_dirs["llama"]
+    written = {}
+    for keep in ("true", "false"):
+        cache = tmp_path / f"cache-{keep}"
+        recipe = [RECIPE, f"target={target}", f"data={text_data}", "eval_data=[]", f"keep_host_memory={keep}"]
+        assert cli_main(["cache", *map(str, recipe), "--out", str(cache), "--no-progress"]) == 0
+        flag = "--keep-host-memory" if keep == "true" else "--no-keep-host-memory"
+        answers = tmp_path / f"distill-{keep}"
+        distill = ["--source", text_data, "--target", target, "--max-new-tokens", "4", "--max-rows", "6"]
+        assert cli_main(["distill", *map(str, distill), "--out", str(answers), flag, "--no-progress"]) == 0
+        written[keep] = {
+            f"{kind}/{p.relative_to(folder).as_posix()}": p.read_bytes()
+            for kind, folder in (("cache", cache), ("distill", answers))
+            for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.suffix in (".safetensors", ".jsonl")
+        }
+    assert [enabled for enabled, _ in seen] == [True, True, False, False]  # cache, distill; then both off
+    assert all(took is False for _, took in seen[2:]) and (
+        glibc() is None or seen[0][1] is seen[1][1] is True
+    )
+    assert written["true"] and written["true"].keys() == written["false"].keys()
+    assert any(k.endswith(".safetensors") for k in written["true"]) and any(
+        k.endswith(".jsonl") for k in written["true"]
+    )
+    assert all(written["true"][k] == written["false"][k] for k in written["true"]), "the outputs differ"
