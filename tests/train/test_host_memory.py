@@ -54,6 +54,18 @@ def mmapped_by_a_block() -> tuple[int, int]:
     return during - before.hblkhd, size
 
 
+def recording(real, seen: list):
+    """`real` (keep_freed_memory) that appends (enabled, took) to `seen` each time a command holds it."""
+
+    @contextmanager
+    def held(enabled=True):
+        with real(enabled) as took:
+            seen.append((enabled, took))
+            yield took
+
+    return held
+
+
 needs_glibc = pytest.mark.skipif(
     glibc() is None or not hasattr(glibc(), "mallinfo2"), reason="glibc >= 2.33 only (mallinfo2)"
 )
@@ -82,15 +94,7 @@ def test_train_holds_it_as_the_recipe_says_and_trains_the_same(
     tiny_target_dirs, text_data, tmp_path, monkeypatch
 ):
     seen = []
-    real = loop.keep_freed_memory
-
-    @contextmanager
-    def recording(enabled=True):
-        with real(enabled) as took:
-            seen.append((enabled, took))
-            yield took
-
-    monkeypatch.setattr(loop, "keep_freed_memory", recording)
+    monkeypatch.setattr(loop, "keep_freed_memory", recording(loop.keep_freed_memory, seen))
     heads = []
     for keep in ("true", "false"):
         out = tmp_path / keep
@@ -111,15 +115,7 @@ def test_cache_and_distill_hold_it_as_told_and_write_the_same(
     """`specheads cache` holds it as the recipe's keep_host_memory says, `distill` as --[no-]keep-host-memory
     says; either way they write the same shards and answers."""
     seen = []
-    real = host_memory.keep_freed_memory
-
-    @contextmanager
-    def recording(enabled=True):
-        with real(enabled) as took:
-            seen.append((enabled, took))
-            yield took
-
-    monkeypatch.setattr(host_memory, "keep_freed_memory", recording)
+    monkeypatch.setattr(host_memory, "keep_freed_memory", recording(host_memory.keep_freed_memory, seen))
     target = tiny_target_dirs["llama"]
     written = {}
     for keep in ("true", "false"):
