@@ -132,7 +132,7 @@ from bench_trainers_modelopt import (
     modelopt_variant,
     recipe_eagle3,
 )
-from bench_trainers_report import plot, render, render_table
+from bench_trainers_report import plot, render, render_table, report_json
 
 CONSUMERS = ROOT / "tests" / "consumers"
 
@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
             "rows": list(rows),
         }  # fmt: skip
         args.report.mkdir(parents=True, exist_ok=True)
-        (args.report / "bench_trainers.json").write_text(json.dumps(report, indent=1, default=str))
+        (args.report / "bench_trainers.json").write_text(report_json(report))
         (args.report / "bench_trainers.md").write_text(render_table(rows))
         if final:
             plot(rows, args.report / "learning_curve.png", args.target)

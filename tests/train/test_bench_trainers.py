@@ -290,6 +290,24 @@ def test_render_merges_the_rows_another_run_measured_and_records_its_command(tmp
     assert "| 1.50 [1.40-1.60] | 2 |" in (tmp_path / "a" / "bench_trainers.md").read_text()
 
 
+def test_the_report_is_the_same_json_with_each_run_on_a_line_of_its_own(tmp_path):
+    rows = [row("Medusa", "specheads", 6, 1.4, seed=0), row("EAGLE", "eagle-llm", 21, 2.5, seed=1)]
+    full = {"command": "bench", "load_average": {"start": [0.5, 1.0, 1.5]}, "rows": rows, "after": [1, 2]}
+    text = report.report_json(full)
+    assert bench.json.loads(text) == full and text.endswith("}\n")
+    lines = text.splitlines()
+    assert [bench.json.loads(line.rstrip(",")) for line in lines if line.startswith('  {"method"')] == rows
+    assert len(report.report_json({"rows": rows}).splitlines()) == 4 + len(rows)  # a run a line
+    for other in ({"rows": []}, {"rows": rows}, {"command": "bench"}, {"command": "bench", "rows": []}):
+        assert bench.json.loads(report.report_json(other)) == other
+    # both writers use it: a merge rewrites the report so
+    (tmp_path / "bench_trainers.json").write_text(bench.json.dumps({"rows": rows[:1]}))
+    (tmp_path / "b.json").write_text(bench.json.dumps({"command": "other", "rows": rows[1:]}))
+    bench.main(["--report", str(tmp_path), "--render", "--merge", str(tmp_path / "b.json")])
+    written = (tmp_path / "bench_trainers.json").read_text()
+    assert sum(line.startswith('  {"method"') for line in written.splitlines()) == 2
+
+
 def test_help_prints(capsys):
     # argparse formats help texts with %: an ablation named "warmup 10%" once made --help crash
     try:
