@@ -1,5 +1,5 @@
-"""train/host_memory.py: within `keep_freed_memory` glibc serves a large block from its heap (no mmap),
-glibc's defaults come back after it, and training is the same with it as without."""
+"""train/host_memory.py: within `keep_freed_memory` glibc serves a large block from its heap (no mmap), what
+the process started with comes back after the outermost hold, and training is the same with it as without."""
 
 import ctypes
 from contextlib import contextmanager
@@ -80,6 +80,50 @@ def test_a_large_block_comes_from_the_heap_within_and_from_mmap_after():
         assert mmapped_by_a_block()[0] == 0
     added, size = mmapped_by_a_block()
     assert added >= size  # restored
+
+
+@needs_glibc
+def test_holds_nest_and_only_the_outermost_restores():
+    with keep_freed_memory() as outer:
+        with keep_freed_memory() as inner:
+            assert outer is inner is True
+        assert mmapped_by_a_block()[0] == 0  # the inner hold's end left the outer one's setting
+        with keep_freed_memory(enabled=False) as off:
+            assert off is False
+        assert mmapped_by_a_block()[0] == 0
+    added, size = mmapped_by_a_block()
+    assert added >= size
+
+
+@needs_glibc
+def test_it_restores_what_the_user_gave_glibc_not_the_defaults(monkeypatch):
+    monkeypatch.setenv(
+        "GLIBC_TUNABLES", "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1125899906842624"
+    )
+    try:
+        with keep_freed_memory():
+            pass
+        assert mmapped_by_a_block()[0] == 0  # the user's mmap_max=0 is back, not glibc's 65536
+    finally:
+        glibc().mallopt(host_memory.M_MMAP_MAX, host_memory.DEFAULT_MMAP_MAX)
+        glibc().mallopt(host_memory.M_TRIM_THRESHOLD, host_memory.DEFAULT_TRIM_THRESHOLD)
+    added, size = mmapped_by_a_block()
+    assert added >= size
+
+
+def test_what_the_process_started_with_reads_tunables_then_the_malloc_variables():
+    default = (host_memory.DEFAULT_MMAP_MAX, host_memory.DEFAULT_TRIM_THRESHOLD)
+    assert host_memory.started_with({}) == default
+    tunables = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1125899906842624"
+    assert host_memory.started_with({"GLIBC_TUNABLES": tunables}) == (0, -1)  # past an int: never trim
+    aliases = {"MALLOC_MMAP_MAX_": "7", "MALLOC_TRIM_THRESHOLD_": "0x1000"}
+    assert host_memory.started_with(aliases) == (7, 4096)
+    both = {**aliases, "GLIBC_TUNABLES": "glibc.malloc.mmap_max=3:glibc.cpu.x86_rep_movsb_threshold=1"}
+    assert host_memory.started_with(both) == (3, 4096)
+    assert (
+        host_memory.started_with({"GLIBC_TUNABLES": "glibc.malloc.mmap_max=lots", "MALLOC_MMAP_MAX_": "-2"})
+        == default
+    )
 
 
 def test_disabled_it_changes_nothing():
