@@ -92,7 +92,13 @@ import sys
 import time
 from pathlib import Path
 
-from bench_trainers_eagle import EAGLE_LR, PEER_CHANGES, add_eagle_llm_rows, eagle_llm_changes
+from bench_trainers_eagle import (
+    EAGLE_ABLATIONS,
+    EAGLE_LR,
+    PEER_CHANGES,
+    add_eagle_llm_rows,
+    eagle_llm_changes,
+)
 from bench_trainers_jobs import (
     RECIPES,
     ROOT,
@@ -127,6 +133,7 @@ from bench_trainers_modelopt import (
     eagle3_ablation,
     eagle3_budget,
     joined_help,
+    joined_overrides,
     modelopt_changes,
     modelopt_row,
     modelopt_variant,
@@ -153,15 +160,23 @@ OFFLINE = {"mode": "offline"}
 
 
 def run_eagle(args, ctx: dict) -> list[dict]:
+    """eagle-llm at each of --eagle-lrs (all budgets from one run), then ours at each budget and seed and, at
+    the largest budget, ours with each of --eagle-ablations."""
     n, rows = len(ctx["conversations"]), ctx["rows"]
     epochs = [int(e) for e in args.eagle_epochs.split(",")]
+    ablations = [a for a in args.eagle_ablations.split(",") if a]
     for lr in floats(args.eagle_lrs):
         add_eagle_llm_rows(lr, epochs, args, ctx)
     for e in epochs:
         budget = eagle_budget(n, e)
         print(f"ours eagle {e} epochs ({budget['steps']} steps x {budget['batch']})", flush=True)
         for seed in ints(args.seeds):
-            add_recipe_rows("eagle", budget, {}, args.eagle_tree, args, ctx, seed)
+            largest = e == max(epochs)
+            if not (args.ablations_only and ablations and largest):
+                add_recipe_rows("eagle", budget, {}, args.eagle_tree, args, ctx, seed)
+            for variant in ablations if largest else ():
+                extra = joined_overrides(variant, EAGLE_ABLATIONS, "--eagle-ablations", budget)
+                rows.append(ours_row("eagle", budget, extra, args.eagle_tree, args, ctx, seed, variant))
     return rows
 
 
@@ -393,6 +408,11 @@ def arg_parser() -> argparse.ArgumentParser:
         help=joined_help("ours at the largest Medusa budget with medusa-llm's settings", MEDUSA_ABLATIONS),
     )
     p.add_argument(
+        "--eagle-ablations",
+        default="",
+        help=joined_help("ours at the largest EAGLE budget with other settings", EAGLE_ABLATIONS),
+    )
+    p.add_argument(
         "--eagle3-ablations",
         default="",
         help=joined_help("ours at the largest EAGLE-3 budget with modelopt's settings", EAGLE3_ABLATIONS),
@@ -460,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         modelopt_variant(v, eagle3_budget(1, 1, 1))
     for v in filter(None, args.eagle3_ablations.split(",")):
         eagle3_ablation(v, eagle3_budget(1, 1, 1))
+    for v in filter(None, args.eagle_ablations.split(",")):
+        joined_overrides(v, EAGLE_ABLATIONS, "--eagle-ablations", eagle_budget(1, 1))
     if args.out.exists():
         if not args.overwrite:
             raise SystemExit(f"{args.out} exists: --overwrite to replace it")

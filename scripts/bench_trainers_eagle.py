@@ -22,6 +22,19 @@ PEER_CHANGES = {
 }
 
 
+# ours with other settings at the largest EAGLE budget (--eagle-ablations): recipe overrides at a budget.
+# Muon is what lifted our EAGLE-3 beyond Model Optimizer's (train/optimizers.py); these ask whether it does for
+# EAGLE-1 too, whose head is one decoder layer and an fc like EAGLE-3's (the lm_head is the target's, frozen).
+EAGLE_ABLATIONS = {
+    "muon": lambda b: {"optimizer": "muon"},  # Muon at 8 x lr, the product's default
+    "muon x4": lambda b: {"optimizer": "muon", "muon_lr_scale": 4.0},
+    "muon x16": lambda b: {"optimizer": "muon", "muon_lr_scale": 16.0},
+    "lr 2e-3": lambda b: {"lr": 2e-3},
+    "lr 5e-4": lambda b: {"lr": 5e-4},
+    "warmup 0": lambda b: {"warmup_ratio": 0.0, "warmup_steps": 0},
+}
+
+
 EAGLE_CHAT_TARGET_VIEW = (
     chat_target_view("the tied embedding named lm_head.weight in its index, which main.py reads", "ge_data")
     + "; its heads decoded with the rotary base its cnets.py trains with, 10000 (the target's config: 100000)"

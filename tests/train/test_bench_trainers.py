@@ -413,6 +413,27 @@ def test_one_ablations_only_flag_answers_to_its_earlier_per_method_names():
     assert bench.arg_parser().parse_args([]).ablations_only is False
 
 
+def test_eagle_ablations_run_at_the_largest_budget_with_their_overrides(monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench, "add_eagle_llm_rows", lambda lr, epochs, args, ctx: calls.append(("peer", lr)))
+    monkeypatch.setattr(bench, "ours_row", lambda method, budget, extra, tree, args, ctx, seed, variant="",
+                        changes=(): calls.append((budget["epochs"], seed, variant, extra)) or {})  # fmt: skip
+    args = bench.argparse.Namespace(eagle_epochs="5,11", eagle_lrs="1e-3", eagle_ablations="muon,muon x4+lr 2e-3",
+                                    seeds="0", eagle_tree="dynamic-16", ablations_only=False,
+                                    ours_offline=False)  # fmt: skip
+    ctx = {"rows": bench.ReportedRows(lambda rows: None), "conversations": [("p", "a")] * 16}
+    bench.run_eagle(args, ctx)
+    muon4 = {"optimizer": "muon", "muon_lr_scale": 4.0, "lr": 2e-3}
+    assert calls == [("peer", 1e-3), (5, 0, "", {}), (11, 0, "", {}), (11, 0, "muon", {"optimizer": "muon"}),
+                     (11, 0, "muon x4+lr 2e-3", muon4)]  # fmt: skip
+    calls.clear()
+    args.ablations_only, args.eagle_lrs = True, ""
+    bench.run_eagle(args, ctx)
+    assert [c[:3] for c in calls] == [(5, 0, ""), (11, 0, "muon"), (11, 0, "muon x4+lr 2e-3")]
+    with pytest.raises(SystemExit, match="--eagle-ablations: 'adam' is not one of"):
+        bench.main(["--methods", "eagle", "--eagle-ablations", "adam", "--out", "/nonexistent/x"])
+
+
 def test_eagle3_ablations_only_leaves_the_recipe_out_at_the_largest_budget(monkeypatch):
     calls = []
     monkeypatch.setattr(bench, "distinct_chat_tokens", lambda target, conversations: 4096)
