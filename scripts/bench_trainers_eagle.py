@@ -27,6 +27,8 @@ PEER_CHANGES = {
 # EAGLE-1 too, whose head is one decoder layer and an fc like EAGLE-3's (the lm_head is the target's, frozen).
 EAGLE_ABLATIONS = {
     "muon": lambda b: {"optimizer": "muon"},  # Muon at 8 x lr, the product's default
+    "muon x1": lambda b: {"optimizer": "muon", "muon_lr_scale": 1.0},
+    "muon x2": lambda b: {"optimizer": "muon", "muon_lr_scale": 2.0},
     "muon x4": lambda b: {"optimizer": "muon", "muon_lr_scale": 4.0},
     "muon x16": lambda b: {"optimizer": "muon", "muon_lr_scale": 16.0},
     "lr 2e-3": lambda b: {"lr": 2e-3},
