@@ -312,6 +312,7 @@ def data_context(target: Path, conversations: list, out: Path, peer_dir: Path | 
     (out / "sharegpt.json").write_text(json.dumps(sharegpt_rows(conversations), indent=1))
     ours_tok = AutoTokenizer.from_pretrained(target)
     chats = [ours_tok.apply_chat_template(r["messages"], tokenize=False) for r in message_rows(conversations)]
+    lengths = [len(ours_tok(c, add_special_tokens=False).input_ids) for c in chats]
     return {
         "env": env,
         "target": target,
@@ -320,7 +321,8 @@ def data_context(target: Path, conversations: list, out: Path, peer_dir: Path | 
         "sharegpt": sharegpt_rows(conversations),
         "rows_path": rows_path,
         "hidden": json.loads((target / "config.json").read_text())["hidden_size"],
-        "chat_tokens": sum(len(ours_tok(c, add_special_tokens=False).input_ids) for c in chats) / len(chats),
+        "chat_tokens": sum(lengths) / len(lengths),
+        "longest_chat_tokens": max(lengths),  # modelopt pads every row to its training_seq_len: fit to this
         "vicuna_tokens": None
         if peer_dir is None
         else mean_tokens(

@@ -92,7 +92,8 @@ MODELOPT_CHANGES = [
     "the Trainer's final save cannot pickle)",
     WHERE["cpu"],
     "num_train_epochs E, per_device_train_batch_size B for the budget (recipe: 1, 1); training_seq_len "
-    "--max-length (recipe: 2048; every row padded to it, as its collator does)",
+    "the longest row in the target's chat template rounded up to a multiple of 8, at most --max-length "
+    "(recipe: 2048; its collator pads every row to it; --max-length itself before 2026-12-04's 37th session)",
     "draft vocabulary the size of ours, by its calibrate_frequent_vocab over the rows (recipe: the whole "
     "vocabulary), its ids put in id order before training (as ours keeps them)",
     "exported without the recipe's YaRN rope_scaling (factor 32, on a draft trained without it; its "
@@ -280,6 +281,13 @@ def distinct_chat_tokens(target: Path, conversations: list) -> int:
     return len(set(ids["input_ids"]))
 
 
+def training_seq_len(longest: int, max_length: int) -> int:
+    """modelopt's training_seq_len for rows whose longest is `longest` tokens: its collator pads every row to
+    it (and truncates past it), so the longest row rounded up to a multiple of 8, never past `max_length`
+    (--max-length). Padding every row to --max-length would charge it for tokens that no trainer sees."""
+    return min(max_length, -(-longest // 8) * 8)
+
+
 def modelopt_row(budget: dict, seed: int, variant: str, vocab: int, args, ctx: dict) -> dict:
     """modelopt's EAGLE-3 training (modelopt_train.py, its recipe with `variant`) at `budget`, its export
     imported and decoded (the bench has put tests/consumers on the path)."""
@@ -291,7 +299,13 @@ def modelopt_row(budget: dict, seed: int, variant: str, vocab: int, args, ctx: d
     work = args.out / name.replace("%", "pc").replace("+", "-")
     work.mkdir()
     job = modelopt_job(
-        {**ctx, "max_length": args.max_length}, work, budget, seed, variant, vocab, args.device
+        {**ctx, "max_length": training_seq_len(ctx["longest_chat_tokens"], args.max_length)},
+        work,
+        budget,
+        seed,
+        variant,
+        vocab,
+        args.device,
     )
     (work / "job.json").write_text(json.dumps(job, indent=1))
     env = subprocess_environ(ctx["modelopt_env"])

@@ -192,3 +192,43 @@ def test_every_eagle3_ablation_is_a_valid_recipe_override():
     # no warm-up over the SmolLM2 recipe's tenth of the steps
     cfg = eagle3_recipe("smollm2", modelopt.eagle3_ablation("muon+warmup 0", budget))
     assert (cfg.warmup, cfg.optimizer) == (0, "muon")
+
+
+def test_modelopt_pads_its_rows_to_the_longest_not_to_max_length(tmp_path, monkeypatch, tiny_target_dirs):
+    """Its collator pads every row to training_seq_len: the bench gives it the longest row in the target's chat
+    template (rounded up to a multiple of 8, at most --max-length), measured on the rows it trains on."""
+    assert [modelopt.training_seq_len(n, 256) for n in (8, 100, 249, 256, 300)] == [8, 104, 256, 256, 256]
+    assert modelopt.training_seq_len(323, 1024) == 328
+    target = tiny_target_dirs["llama"]
+    conversations = [("hi", "a short answer"), ("a longer question " * 3, "and a longer answer " * 4)]
+    ctx = bench.data_context(target, conversations, tmp_path / "data", None, tmp_path / "env")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)  # each row as modelopt's collator tokenizes it
+    rows = [json.loads(line)["messages"] for line in ctx["rows_path"].open()]
+    lengths = [len(tok.apply_chat_template(r, return_dict=True)["input_ids"]) for r in rows]
+    assert (
+        ctx["longest_chat_tokens"] == max(lengths) > min(lengths) and ctx["chat_tokens"] == sum(lengths) / 2
+    )
+    jobs_seen = []
+
+    class Stop(Exception):
+        pass
+
+    def measured(cmd, log, env=None):
+        jobs_seen.append(json.loads(open(cmd[-1]).read()))
+        raise Stop  # the job is written: nothing to train here
+
+    monkeypatch.setattr(modelopt, "run_measured", measured)
+    monkeypatch.syspath_prepend(str(modelopt.ROOT / "tests" / "consumers"))  # as the bench puts it there
+    args = bench.argparse.Namespace(out=tmp_path, max_length=256, device="cpu")
+    budget = modelopt.eagle3_budget(2, 1, 1)
+    ctx = {**modelopt_ctx(tmp_path), **ctx, "modelopt_env": tmp_path / "env"}
+    with pytest.raises(Stop):
+        modelopt.modelopt_row(budget, 0, "defaults", 64, args, ctx)
+    overrides = dict(item.split("=", 1) for item in jobs_seen[0]["overrides"])
+    assert max(lengths) < 256 and overrides["training.training_seq_len"] == str(-(-max(lengths) // 8) * 8)
+    with pytest.raises(Stop):
+        modelopt.modelopt_row(budget, 1, "defaults", 64, bench.argparse.Namespace(out=tmp_path, max_length=16,
+                                                                                  device="cpu"), ctx)  # fmt: skip
+    assert "training.training_seq_len=16" in jobs_seen[1]["overrides"]
