@@ -298,15 +298,9 @@ def modelopt_row(budget: dict, seed: int, variant: str, vocab: int, args, ctx: d
     )
     work = args.out / name.replace("%", "pc").replace("+", "-")
     work.mkdir()
-    job = modelopt_job(
-        {**ctx, "max_length": training_seq_len(ctx["longest_chat_tokens"], args.max_length)},
-        work,
-        budget,
-        seed,
-        variant,
-        vocab,
-        args.device,
-    )
+    # what modelopt_job reads as ctx["max_length"]: the rows' own length, not --max-length
+    seq_len = training_seq_len(ctx["longest_chat_tokens"], args.max_length)
+    job = modelopt_job({**ctx, "max_length": seq_len}, work, budget, seed, variant, vocab, args.device)
     (work / "job.json").write_text(json.dumps(job, indent=1))
     env = subprocess_environ(ctx["modelopt_env"])
     load = load_average()
