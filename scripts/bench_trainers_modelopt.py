@@ -251,6 +251,10 @@ EAGLE3_ABLATIONS = {
     "muon x1": lambda b, s: {"optimizer": "muon", "muon_lr_scale": 1.0},
     "muon x4": lambda b, s: {"optimizer": "muon", "muon_lr_scale": 4.0},
     "muon x16": lambda b, s: {"optimizer": "muon", "muon_lr_scale": 16.0},
+    # Muon's Newton-Schulz products in one dtype whatever the machine (the recipe's muon_dtype "auto": bf16 on
+    # an accelerator or a CPU with bf16 matrix instructions, else fp32)
+    "muon fp32": lambda b, s: {"muon_dtype": "float32"},
+    "muon bf16": lambda b, s: {"muon_dtype": "bfloat16"},
     # the high fused layer nearer the top: HF 29 of SmolLM2's 30 (the recipe's L-3 = 27, modelopt's default;
     # HF 30 would be after the final norm, where vLLM and SGLang capture before it)
     "top 29": lambda b, s: {"eagle3_layers": [2, 15, 29]},

@@ -21,7 +21,7 @@ import yaml
 from specheads.heads.methods import methods
 from specheads.train.data.readers import check_max_bad_rows
 from specheads.train.medusa2 import LORA_TARGET_MODULES
-from specheads.train.optimizers import OPTIMIZERS, muon_missing
+from specheads.train.optimizers import MUON_DTYPES, OPTIMIZERS, muon_missing
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
 LR_SCHEDULES = ("cosine", "linear")
@@ -114,6 +114,10 @@ class TrainConfig:
     # splits the matrices Muon orthogonalises whole, nor Medusa-2, which builds its own optimizer
     optimizer: str = "adamw"
     muon_lr_scale: float = 8.0  # Muon's updates are scaled to AdamW's RMS: 1 would take AdamW's step size
+    # the dtype of Muon's Newton-Schulz products: "auto" is torch's bf16 wherever bf16 products are fast (an
+    # accelerator, or a CPU with bf16 matrix instructions: AVX512-BF16, AMX), else fp32; or "float32" /
+    # "bfloat16" whatever the machine (train/optimizers.py newton_schulz_dtype)
+    muon_dtype: str = "auto"
     warmup_steps: int = 50
     # the warm-up as a fraction of max_steps instead, ceil(warmup_ratio * max_steps) steps as the HF Trainer
     # counts its warmup_ratio, so that it follows a max_steps= override; set warmup_steps to 0 with it
@@ -170,6 +174,10 @@ class TrainConfig:
             (self.mode in MODES, f"mode must be one of {MODES}, got {self.mode!r}"),
             (self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}"),
             (self.optimizer != "muon" or not muon_missing(), muon_missing()),
+            (
+                self.muon_dtype in MUON_DTYPES,
+                f"muon_dtype must be one of {MUON_DTYPES}, got {self.muon_dtype!r}",
+            ),
             (
                 self.optimizer == "adamw" or method.objective is None,
                 f"method {self.method!r} builds its own optimizer (AdamW over the heads and its adapters): "

@@ -72,7 +72,7 @@ from specheads.train.hidden_cache import CachedRows, cache_layers, collate_cache
 from specheads.train.host_memory import keep_freed_memory
 from specheads.train.objective import HeadsWithLoss
 from specheads.train.offline_target import OfflineTarget, target_output
-from specheads.train.optimizers import build_optimizer
+from specheads.train.optimizers import build_optimizer, newton_schulz_dtype
 from specheads.train.provenance import provenance, write_provenance
 from specheads.train.sampler import EpochBatches
 from specheads.train.tracking import keep_metrics_until, log_record, new_run_id, start_tracking
@@ -395,7 +395,7 @@ def build_objective(
         eagle3_out_of_vocab=cfg.eagle3_out_of_vocab,
     )
     optimizer = build_optimizer(
-        model, cfg.optimizer, cfg.lr, cfg.adam_betas, cfg.weight_decay, cfg.muon_lr_scale
+        model, cfg.optimizer, cfg.lr, cfg.adam_betas, cfg.weight_decay, cfg.muon_lr_scale, cfg.muon_dtype
     )
     return model, optimizer, target
 
@@ -551,6 +551,7 @@ def finish(
     memory = memory_per_process(accelerator)
     inside = run.method.runs_target  # its target runs inside the objective's forward: not timed apart
     target_seconds = timing["target"].seconds()
+    muon_dtype = newton_schulz_dtype(accelerator.device, cfg.muon_dtype) if cfg.optimizer == "muon" else None
     summary = {
         "steps": cfg.max_steps,
         "completed": completed,  # False: stopped by SIGTERM after `last_step`; resume=auto continues
@@ -562,6 +563,8 @@ def finish(
         "step_to_target_forward_ratio": None if inside else timing["step"] / max(target_seconds, 1e-9),
         "labels_per_second": accelerator.num_processes * float(timing["labels"]) / max(timing["step"], 1e-9),
         "processes": accelerator.num_processes,
+        # what muon_dtype "auto" chose on this machine (None: no Muon)
+        "muon_newton_schulz_dtype": muon_dtype and str(muon_dtype).removeprefix("torch."),
         "target_parameters": total,
         "target_resident_parameters": resident_all,  # per process: about total / N under ZeRO-3
         **memory,  # per process

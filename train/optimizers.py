@@ -9,12 +9,13 @@ to the RMS an AdamW update has, 0.2 * sqrt(max(rows, columns)) times the rate, s
 and `muon_lr_scale` says how much larger Muon's step is than AdamW's.
 
 Why here: at the bench's SmolLM2 EAGLE-3 budget it is the one change found that raises τ beyond the
-peers' (docs/bench_trainers/eagle3-smollm2/s22-ideas/), best near 8x the recipe's lr. On the CPU its
-Newton-Schulz products run in fp32 (`newton_schulz_dtype`).
+peers' (docs/bench_trainers/eagle3-smollm2/s22-ideas/), best near 8x the recipe's lr. Its Newton-Schulz
+products run in torch's bf16 wherever bf16 products are fast, else in fp32 (`newton_schulz_dtype`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 OPTIMIZERS = ("adamw", "muon")
+MUON_DTYPES = ("auto", "float32", "bfloat16")  # the Newton-Schulz products' (newton_schulz_dtype)
 
 
 def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
@@ -38,9 +40,11 @@ def build_optimizer(
     betas: tuple[float, float],
     weight_decay: float,
     muon_lr_scale: float,
+    muon_dtype: str = "auto",
 ) -> torch.optim.Optimizer:
     """The optimizer of `model`'s trainable parameters: `optimizer` "adamw" (every parameter), or "muon"
-    (Muon at `muon_lr_scale * lr` on the hidden matrices, AdamW at `lr` on the rest)."""
+    (Muon at `muon_lr_scale * lr` on the hidden matrices, its products in `muon_dtype`, AdamW at `lr` on the
+    rest)."""
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if optimizer == "adamw":
         return torch.optim.AdamW([p for _, p in trainable], lr=lr, betas=betas, weight_decay=weight_decay)
@@ -53,7 +57,7 @@ def build_optimizer(
             f"{', '.join(n for n, _ in trainable)}): use optimizer 'adamw'"
         )
     others = [p for n, p in trainable if not is_hidden_matrix(n, p)]
-    return MuonWithAdamW(matrices, others, lr, muon_lr_scale * lr, betas, weight_decay)
+    return MuonWithAdamW(matrices, others, lr, muon_lr_scale * lr, betas, weight_decay, muon_dtype)
 
 
 def muon_missing() -> str:
@@ -71,11 +75,31 @@ def check_muon_available() -> None:
         raise ValueError(muon_missing())
 
 
-def newton_schulz_dtype(device: torch.device) -> torch.dtype:
-    """The dtype Muon's Newton-Schulz products run in on `device`: torch's bf16 on an accelerator; fp32 on the
-    CPU, where a CPU without bf16 matrix units (AVX2) multiplies bf16 15 to 80 times slower than fp32
-    (measured on a 2-core AMD EPYC: one iteration on 1536 x 576, 15 s against 0.18 s)."""
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
+@functools.cache
+def cpu_multiplies_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX-BF16, as Linux's `cpuinfo` lists
+    them), with which oneDNN multiplies bf16 faster than fp32; False where it cannot tell."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return bool({"avx512_bf16", "amx_bf16"} & set(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return False
+
+
+def newton_schulz_dtype(device: torch.device, setting: str = "auto") -> torch.dtype:
+    """The dtype Muon's Newton-Schulz products run in on `device`. `setting` "float32" or "bfloat16" is that
+    dtype; "auto" is torch's bf16 wherever bf16 products are fast (an accelerator, or a CPU with bf16 matrix
+    instructions: on a 2-core AMD EPYC Zen 5 with AVX512-BF16 one iteration on 576 x 1536 took 8.4 ms
+    against fp32's 42), else fp32: a CPU without them (AVX2) multiplies bf16 15 to 80 times slower than
+    fp32 (measured on another 2-core AMD EPYC: one iteration on 1536 x 576, 15 s against 0.18 s)."""
+    if setting not in MUON_DTYPES:
+        raise ValueError(f"muon_dtype must be one of {MUON_DTYPES}, got {setting!r}")
+    if setting != "auto":
+        return getattr(torch, setting)
+    return torch.bfloat16 if device.type != "cpu" or cpu_multiplies_bf16() else torch.float32
 
 
 def orthogonalised(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float):
@@ -97,13 +121,19 @@ def orthogonalised(update: torch.Tensor, coefficients: tuple[float, float, float
 # (MuonWithAdamW checks first), so that importing the module, as every recipe does, still works there
 class Muon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
     """torch's Muon (its settings, state and checks), with the Newton-Schulz iteration in
-    `newton_schulz_dtype` of the weights' device: torch's own step on an accelerator, the same update with
-    fp32 products on the CPU. Only `adjust_lr_fn="match_rms_adamw"`: the step is 0.2 sqrt(max(m, n)) lr."""
+    `newton_schulz_dtype(device, ns_dtype)` of the weights' device: torch's own step where that is bf16,
+    the same update with fp32 products where it is fp32. Only `adjust_lr_fn="match_rms_adamw"`: the step is
+    0.2 sqrt(max(m, n)) lr."""
+
+    def __init__(self, params, *args, ns_dtype: str = "auto", **kwargs):
+        newton_schulz_dtype(torch.device("cpu"), ns_dtype)  # a bad name fails here, before any step
+        self.ns_dtype = ns_dtype
+        super().__init__(params, *args, **kwargs)
 
     @torch.no_grad()
     def step(self, closure=None):
         devices = {p.device for group in self.param_groups for p in group["params"]}
-        if all(newton_schulz_dtype(d) == torch.bfloat16 for d in devices):
+        if all(newton_schulz_dtype(d, self.ns_dtype) == torch.bfloat16 for d in devices):
             return super().step(closure)
         loss = None
         if closure is not None:
@@ -145,6 +175,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         muon_lr: float,
         betas: tuple[float, float],
         weight_decay: float,
+        muon_dtype: str = "auto",
     ):
         check_muon_available()
         matrices, others = list(matrices), list(others)
@@ -153,7 +184,13 @@ class MuonWithAdamW(torch.optim.Optimizer):
             [torch.optim.AdamW(others, lr=lr, betas=betas, weight_decay=weight_decay)] if others else []
         )
         self.parts.append(
-            Muon(matrices, lr=muon_lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
+            Muon(
+                matrices,
+                lr=muon_lr,
+                weight_decay=weight_decay,
+                adjust_lr_fn="match_rms_adamw",
+                ns_dtype=muon_dtype,
+            )
         )
         super().__init__(matrices + others, {"lr": lr})  # the base class's hooks; its groups are replaced
         self._bind()

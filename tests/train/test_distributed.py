@@ -142,10 +142,18 @@ def test_ddp_two_processes_match_one(tiny_target_dirs, equal_rows, tmp_path):
 
 def test_ddp_two_processes_match_one_with_muon(tiny_target_dirs, equal_rows, tmp_path):
     """The same under Muon at its default rate (EAGLE-3): each process orthogonalises the averaged gradient
-    of each whole matrix, as the one process does. (With bf16 Newton-Schulz products, as torch's Muon has on
-    an accelerator, this run's twin drifts 3e-2 from its reference: a unit gradient step turns roundings in
-    weak directions into whole steps. The CPU's fp32 products keep it at 4e-6.)"""
-    args = partial_args("eagle3.yaml", tiny_target_dirs["llama"], equal_rows, "optimizer=muon", "ttt_steps=2")
+    of each whole matrix, as the one process does. The Newton-Schulz products in fp32 whatever the CPU: with
+    bf16 products (torch's, muon_dtype "auto" on a CPU with bf16 units) this run's twin drifts 3e-2 from its
+    reference, a unit gradient step turning roundings in weak directions into whole steps; fp32 keeps it at
+    4e-6."""
+    args = partial_args(
+        "eagle3.yaml",
+        tiny_target_dirs["llama"],
+        equal_rows,
+        "optimizer=muon",
+        "muon_dtype=float32",
+        "ttt_steps=2",
+    )
     ddp_trio(args, tmp_path)
     # the loss falls 2.6% in its 6 steps; gradients left unsynchronised move it 1.5e5 times the twin's distance
     assert_same_run(tmp_path / "one", tmp_path / "two", tmp_path / "twin", fall=0.98)

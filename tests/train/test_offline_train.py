@@ -62,7 +62,9 @@ def records(out: Path) -> list[dict]:
 METHODS = [
     # labels=target: the offline target computes the logits from the cached last hidden state
     ("medusa.yaml", ("num_heads=3", "labels=target")),
-    ("eagle3.yaml", ("eagle3_layers=1,2,3", "ttt_steps=3", "draft_vocab_size=264")),
+    # Muon's Newton-Schulz products in fp32 whatever the CPU: bf16's (muon_dtype "auto" on a CPU with bf16
+    # units) turn the twin's roundings into whole steps, past what tells reordering from another computation
+    ("eagle3.yaml", ("eagle3_layers=1,2,3", "ttt_steps=3", "draft_vocab_size=264", "muon_dtype=float32")),
 ]
 
 

@@ -99,9 +99,11 @@ def torchs_pair(ref):
     return muon, torch.optim.AdamW(ref[2:], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.01)
 
 
-def test_on_an_accelerator_a_step_is_torchs_muon_on_the_matrices_and_adamw_on_the_rest(monkeypatch):
-    """Where bf16 products are fast (an accelerator: here the CPU made to count as one), Muon's step is torch's."""
-    monkeypatch.setattr(optimizers, "newton_schulz_dtype", lambda device: torch.bfloat16)
+def test_where_bf16_is_fast_a_step_is_torchs_muon_on_the_matrices_and_adamw_on_the_rest(monkeypatch):
+    """Where bf16 products are fast (an accelerator, or a CPU with bf16 matrix instructions: here the CPU made
+    to count as one), Muon's step under muon_dtype "auto" is torch's own, bit for bit."""
+    monkeypatch.setattr(optimizers, "cpu_multiplies_bf16", lambda: True)
+    assert optimizers.newton_schulz_dtype(torch.device("cpu")) == torch.bfloat16
     ours, ref = toy_params(), toy_params()
     combined = MuonWithAdamW(ours[:2], ours[2:], lr=1e-2, muon_lr=3e-2, betas=(0.9, 0.95), weight_decay=0.01)
     three_steps(combined, *torchs_pair(ref), ours, ref)
@@ -110,18 +112,55 @@ def test_on_an_accelerator_a_step_is_torchs_muon_on_the_matrices_and_adamw_on_th
     assert set(combined.state) == set(ours)  # both parts' state, one entry a parameter
 
 
-def test_on_the_cpu_muon_is_torchs_update_with_fp32_products():
-    """The same three steps on the CPU, the Newton-Schulz products in fp32 rather than torch's bf16 (15-80x
-    slower on CPUs without bf16 units): AdamW's part equal, Muon's within bf16's rounding of torch's, 3% of
-    how far the weights moved."""
-    assert optimizers.newton_schulz_dtype(torch.device("cpu")) == torch.float32
+@pytest.mark.parametrize("bf16_cpu, setting", [(False, "auto"), (True, "float32")])
+def test_on_a_cpu_without_bf16_units_muon_is_torchs_update_with_fp32_products(monkeypatch, bf16_cpu, setting):
+    """The same three steps on a CPU without bf16 matrix instructions (15-80x slower in bf16 there), or on any
+    CPU with muon_dtype "float32": the Newton-Schulz products in fp32 rather than torch's bf16, AdamW's part
+    equal, Muon's within bf16's rounding of torch's, 3% of how far the weights moved."""
+    monkeypatch.setattr(optimizers, "cpu_multiplies_bf16", lambda: bf16_cpu)
+    assert optimizers.newton_schulz_dtype(torch.device("cpu"), setting) == torch.float32
     start, ours, ref = toy_params(), toy_params(), toy_params()
-    combined = MuonWithAdamW(ours[:2], ours[2:], lr=1e-2, muon_lr=3e-2, betas=(0.9, 0.95), weight_decay=0.01)
+    combined = MuonWithAdamW(
+        ours[:2], ours[2:], lr=1e-2, muon_lr=3e-2, betas=(0.9, 0.95), weight_decay=0.01, muon_dtype=setting
+    )
     three_steps(combined, *torchs_pair(ref), ours, ref)
     assert all(torch.equal(a, b) for a, b in zip(ours[2:], ref[2:], strict=True))
     for a, b, s in zip(ours[:2], ref[:2], start[:2], strict=True):
         moved = (b - s).abs().max().item()
         assert moved > 0.02 and (a - b).abs().max().item() < 0.03 * moved, ((a - b).abs().max().item(), moved)
+
+
+def test_muon_dtype_bfloat16_is_torchs_step_on_any_cpu_and_a_bad_name_is_refused(monkeypatch):
+    monkeypatch.setattr(optimizers, "cpu_multiplies_bf16", lambda: False)
+    ours, ref = toy_params(), toy_params()
+    combined = MuonWithAdamW(
+        ours[:2], ours[2:], lr=1e-2, muon_lr=3e-2, betas=(0.9, 0.95), weight_decay=0.01, muon_dtype="bfloat16"
+    )
+    three_steps(combined, *torchs_pair(ref), ours, ref)
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref, strict=True))
+    with pytest.raises(
+        ValueError, match="muon_dtype must be one of \\('auto', 'float32', 'bfloat16'\\), got 'fp16'"
+    ):
+        MuonWithAdamW(ours[:2], ours[2:], 1e-3, 1e-3, (0.9, 0.999), 0.0, muon_dtype="fp16")
+    with pytest.raises(ValueError, match="muon_dtype must be one of .*got 'fp16'"):
+        load_config(None, ["optimizer=muon", "muon_dtype=fp16"])
+
+
+@pytest.mark.parametrize(
+    "flags, fast",
+    [
+        ("fpu avx2 avx512f avx512_bf16 avx512vl", True),  # AMD Zen 4 / 5, Intel Cooper Lake
+        ("fpu avx2 avx512f amx_bf16 amx_tile", True),  # Intel Sapphire Rapids
+        ("fpu avx2 avx512f avx512bw", False),  # AVX-512 without bf16 (Skylake-SP, Ice Lake)
+        ("fpu avx2 fma", False),
+        (None, False),  # no /proc/cpuinfo (macOS, Windows)
+    ],
+)
+def test_bf16_matrix_instructions_are_read_from_the_cpu_flags(tmp_path, flags, fast):
+    cpuinfo = tmp_path / "cpuinfo"
+    if flags is not None:
+        cpuinfo.write_text(f"processor\t: 0\nmodel name\t: some CPU\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    assert optimizers.cpu_multiplies_bf16(str(cpuinfo)) is fast
 
 
 def test_the_fp32_iteration_brings_every_singular_value_near_one_as_torchs():

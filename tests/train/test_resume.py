@@ -18,6 +18,7 @@ from specheads.cli import main as cli_main
 from specheads.train import checkpointing
 from specheads.train.checkpointing import check_resumable, checkpoint_steps, latest_checkpoint, read_state
 from specheads.train.config import load_config
+from specheads.train.optimizers import newton_schulz_dtype
 from specheads.train.sampler import EpochBatches
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,6 +88,10 @@ def test_resumed_run_ends_bit_identical(recipe, extra, tiny_target_dirs, text_da
     assert records(full) == records(resumed)
     summary = json.loads((resumed / "train_summary.json").read_text())
     assert summary["resumed_from"].endswith("step-9") and summary["completed"]
+    # the Newton-Schulz dtype muon_dtype "auto" chose on this machine; no Muon, none
+    muon = load_config(str(REPO / "recipes" / "tiny" / recipe), list(extra)).optimizer == "muon"
+    dtype = newton_schulz_dtype(torch.device("cpu")) if muon else None
+    assert summary["muon_newton_schulz_dtype"] == (dtype and str(dtype).removeprefix("torch."))
     launch = json.loads((resumed / "provenance.jsonl").read_text().splitlines()[-1])
     assert launch["resumed_from"].endswith("step-9")
 
