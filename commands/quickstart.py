@@ -51,17 +51,20 @@ def fixed_tree(heads_dir: Path) -> str:
 # Muon since 2026-11-29; the first two machines measured them with AdamW).
 MEASURED_SPREAD = [
     {
-        "builds": 3,
-        "machine": "2-core AMD EPYC (Zen 5, family 26; AVX-512), Python 3.11.7, torch 2.13.0+cpu",
+        "builds": 6,
+        "machine": "2-core AMD EPYC (Zen 5, family 26; AVX-512, AVX512-BF16), Python 3.11.7, torch 2.13.0+cpu",
         "short": "EPYC Zen 5",
-        "settings": "OMP_NUM_THREADS=2; =1; =1 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2), the two =1 builds side "
-        "by side; load average 1.4-2.1",
-        "ranges": {  # 2026-12-01: the AVX-512 builds gave one target, the AVX2 build the AMD EPYC's below
+        "settings": "twice OMP_NUM_THREADS=2; =1; =1 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2), the two =1 builds "
+        "side by side; EAGLE and EAGLE-3 from the three with Muon's products in bf16; load average 1.0-2.1",
+        # 2026-12-01 and 2026-12-04: the AVX-512 builds gave one target, the AVX2 builds the AMD EPYC's below.
+        # EAGLE and EAGLE-3 from 2026-12-04's three alone (muon_dtype auto: bf16 on this CPU; 12-01's, in fp32,
+        # gave 3.71-3.89, 0.62-0.69x and 3.27-3.59, 0.53-0.58x)
+        "ranges": {
             "generate": (1.00, 1.00, 1.00, 1.00),
             "prompt-lookup": (3.29, 4.02, 1.65, 2.13),
-            "medusa": (3.26, 3.71, 0.73, 0.96),
-            "eagle": (3.71, 3.89, 0.62, 0.69),
-            "eagle3": (3.27, 3.59, 0.53, 0.58),
+            "medusa": (3.26, 3.71, 0.73, 1.06),
+            "eagle": (3.74, 3.89, 0.59, 0.77),
+            "eagle3": (3.26, 3.62, 0.52, 0.63),
         },
     },
     {
