@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 
 from specheads.heads.atomic import write_json
+from specheads.heads.machine import processor_name
 from specheads.heads.named_targets import cache_root
 from specheads.heads.target import FrozenTarget
 from specheads.version import __version__
@@ -54,18 +54,6 @@ def ids_sha256(tensors) -> str:
         digest.update(t.detach().to("cpu", torch.int64).reshape(-1).numpy().tobytes())
         digest.update(b"|")
     return digest.hexdigest()
-
-
-def processor_name() -> str:
-    """The CPU's model name (Linux: /proc/cpuinfo), else what `platform` knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_key(target: FrozenTarget) -> dict[str, Any]:

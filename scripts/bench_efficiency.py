@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -51,6 +50,7 @@ from specheads.evaluate.report import phase_shares
 from specheads.heads import FrozenTarget, load_heads
 from specheads.heads.atomic import write_json, write_text
 from specheads.heads.checkpoint import draft_vocab_ids
+from specheads.heads.machine import processor_name
 from specheads.heads.named_targets import resolve_target
 
 
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "past_tokens_for_t(N)": past,
         "heads": rows,
         "machine": {
-            "processor": platform.processor() or platform.machine(),
+            "processor": processor_name(),
             "cpus": os.cpu_count(),
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,

@@ -141,6 +141,8 @@ from bench_trainers_modelopt import (
 )
 from bench_trainers_report import plot, render, render_table, report_json
 
+from specheads.heads.machine import processor_name
+
 CONSUMERS = ROOT / "tests" / "consumers"
 
 # what ours changes of each recipe beside what train_ours adds by target and device (its "changes")
@@ -520,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         report = {
             "command": " ".join(sys.argv),
             "finished": final,
-            "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+            "machine": {"cpu_count": os.cpu_count(), "processor": processor_name(),
                         "python": platform.python_version(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
             "load_average": {"start": load_start, "now": load_average(),
                              "1min_at_each_run": {"min": min(loads, default=None), "max": max(loads, default=None),

@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 
 import torch
 from torch.nn import functional as F
+
+from specheads.heads.machine import processor_name
 
 
 def level_fn(hidden: int, heads: int, head_dim: int, mlp: int, nodes: int, past: int, vocab: int):
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
         "compiled_over_eager_best": min(fused) / min(eager),
         "compile_seconds": compile_seconds,
         "machine": {
-            "processor": platform.processor() or platform.machine(),
+            "processor": processor_name(),
             "cpus": os.cpu_count(),
             "torch": torch.__version__,
             "load_average": os.getloadavg(),

@@ -22,6 +22,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from specheads.heads.machine import CPUINFO, cpuinfo_field
+
 OPTIMIZERS = ("adamw", "muon")
 MUON_DTYPES = ("auto", "float32", "bfloat16")  # the Newton-Schulz products' (newton_schulz_dtype)
 
@@ -76,17 +78,10 @@ def check_muon_available() -> None:
 
 
 @functools.cache
-def cpu_multiplies_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+def cpu_multiplies_bf16(cpuinfo: str = CPUINFO) -> bool:
     """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX-BF16, as Linux's `cpuinfo` lists
     them), with which oneDNN multiplies bf16 faster than fp32; False where it cannot tell."""
-    try:
-        with open(cpuinfo, encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return bool({"avx512_bf16", "amx_bf16"} & set(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return False
+    return bool({"avx512_bf16", "amx_bf16"} & set((cpuinfo_field("flags", cpuinfo) or "").split()))
 
 
 def newton_schulz_dtype(device: torch.device, setting: str = "auto") -> torch.dtype:
