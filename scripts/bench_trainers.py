@@ -90,6 +90,7 @@ import platform
 import shutil
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from bench_trainers_eagle import (
@@ -163,23 +164,36 @@ OFFLINE = {"mode": "offline"}
 
 def run_eagle(args, ctx: dict) -> list[dict]:
     """eagle-llm at each of --eagle-lrs (all budgets from one run), then ours at each budget and seed and, at
-    the largest budget, ours with each of --eagle-ablations."""
+    the largest budget, ours with each of --eagle-ablations; --ours-first runs ours before eagle-llm."""
     n, rows = len(ctx["conversations"]), ctx["rows"]
     epochs = [int(e) for e in args.eagle_epochs.split(",")]
     ablations = [a for a in args.eagle_ablations.split(",") if a]
-    for lr in floats(args.eagle_lrs):
-        add_eagle_llm_rows(lr, epochs, args, ctx)
-    for e in epochs:
-        budget = eagle_budget(n, e)
-        print(f"ours eagle {e} epochs ({budget['steps']} steps x {budget['batch']})", flush=True)
-        for seed in ints(args.seeds):
-            largest = e == max(epochs)
-            if not (args.ablations_only and ablations and largest):
-                add_recipe_rows("eagle", budget, {}, args.eagle_tree, args, ctx, seed)
-            for variant in ablations if largest else ():
-                extra = joined_overrides(variant, EAGLE_ABLATIONS, "--eagle-ablations", budget)
-                rows.append(ours_row("eagle", budget, extra, args.eagle_tree, args, ctx, seed, variant))
+
+    def peer() -> None:
+        for lr in floats(args.eagle_lrs):
+            add_eagle_llm_rows(lr, epochs, args, ctx)
+
+    def ours() -> None:
+        for e in epochs:
+            budget = eagle_budget(n, e)
+            print(f"ours eagle {e} epochs ({budget['steps']} steps x {budget['batch']})", flush=True)
+            for seed in ints(args.seeds):
+                largest = e == max(epochs)
+                if not (args.ablations_only and ablations and largest):
+                    add_recipe_rows("eagle", budget, {}, args.eagle_tree, args, ctx, seed)
+                for variant in ablations if largest else ():
+                    extra = joined_overrides(variant, EAGLE_ABLATIONS, "--eagle-ablations", budget)
+                    rows.append(ours_row("eagle", budget, extra, args.eagle_tree, args, ctx, seed, variant))
+
+    in_order(args, peer, ours)
     return rows
+
+
+def in_order(args, peer, ours) -> None:
+    """peer() then ours(), or ours() first with --ours-first: two benches side by side, one with the flag, then
+    give each trainer its turn on the machine the other bench leaves quieter or busier."""
+    for run in (ours, peer) if args.ours_first else (peer, ours):
+        run()
 
 
 def ours_row(
@@ -225,10 +239,24 @@ def add_recipe_rows(method, budget, extra, tree, args, ctx, seed, changes=None) 
 def run_medusa(args, ctx: dict) -> list[dict]:
     """At each budget, largest first, seed by seed: medusa-llm (--peer-seeds), ours (--seeds) and, at the
     largest budget, ours with each of --medusa-ablations (medusa-llm's settings); so a run cut short still
-    holds paired runs of the comparison that matters most."""
+    holds paired runs of the comparison that matters most. --ours-first puts ours before medusa-llm."""
     rows, n = ctx["rows"], len(ctx["conversations"])
     epochs = sorted(ints(args.medusa_epochs), reverse=True)
     variants = [v for v in args.medusa_ablations.split(",") if v]
+
+    def peer(budget: dict, seed: int) -> None:
+        for lr in floats(args.medusa_lrs) if seed in ints(args.peer_seeds) else ():
+            rows.append(medusa_llm_row(budget, seed, args, ctx, lr))
+
+    def ours(budget: dict, seed: int, largest: bool) -> None:
+        if seed not in ints(args.seeds):
+            return
+        if not (args.ablations_only and variants and largest):
+            add_recipe_rows("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed)
+        for variant in variants if largest else ():
+            extra = {"num_heads": 3, **ablation_overrides(variant, budget)}
+            rows.append(ours_row("medusa", budget, extra, args.medusa_tree, args, ctx, seed, variant))
+
     for e in epochs:
         budget = medusa_budget(n, e)
         print(
@@ -236,22 +264,18 @@ def run_medusa(args, ctx: dict) -> list[dict]:
             flush=True,
         )
         for seed in sorted(set(ints(args.peer_seeds)) | set(ints(args.seeds))):
-            if seed in ints(args.peer_seeds):
-                for lr in floats(args.medusa_lrs):
-                    rows.append(medusa_llm_row(budget, seed, args, ctx, lr))
-            if seed not in ints(args.seeds):
-                continue
-            if not (args.ablations_only and variants and e == epochs[0]):
-                add_recipe_rows("medusa", budget, {"num_heads": 3}, args.medusa_tree, args, ctx, seed)
-            for variant in variants if e == epochs[0] else ():
-                extra = {"num_heads": 3, **ablation_overrides(variant, budget)}
-                rows.append(ours_row("medusa", budget, extra, args.medusa_tree, args, ctx, seed, variant))
+            in_order(
+                args,
+                partial(peer, budget, seed),
+                partial(ours, budget, seed, e == epochs[0]),
+            )
     return rows
 
 
 def run_eagle3(args, ctx: dict) -> list[dict]:
     """At each budget, largest first, seed by seed: modelopt (each of --modelopt-variants, --peer-seeds as
-    its training.seed) and ours (--seeds), both drafting over the same number of tokens (draft_vocab)."""
+    its training.seed) and ours (--seeds), both drafting over the same number of tokens (draft_vocab);
+    --ours-first puts ours before modelopt."""
     rows, n, recipe_vocab = ctx["rows"], len(ctx["conversations"]), ctx["eagle3_vocab"]
     vocab = min(recipe_vocab, distinct_chat_tokens(ctx["target"], ctx["conversations"]))
     ours_extra, ours_changes = {}, []
@@ -259,26 +283,37 @@ def run_eagle3(args, ctx: dict) -> list[dict]:
         ours_extra = {"draft_vocab_size": vocab}
         ours_changes = [f"draft_vocab_size={vocab} (the rows' distinct tokens, all modelopt can calibrate; "
                         f"the recipe's {recipe_vocab})"]  # fmt: skip
+    changes = OUR_CHANGES["eagle3"] + ours_changes
     variants = args.modelopt_variants.split(",")
     ablations = [a for a in args.eagle3_ablations.split(",") if a]
     epochs = sorted(ints(args.eagle3_epochs), reverse=True)
+
+    def peer(budget: dict, seed: int) -> None:
+        for variant in variants if seed in ints(args.peer_seeds) else ():
+            rows.append(modelopt_row(budget, seed, variant, vocab, args, ctx))
+
+    def ours(budget: dict, seed: int, largest: bool) -> None:
+        if seed not in ints(args.seeds):
+            return
+        if not (args.ablations_only and ablations and largest):
+            add_recipe_rows("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed, changes)
+        for variant in ablations if largest else ():
+            extra = {**ours_extra, **eagle3_ablation(variant, budget, seed)}
+            rows.append(
+                ours_row("eagle3", budget, extra, args.eagle_tree, args, ctx, seed, variant, changes=changes)
+            )
+
     for e in epochs:
         budget = eagle3_budget(n, e, args.eagle3_batch)
         print(
             f"eagle3 {e} epochs: {budget['steps']} steps x {budget['batch']}, draft vocab {vocab}", flush=True
         )
         for seed in sorted(set(ints(args.peer_seeds)) | set(ints(args.seeds))):
-            for variant in variants if seed in ints(args.peer_seeds) else ():
-                rows.append(modelopt_row(budget, seed, variant, vocab, args, ctx))
-            if seed not in ints(args.seeds):
-                continue
-            if not (args.ablations_only and ablations and e == epochs[0]):
-                add_recipe_rows("eagle3", budget, ours_extra, args.eagle_tree, args, ctx, seed,
-                                    OUR_CHANGES["eagle3"] + ours_changes)  # fmt: skip
-            for variant in ablations if e == epochs[0] else ():
-                extra = {**ours_extra, **eagle3_ablation(variant, budget, seed)}
-                rows.append(ours_row("eagle3", budget, extra, args.eagle_tree, args, ctx, seed, variant,
-                                     changes=OUR_CHANGES["eagle3"] + ours_changes))  # fmt: skip
+            in_order(
+                args,
+                partial(peer, budget, seed),
+                partial(ours, budget, seed, e == epochs[0]),
+            )
     return rows
 
 
@@ -437,6 +472,12 @@ def arg_parser() -> argparse.ArgumentParser:
         help="ours also in offline mode at every budget and seed, a line 'specheads (offline)': `specheads "
         "cache` (the target's hidden states once, bf16) then `train mode=offline`, both in its wall time, as "
         "eagle-llm's ge_data stage is in its",
+    )
+    p.add_argument(
+        "--ours-first",
+        action="store_true",
+        help="at each seed (EAGLE: before eagle-llm's one run) ours before the peer; run two benches side by side, "
+        "one with it, so neither trainer always starts while the other bench is still preparing",
     )
     p.add_argument("--seed", type=int, default=0, help="the data's")
     p.add_argument("--overwrite", action="store_true")

@@ -420,7 +420,7 @@ def test_eagle_ablations_run_at_the_largest_budget_with_their_overrides(monkeypa
                         changes=(): calls.append((budget["epochs"], seed, variant, extra)) or {})  # fmt: skip
     args = bench.argparse.Namespace(eagle_epochs="5,11", eagle_lrs="1e-3", eagle_ablations="muon,muon x4+lr 2e-3",
                                     seeds="0", eagle_tree="dynamic-16", ablations_only=False,
-                                    ours_offline=False)  # fmt: skip
+                                    ours_offline=False, ours_first=False)  # fmt: skip
     ctx = {"rows": bench.ReportedRows(lambda rows: None), "conversations": [("p", "a")] * 16}
     bench.run_eagle(args, ctx)
     muon4 = {"optimizer": "muon", "muon_lr_scale": 4.0, "lr": 2e-3}
@@ -442,7 +442,7 @@ def test_eagle3_ablations_only_leaves_the_recipe_out_at_the_largest_budget(monke
                         changes=(): calls.append((budget["epochs"], seed, variant)) or {})  # fmt: skip
     args = bench.argparse.Namespace(eagle3_epochs="1,3", eagle3_batch=4, eagle3_ablations="ttt 3", seeds="0",
                                     peer_seeds="", modelopt_variants="defaults", eagle_tree="dynamic-16",
-                                    ablations_only=False, ours_offline=False)  # fmt: skip
+                                    ablations_only=False, ours_offline=False, ours_first=False)  # fmt: skip
     writes = []  # the report is rewritten after every row, as each is measured
     ctx = {"rows": bench.ReportedRows(lambda rows: writes.append(len(rows))), "conversations": [("p", "a")] * 16,
            "eagle3_vocab": 2048, "target": None}  # fmt: skip
@@ -470,7 +470,7 @@ def test_medusa_runs_pair_seeds_and_ablations_only_leaves_the_recipe_out(monkeyp
         ("ours", budget["epochs"], seed, variant, extra.get("share_lm_head"))) or {})  # fmt: skip
     args = bench.argparse.Namespace(medusa_epochs="2,4", medusa_ablations="own lm_head", peer_seeds="0",
                                     seeds="0,1", medusa_lrs="1e-3", medusa_tree="medusa-31",
-                                    ablations_only=False, ours_offline=False)  # fmt: skip
+                                    ablations_only=False, ours_offline=False, ours_first=False)  # fmt: skip
     ctx = {"rows": [], "conversations": [("p", "a")] * 64}
     bench.run_medusa(args, ctx)
     assert calls == [("peer", 4, 0), ("ours", 4, 0, "", None), ("ours", 4, 0, "own lm_head", False),
@@ -481,6 +481,42 @@ def test_medusa_runs_pair_seeds_and_ablations_only_leaves_the_recipe_out(monkeyp
     bench.run_medusa(args, ctx)
     assert calls == [("ours", 4, 0, "own lm_head", False), ("ours", 4, 1, "own lm_head", False),
                      ("ours", 2, 0, "", None), ("ours", 2, 1, "", None)]  # fmt: skip
+
+
+def test_ours_first_runs_ours_before_the_peer_at_every_seed_and_method(monkeypatch):
+    """--ours-first swaps the two sides' turns (the peer's still run, and the rows are the same), so two
+    benches side by side, one with the flag, give each trainer the first turn once."""
+    calls = []
+    monkeypatch.setattr(bench, "distinct_chat_tokens", lambda target, conversations: 4096)
+    monkeypatch.setattr(bench, "modelopt_row", lambda budget, seed, *a: calls.append(("peer", seed)) or {})
+    monkeypatch.setattr(bench, "medusa_llm_row", lambda budget, seed, *a: calls.append(("peer", seed)) or {})
+    monkeypatch.setattr(
+        bench, "add_eagle_llm_rows", lambda lr, epochs, args, ctx: calls.append(("peer", None))
+    )
+    monkeypatch.setattr(bench, "ours_row", lambda method, budget, extra, tree, args, ctx, seed, variant="",
+                        changes=None: calls.append(("ours", seed)) or {})  # fmt: skip
+    args = bench.argparse.Namespace(eagle3_epochs="2", eagle3_batch=4, eagle3_ablations="", seeds="0,1",
+                                    peer_seeds="0,1", modelopt_variants="defaults", eagle_tree="dynamic-16",
+                                    medusa_epochs="2", medusa_ablations="", medusa_lrs="1e-3",
+                                    medusa_tree="medusa-31", eagle_epochs="2", eagle_lrs="1e-3",
+                                    eagle_ablations="", ablations_only=False, ours_offline=False,
+                                    ours_first=False)  # fmt: skip
+    ctx = {"rows": [], "conversations": [("p", "a")] * 16, "eagle3_vocab": 2048, "target": None}
+    paired = [("peer", 0), ("ours", 0), ("peer", 1), ("ours", 1)]
+    for run in (bench.run_eagle3, bench.run_medusa):
+        for first, expected in ((False, paired), (True, [paired[i] for i in (1, 0, 3, 2)])):
+            calls.clear()
+            args.ours_first = first
+            run(args, ctx)
+            assert calls == expected, (run.__name__, first)
+    for first, expected in ((False, [("peer", None), ("ours", 0), ("ours", 1)]),
+                            (True, [("ours", 0), ("ours", 1), ("peer", None)])):  # fmt: skip
+        calls.clear()
+        args.ours_first = first
+        bench.run_eagle(args, ctx)
+        assert calls == expected
+    assert bench.arg_parser().parse_args(["--ours-first"]).ours_first is True
+    assert bench.arg_parser().parse_args([]).ours_first is False
 
 
 def test_every_medusa_ablation_is_a_valid_recipe_override():
