@@ -1,5 +1,6 @@
 """What this machine's CPU is, as Linux's /proc/cpuinfo says: read by the calibration cache (its key names
-the processor), the optimizer (whether bf16 products are fast) and the benchmarks (what their JSON records) and .ci/run (what it prints of the machine)."""
+the processor), the optimizer (whether bf16 products are fast), the benchmarks (what their JSON records) and
+.ci/run (what it prints of the machine)."""
 
 from __future__ import annotations
 
