@@ -248,6 +248,8 @@ EAGLE3_ABLATIONS = {
     # ours only: torch's Muon on the draft's hidden matrices, AdamW on its lm_head and norms (train/optimizers.py):
     # Muon at 8 x lr, the product's default, or at the rate named ('+lr 4e-3' moves AdamW's part and Muon's)
     "muon": lambda b, s: {"optimizer": "muon"},
+    # AdamW on every parameter at lr, as modelopt's Trainer (the recipe's Muon off)
+    "adamw": lambda b, s: {"optimizer": "adamw"},
     "muon x1": lambda b, s: {"optimizer": "muon", "muon_lr_scale": 1.0},
     "muon x4": lambda b, s: {"optimizer": "muon", "muon_lr_scale": 4.0},
     "muon x16": lambda b, s: {"optimizer": "muon", "muon_lr_scale": 16.0},
