@@ -26,7 +26,10 @@ budget   the peer's: eagle-llm's main.py runs 21 epochs (hard-coded) over the 95
 runs     one run per seed: ours at each of --seeds (its `seed`), medusa-llm at each of --peer-seeds (its
          --seed); eagle-llm once (its main.py seeds nothing of its own). The table gives tau's mean
          [min-max] over a line's runs and their number; a verdict says "wins"/"LOSES" only when the ranges
-         do not overlap (one run a side: "leads"/"trails", no verdict).
+         do not overlap (one run a side: "leads"/"trails", no verdict). The ranges speak for the seeds on
+         one set of prompts: a second line compares the two prompt by prompt (greedy decoding is lossless:
+         the same text, the steps apart), the prompts each is ahead on and a 95% bootstrap interval of the
+         difference over prompts and seeds (scripts/bench_trainers_paired.py).
 ablation --medusa-ablations: ours at the largest Medusa budget with one (or several, '+'-joined) of
          medusa-llm's settings in place of our recipe's (MEDUSA_ABLATIONS: its warm-up ratio, its
          unweighted heads, its text labels), at every seed: what each difference buys in tau. --medusa-lrs

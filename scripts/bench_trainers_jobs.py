@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_trainers_paired import prompt_steps
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # the recipe folder of each target the bench trains on: `--target tiny` (the default) or `smollm2`
@@ -383,6 +385,7 @@ def row_result(
         "tau": ev["mean_accept_length"],
         "identical": ev["identical_to_baseline"],
         "accept_rate_per_depth": ev.get("accept_rate_per_depth"),
+        "per_prompt": prompt_steps(ev),  # {id: [new tokens, steps]}, for the paired verdict
         "wall_s": wall,
         "peak_rss_mib": rss,
         "tokens_per_s": None if wall is None else seen / wall,

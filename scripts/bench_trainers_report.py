@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench_trainers_paired import paired, paired_line
+
 # Issue 21's goals: ours above the best peer by this fraction of its tau (in the mean), per method.
 GOALS = {"EAGLE-3": 0.05}
 
@@ -156,6 +158,9 @@ def verdicts(rows: list[dict]) -> list[str]:
                     f"{lead}{r['trainer']}: tau {fmt_range(other)} vs ours {fmt_range(base)}{on}: "
                     f"{other['mean'] - base['mean']:+.3f} ({other['n']} and {base['n']} runs)."
                 )
+                pair = paired(runs_m, mine_m)
+                if pair:
+                    out.append(f"{lead}{r['trainer']} against ours, {paired_line(pair, 'it')}")
                 continue
             other, base = tau_range(runs_m), tau_range(mine_m)
             out.append(
@@ -163,7 +168,10 @@ def verdicts(rows: list[dict]) -> list[str]:
                 f"{fmt_range(base)} vs {fmt_range(other)} ({(base['mean'] / other['mean'] - 1) * 100:+.1f}% "
                 f"in the mean; {base['n']} and {other['n']} runs{on})."
             )
-            peers.append((base, other, r["trainer"], on))
+            pair = paired(mine_m, runs_m)
+            if pair:
+                out.append(f"{lead}ours against {r['trainer']}, {paired_line(pair)}")
+            peers.append((base, other, r["trainer"], on, pair))
             matched = same_lr(rows, method, top, lr_of(r["trainer"]))
             if matched:  # the peer at another learning rate: ours at that rate too, where it ran
                 mine_l, runs_l, on_l = common_seeds(matched, runs)
@@ -216,17 +224,27 @@ def common_seeds(mine: list[dict], runs: list[dict]) -> tuple[list[dict], list[d
     return [r for r in mine if r.get("seed") in seeds], [r for r in runs if r.get("seed") in seeds], on
 
 
-def goal_line(method: str, where: str, ours: dict, best: dict, trainer: str, on: str = "") -> str:
-    """Whether ours' mean tau clears the best peer's by GOALS[method], and whether the ranges do too."""
+def goal_line(
+    method: str, where: str, ours: dict, best: dict, trainer: str, on: str = "", pair: dict | None = None
+) -> str:
+    """Whether ours' mean tau clears the best peer's by GOALS[method], whether the ranges do too, and where
+    the runs kept their prompts (`pair`, bench_trainers_paired.paired), whether the paired interval does."""
     need = 1 + GOALS[method]
     met = ours["mean"] >= need * best["mean"]
     apart = ours["min"] >= need * best["max"]
-    return (
+    line = (
         f"\n{method}, {where}: the goal (ours {GOALS[method]:.0%} above the best peer, {trainer}: tau "
         f"{need * best['mean']:.2f} or more{on}) is {'met' if met else 'NOT met'}: ours {ours['mean']:.2f}, "
         f"{(ours['mean'] / best['mean'] - 1) * 100:+.1f}% in the mean; "
         f"{'and' if apart == met else 'but'} ours' lowest run {'clears' if apart else 'does not clear'} "
-        f"{need:.2f} x its highest ({need * best['max']:.2f})."
+        f"{need:.2f} x its highest ({need * best['max']:.2f})"
+    )
+    if pair is None:
+        return line + "."
+    clears = pair["lo"] >= GOALS[method]
+    return (
+        f"{line}; {'and' if clears == met else 'but'} the paired interval's low end ({pair['lo'] * 100:+.1f}%) "
+        f"{'clears' if clears else 'does not clear'} {GOALS[method]:+.0%}."
     )
 
 

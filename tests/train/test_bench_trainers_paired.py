@@ -1,0 +1,110 @@
+"""scripts/bench_trainers_paired.py: two lines of runs compared prompt by prompt (the same text decoded, the
+steps apart), with a bootstrap over the prompts and each line's runs; and the verdicts that carry it."""
+
+import sys
+
+import pytest
+from bench_trainers_modules import jobs, modelopt, report
+
+paired_mod = sys.modules["bench_trainers_paired"]
+paired, paired_line = paired_mod.paired, paired_mod.paired_line
+
+IDS = [str(80 + i) for i in range(12)]
+
+
+def run(steps, tokens=64, ids=IDS, **kw):
+    """A row whose eval took steps[i] (a list) or steps (one number) over prompt ids[i]."""
+    steps = steps if isinstance(steps, list) else [steps] * len(ids)
+    return {"tau": None, "per_prompt": {p: [tokens, s] for p, s in zip(ids, steps)}, **kw}
+
+
+def tau_of(r):
+    return sum(n - 1 for n, _ in r["per_prompt"].values()) / sum(s for _, s in r["per_prompt"].values())
+
+
+def test_ahead_on_every_prompt_is_a_difference_clear_of_zero():
+    ours = [run([30 + i for i in range(12)]), run([31 + i for i in range(12)])]
+    other = [run([36 + i for i in range(12)]), run([37 + i for i in range(12)])]
+    p = paired(ours, other)
+    assert (p["n_prompts"], p["runs"], p["ahead"], p["behind"], p["level"]) == (12, [2, 2], 12, 0, 0)
+    # the table's tau: each run's over the prompts, then the mean of the line's runs
+    want = (tau_of(ours[0]) + tau_of(ours[1])) / (tau_of(other[0]) + tau_of(other[1])) - 1
+    assert p["diff"] == pytest.approx(want)
+    assert 0 < p["lo"] < p["diff"] < p["hi"]
+    assert "ours ahead on 12, behind on 0, level on 0; +" in paired_line(p)
+    assert paired_line(p).endswith("above zero: ours leads across prompts and seeds.")
+
+
+def test_a_lead_that_one_prompt_makes_is_not_settled_by_the_prompts():
+    """Ahead in the mean, by one prompt alone: the bootstrap draws sets of prompts without it."""
+    ours, other = run([10] + [41] * 11), run([40] * 12)
+    p = paired([ours], [other])
+    assert p["diff"] > 0.02 and (p["ahead"], p["behind"]) == (1, 11)
+    assert p["lo"] < 0 < p["hi"]
+    line = paired_line(p)
+    assert "(a bootstrap drawing the prompts)" in line  # one run a side: nothing of the seeds in it
+    assert line.endswith("across zero: these prompts do not settle it.")
+    # behind on every prompt: below zero
+    assert paired_line(paired([other], [run(30)])).endswith("below zero: ours trails across prompts.")
+
+
+def test_the_interval_counts_the_spread_of_the_seeds_not_only_of_the_prompts():
+    """Runs that differ by a factor on every prompt: the prompts alone give no spread in the ratio, the
+    runs drawn anew do."""
+    one = paired([run(32)], [run(36)])
+    assert one["lo"] == pytest.approx(one["diff"]) and one["hi"] == pytest.approx(one["diff"])
+    two = paired([run(28), run(36)], [run(36), run(36)])
+    assert two["hi"] - two["lo"] > 0.15  # both of ours' runs drawn as the 28-step one, or both as the 36-step
+    assert two["lo"] <= 0 < two["diff"] < two["hi"]
+
+
+def test_only_the_prompts_every_run_decoded_are_compared_and_a_run_without_records_stops_it():
+    ours = [run(30), run(30, ids=IDS[:8])]
+    other = [run(36, ids=IDS[4:])]
+    assert paired(ours, other)["n_prompts"] == 4
+    assert paired([run(30), {"tau": 1.5}], other) is None  # an eval from before the records were kept
+    assert paired([run(30, ids=IDS[:2])], [run(30, ids=IDS[2:4])]) is None
+    p = paired([run([30, 36, 40])], [run([36, 36, 38])])
+    assert (p["ahead"], p["behind"], p["level"]) == (1, 1, 1)
+
+
+def test_the_bootstrap_is_the_same_every_time():
+    ours, other = [run([30 + i % 5 for i in range(12)])], [run([33 - i % 4 for i in range(12)])]
+    assert paired(ours, other) == paired(ours, other)
+
+
+def test_a_rows_records_are_its_evals_new_tokens_and_steps_by_prompt():
+    ev = {"mean_accept_length": 1.5, "identical_to_baseline": "2/2", "per_prompt": [
+        {"id": 81, "new_tokens": 64, "steps": 40, "accept_lengths": [1] * 40}, {"id": "91", "new_tokens": 12, "steps": 9}]}  # fmt: skip
+    assert paired_mod.prompt_steps(ev) == {"81": [64, 40], "91": [12, 9]}
+    assert paired_mod.prompt_steps({"mean_accept_length": 1.5}) is None
+    row = jobs.row_result("EAGLE-3", "specheads", modelopt.eagle3_budget(32, 10, 4), 100.0, ev)
+    assert row["per_prompt"] == {"81": [64, 40], "91": [12, 9]}
+
+
+def eagle3(trainer, steps, seed):
+    return {"method": "EAGLE-3", "trainer": trainer, "budget": modelopt.eagle3_budget(32, 10, 4),
+            "tokens_seen": 9000, "identical": "12/12", "seed": seed, **run(steps), "tau": tau_of(run(steps))}  # fmt: skip
+
+
+def test_the_verdicts_and_the_goal_carry_the_paired_comparison_where_the_runs_kept_their_prompts():
+    rows = [eagle3("modelopt 0.47.0", [40 + i % 3 for i in range(12)], s) for s in (0, 1)]
+    rows += [eagle3("specheads", [34 + i % 2 for i in range(12)], s) for s in (0, 1)]
+    rows += [eagle3("specheads (teacher T 1.5)", 35, s) for s in (0, 1)]
+    table = report.render_table(rows)
+    assert "EAGLE-3, 10 epochs of 32 rows: ours wins against modelopt 0.47.0" in table
+    assert (
+        "EAGLE-3, 10 epochs of 32 rows: ours against modelopt 0.47.0, paired on the 12 prompts both decoded: "
+        "ours ahead on 12, behind on 0, level on 0; +" in table
+    )
+    assert (
+        "specheads (teacher T 1.5) against ours, paired on the 12 prompts both decoded: it ahead on 0, "
+        in table
+    )
+    pair = paired(rows[2:4], rows[:2])
+    assert pair["lo"] > 0.05  # 34.5 steps a prompt against 41: +18%
+    assert f"and the paired interval's low end ({pair['lo'] * 100:+.1f}%) clears +5%." in table
+    # rows from before the records were kept: the verdicts as they were
+    old = [{k: v for k, v in r.items() if k != "per_prompt"} for r in rows]
+    assert "paired" not in report.render_table(old)
+    assert "its highest (" in report.render_table(old) and "+5%." not in report.render_table(old)
