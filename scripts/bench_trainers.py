@@ -70,8 +70,8 @@ EAGLE-3  modelopt runs in its own env (tests/consumers/modelopt_env.py: its tran
          (peer_target), as on the tiny target, since their masking cannot read ChatML. That view's index
          names an `lm_head.weight` (the tied embedding, in a file of its own), which eagle-llm reads by name.
          eagle-llm's heads are decoded with the rotary base its cnets.py uses, 10000, not SmolLM2's 100000
-         (eagle_llm_release_config). tau is `specheads eval` on --eval-prompts MT-Bench questions, one a
-         category in turn.
+         (eagle_llm_release_config). tau is `specheads eval` on --eval-prompts MT-Bench questions (32 unless
+         given), one a category in turn.
 
 --methods picks what runs; the other methods' rows are carried from --report's JSON, each with the command
 that measured it. Writes REPORT/bench_trainers.json and REPORT/bench_trainers.md (the table) after every
@@ -388,7 +388,7 @@ def arg_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = arg_parser().parse_args(argv)
+    args = bench_trainers_args.parse_args(argv, __doc__.splitlines()[0])
     if args.render:
         render(args.report, args.merge)
         return 0

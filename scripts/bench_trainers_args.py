@@ -10,6 +10,17 @@ from bench_trainers_jobs import RECIPES, ROOT
 from bench_trainers_medusa import MEDUSA_ABLATIONS, MEDUSA_LR
 from bench_trainers_modelopt import EAGLE3_ABLATIONS, MODELOPT_VARIANTS, joined_help
 
+# --eval-prompts' default per target
+EVAL_PROMPTS = {"tiny": 12, "smollm2": 32}
+
+
+def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namespace:
+    """The command line, with the defaults that depend on --target filled in."""
+    args = arg_parser(description).parse_args(argv)
+    if args.eval_prompts is None:
+        args.eval_prompts = EVAL_PROMPTS[args.target]
+    return args
+
 
 def arg_parser(description: str = "") -> argparse.ArgumentParser:
     """bench_trainers.py's options (`description`: its first line)."""
@@ -58,7 +69,12 @@ def arg_parser(description: str = "") -> argparse.ArgumentParser:
     )
     p.add_argument("--eagle-tree", default="dynamic", help="EAGLE and EAGLE-3")
     p.add_argument("--medusa-tree", default="medusa-31")
-    p.add_argument("--eval-prompts", type=int, default=12)
+    p.add_argument(
+        "--eval-prompts",
+        type=int,
+        help="prompts tau is measured on (default: the tiny target's 12 held-out files, SmolLM2's 32 MT-Bench "
+        "first turns; 8 were too few to judge a difference of 2%%: docs/bench_trainers/eagle3-smollm2/s40-eval32)",
+    )
     p.add_argument("--eval-new-tokens", type=int, default=48)
     p.add_argument("--our-eval-batches", type=int, default=2, help="our trainer's end-of-run held-out loss")
     p.add_argument(

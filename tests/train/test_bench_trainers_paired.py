@@ -4,7 +4,7 @@ steps apart), with a bootstrap over the prompts and each line's runs; and the ve
 import sys
 
 import pytest
-from bench_trainers_modules import jobs, modelopt, report
+from bench_trainers_modules import bench, jobs, modelopt, report
 
 paired_mod = sys.modules["bench_trainers_paired"]
 paired, paired_line = paired_mod.paired, paired_mod.paired_line
@@ -108,3 +108,10 @@ def test_the_verdicts_and_the_goal_carry_the_paired_comparison_where_the_runs_ke
     old = [{k: v for k, v in r.items() if k != "per_prompt"} for r in rows]
     assert "paired" not in report.render_table(old)
     assert "its highest (" in report.render_table(old) and "+5%." not in report.render_table(old)
+
+
+@pytest.mark.parametrize(("target", "n"), [("tiny", 12), ("smollm2", 32)])
+def test_tau_is_measured_on_32_mt_bench_prompts_on_smollm2_unless_told(target, n):
+    """8 MT-Bench prompts made level heads look 1.2%-1.7% apart (docs/bench_trainers/eagle3-smollm2/s40-eval32)."""
+    assert bench.bench_trainers_args.parse_args(["--target", target]).eval_prompts == n
+    assert bench.bench_trainers_args.parse_args(["--target", target, "--eval-prompts", "8"]).eval_prompts == 8
