@@ -388,7 +388,7 @@ def arg_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = bench_trainers_args.parse_args(argv, __doc__.splitlines()[0])
+    args = bench_trainers_args.with_target_defaults(arg_parser().parse_args(argv))
     if args.render:
         render(args.report, args.merge)
         return 0

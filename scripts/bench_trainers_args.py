@@ -14,9 +14,8 @@ from bench_trainers_modelopt import EAGLE3_ABLATIONS, MODELOPT_VARIANTS, joined_
 EVAL_PROMPTS = {"tiny": 12, "smollm2": 32}
 
 
-def parse_args(argv: list[str] | None, description: str = "") -> argparse.Namespace:
-    """The command line, with the defaults that depend on --target filled in."""
-    args = arg_parser(description).parse_args(argv)
+def with_target_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """The parsed command line with the defaults that depend on --target filled in."""
     if args.eval_prompts is None:
         args.eval_prompts = EVAL_PROMPTS[args.target]
     return args

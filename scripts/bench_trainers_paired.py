@@ -67,15 +67,18 @@ def paired(ours: list[dict], other: list[dict], draws: int = DRAWS, seed: int = 
 
 def paired_line(p: dict, ours: str = "ours") -> str:
     """The comparison in words: "paired on the 32 prompts both decoded: ours ahead on 20, ..."."""
-    seeds = " and each line's runs" if max(p["runs"]) > 1 else ""
+    runs = max(p["runs"]) > 1  # with one run a side the interval is the prompts' alone
+    drawn, across = (
+        ("the prompts and each line's runs", "prompts and seeds") if runs else ("the prompts", "prompts")
+    )
     if p["lo"] > 0:
-        says = f"above zero: {ours} leads across prompts{' and seeds' if seeds else ''}"
+        says = f"above zero: {ours} leads across {across}"
     elif p["hi"] < 0:
-        says = f"below zero: {ours} trails across prompts{' and seeds' if seeds else ''}"
+        says = f"below zero: {ours} trails across {across}"
     else:
-        says = "across zero: these prompts" + (" and seeds" if seeds else "") + " do not settle it"
+        says = f"across zero: these {across} do not settle it"
     return (
         f"paired on the {p['n_prompts']} prompts both decoded: {ours} ahead on {p['ahead']}, behind on "
         f"{p['behind']}, level on {p['level']}; {p['diff'] * 100:+.1f}% in tau, 95% interval "
-        f"{p['lo'] * 100:+.1f}% to {p['hi'] * 100:+.1f}% (a bootstrap drawing the prompts{seeds}), {says}."
+        f"{p['lo'] * 100:+.1f}% to {p['hi'] * 100:+.1f}% (a bootstrap drawing {drawn}), {says}."
     )
