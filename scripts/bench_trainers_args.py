@@ -28,8 +28,9 @@ def arg_parser(description: str = "") -> argparse.ArgumentParser:
         "--target",
         default="tiny",
         choices=sorted(RECIPES),
-        help="the target both sides train on: tiny (every method) or smollm2 (EAGLE-3 and Medusa: data the "
-        "target's own answers to the project's seed prompts, tau on MT-Bench)",
+        help="the target both sides train on, for every method: tiny (data windows of its training files, tau "
+        "on its held-out files) or smollm2 (data the target's own answers to the project's seed prompts, tau "
+        "on MT-Bench)",
     )
     p.add_argument(
         "--device",
