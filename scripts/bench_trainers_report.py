@@ -76,7 +76,7 @@ def identical_sum(runs: list[dict]) -> str:
 def render_table(rows: list[dict]) -> str:
     """Markdown: one line per (method, trainer, budget) with tau's mean [min-max] over its runs and their
     number; each trainer's changes from its defaults as a numbered note under the table; a verdict line
-    per method at the largest budget, and what each ablation of ours bought there."""
+    per method and budget both ran, and, at the largest, what each ablation of ours bought."""
     # a GPU's memory where any run measured it; the training loop's own rate where any trainer gave it
     gpu = any(r.get("peak_accelerator_mib") for r in rows)
     loop = any(r.get("loop_tokens_per_s") for r in rows)
@@ -124,66 +124,100 @@ def verdict_word(ours: dict, peer: dict) -> str:
 
 
 def verdicts(rows: list[dict]) -> list[str]:
-    """At each method's largest budget: ours against each peer, and each ablation of ours against ours,
-    in plain words."""
+    """Ours against each peer, in plain words, at every budget of a method both ran, the smaller first (a
+    learning curve's merged report judges each of its points); at each method's largest budget also each
+    ablation of ours against ours, ours against a peer at the peer's learning rate, and the goal."""
     out = []
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method and r["trainer"] == "specheads"]
         if not mine:
             continue
-        top = max((budget_key(r) for r in mine), key=lambda k: (k[2], k[1]))  # most rows seen
-        mine_top = [r for r in mine if budget_key(r) == top]
-        ours = tau_range(mine_top)
-        where = f"{top[1]} epochs of {top[0]} rows"
-        if ours["n"] == 0:
+        keys = sorted({budget_key(r) for r in mine}, key=lambda k: (k[2], k[1]))  # by rows seen
+        for key in keys[:-1]:
+            mine_at = [r for r in mine if budget_key(r) == key]
+            if tau_range(mine_at)["n"] == 0:
+                continue
+            for runs in groups(rows):
+                r = runs[0]
+                if (
+                    r["method"] == method
+                    and not r["trainer"].startswith("specheads")
+                    and budget_key(r) == key
+                ):
+                    out += peer_verdict(method, key, mine_at, runs)[0]
+        out += largest_budget_verdicts(rows, method, mine, keys[-1])
+    return out
+
+
+def peer_verdict(
+    method: str, key: tuple, mine: list[dict], runs: list[dict]
+) -> tuple[list[str], tuple | None]:
+    """Ours (`mine`) against a peer's runs at one budget: the verdict and the paired line, and (ours' range,
+    the peer's, its name, the seeds, the pairing) for the goal; ([], None) where the peer has no tau."""
+    if tau_range(runs)["n"] == 0:
+        return [], None
+    trainer = runs[0]["trainer"]
+    lead = f"\n{method}, {key[1]} epochs of {key[0]} rows: "
+    mine_m, runs_m, on = common_seeds(mine, runs)
+    base, other = tau_range(mine_m), tau_range(runs_m)
+    out = [
+        f"{lead}ours {verdict_word(base, other)} against {trainer}: tau "
+        f"{fmt_range(base)} vs {fmt_range(other)} ({(base['mean'] / other['mean'] - 1) * 100:+.1f}% "
+        f"in the mean; {base['n']} and {other['n']} runs{on})."
+    ]
+    pair = paired(mine_m, runs_m)
+    if pair:
+        out.append(f"{lead}ours against {trainer}, {paired_line(pair)}")
+    return out, (base, other, trainer, on, pair)
+
+
+def largest_budget_verdicts(rows: list[dict], method: str, mine: list[dict], top: tuple) -> list[str]:
+    """At a method's largest budget: ours against each peer, each ablation of ours against ours, ours at a
+    peer's learning rate against it, and the goal."""
+    mine_top = [r for r in mine if budget_key(r) == top]
+    if tau_range(mine_top)["n"] == 0:
+        return []
+    where = f"{top[1]} epochs of {top[0]} rows"
+    out, peers = [], []
+    for runs in groups(rows):
+        r = runs[0]
+        if r["method"] != method or r["trainer"] == "specheads" or budget_key(r) != top:
             continue
-        peers = []
-        for runs in groups(rows):
-            r = runs[0]
-            if r["method"] != method or r["trainer"] == "specheads" or budget_key(r) != top:
-                continue
-            if tau_range(runs)["n"] == 0:
-                continue
-            lead = f"\n{method}, {where}: "
-            mine_m, runs_m, on = common_seeds(mine_top, runs)
-            if r["trainer"].startswith("specheads ("):
-                if not {x.get("seed") for x in runs} & {x.get("seed") for x in mine_top}:
-                    out.append(
-                        f"{lead}{r['trainer']}: tau {fmt_range(tau_range(runs))}; no seed in common with ours, "
-                        "not compared."
-                    )
-                    continue
-                other, base = tau_range(runs_m), tau_range(mine_m)
+        if tau_range(runs)["n"] == 0:
+            continue
+        lead = f"\n{method}, {where}: "
+        if r["trainer"].startswith("specheads ("):
+            if not {x.get("seed") for x in runs} & {x.get("seed") for x in mine_top}:
                 out.append(
-                    f"{lead}{r['trainer']}: tau {fmt_range(other)} vs ours {fmt_range(base)}{on}: "
-                    f"{other['mean'] - base['mean']:+.3f} ({other['n']} and {base['n']} runs)."
+                    f"{lead}{r['trainer']}: tau {fmt_range(tau_range(runs))}; no seed in common with ours, "
+                    "not compared."
                 )
-                pair = paired(runs_m, mine_m)
-                if pair:
-                    out.append(f"{lead}{r['trainer']} against ours, {paired_line(pair, 'it')}")
                 continue
+            mine_m, runs_m, on = common_seeds(mine_top, runs)
             other, base = tau_range(runs_m), tau_range(mine_m)
             out.append(
-                f"{lead}ours {verdict_word(base, other)} against {r['trainer']}: tau "
-                f"{fmt_range(base)} vs {fmt_range(other)} ({(base['mean'] / other['mean'] - 1) * 100:+.1f}% "
-                f"in the mean; {base['n']} and {other['n']} runs{on})."
+                f"{lead}{r['trainer']}: tau {fmt_range(other)} vs ours {fmt_range(base)}{on}: "
+                f"{other['mean'] - base['mean']:+.3f} ({other['n']} and {base['n']} runs)."
             )
-            pair = paired(mine_m, runs_m)
+            pair = paired(runs_m, mine_m)
             if pair:
-                out.append(f"{lead}ours against {r['trainer']}, {paired_line(pair)}")
-            peers.append((base, other, r["trainer"], on, pair))
-            matched = same_lr(rows, method, top, lr_of(r["trainer"]))
-            if matched:  # the peer at another learning rate: ours at that rate too, where it ran
-                mine_l, runs_l, on_l = common_seeds(matched, runs)
-                base_l, other_l = tau_range(mine_l), tau_range(runs_l)
-                out.append(
-                    f"{lead}at the same lr, {matched[0]['trainer']} {verdict_word(base_l, other_l)} against "
-                    f"{r['trainer']}: tau {fmt_range(base_l)} vs {fmt_range(other_l)} "
-                    f"({(base_l['mean'] / other_l['mean'] - 1) * 100:+.1f}% in the mean; {base_l['n']} and "
-                    f"{other_l['n']} runs{on_l})."
-                )
-        if method in GOALS and peers:
-            out.append(goal_line(method, where, *max(peers, key=lambda p: p[1]["mean"])))
+                out.append(f"{lead}{r['trainer']} against ours, {paired_line(pair, 'it')}")
+            continue
+        lines, judged = peer_verdict(method, top, mine_top, runs)
+        out += lines
+        peers.append(judged)
+        matched = same_lr(rows, method, top, lr_of(r["trainer"]))
+        if matched:  # the peer at another learning rate: ours at that rate too, where it ran
+            mine_l, runs_l, on_l = common_seeds(matched, runs)
+            base_l, other_l = tau_range(mine_l), tau_range(runs_l)
+            out.append(
+                f"{lead}at the same lr, {matched[0]['trainer']} {verdict_word(base_l, other_l)} against "
+                f"{r['trainer']}: tau {fmt_range(base_l)} vs {fmt_range(other_l)} "
+                f"({(base_l['mean'] / other_l['mean'] - 1) * 100:+.1f}% in the mean; {base_l['n']} and "
+                f"{other_l['n']} runs{on_l})."
+            )
+    if method in GOALS and peers:
+        out.append(goal_line(method, where, *max(peers, key=lambda p: p[1]["mean"])))
     return out
 
 

@@ -61,21 +61,46 @@ def test_table_has_a_line_per_trainer_and_budget_with_the_range_and_runs_and_say
     )
     assert "\n[1] fp32.\n" in table  # each trainer's changes from its defaults, once, under the table
     assert "| Medusa | specheads | 6 | 12 x 32 | 6000 | 1.40 | 1 | 8/8 | - | - | - | - |" in table
-    # the verdict at each method's largest budget only
-    assert (
-        "Medusa, 21 epochs of 40 rows: ours trails (one run each: no spread, no verdict) against medusa-llm 0.1: "
-        "tau 1.70 vs 1.90 (-10.5% in the mean; 1 and 1 runs)." in table
+    # a verdict at every budget both ran, the smaller first
+    small = (
+        "Medusa, 6 epochs of 40 rows: ours trails (one run each: no spread, no verdict) against medusa-llm 0.1: "
+        "tau 1.40 vs 1.50 (-6.7% in the mean; 1 and 1 runs)."
     )
+    large = (
+        "Medusa, 21 epochs of 40 rows: ours trails (one run each: no spread, no verdict) against medusa-llm 0.1: "
+        "tau 1.70 vs 1.90 (-10.5% in the mean; 1 and 1 runs)."
+    )
+    assert small in table and large in table and table.index(small) < table.index(large)
     assert (
         "EAGLE, 21 epochs of 40 rows: ours leads (one run each: no spread, no verdict) against eagle-llm 1.2.1: "
         "tau 2.50 vs 2.00 (+25.0% in the mean;" in table
     )
-    assert "6 epochs of 40 rows: ours" not in table
-    # the same epochs over other rows are another budget: another line, and the verdict at the larger
+    # the same epochs over other rows are another budget: another line, and a verdict each
     more = [{**r, "budget": jobs.medusa_budget(128, 6)} for r in rows[:2]]
     table = report.render_table(rows[:2] + more)
     assert len([line for line in table.splitlines() if line.startswith("| Medusa")]) == 4
-    assert "Medusa, 6 epochs of 128 rows: ours trails" in table and "of 40 rows" not in table
+    assert table.index("Medusa, 6 epochs of 40 rows: ours trails") < table.index(
+        "Medusa, 6 epochs of 128 rows: ours trails"
+    )
+    # a budget where the peer did not run has no verdict
+    assert "6 epochs of 40 rows" not in report.render_table(rows[1:4])
+
+
+def test_ablations_and_the_goal_are_judged_at_the_largest_budget_only():
+    rows = [
+        row("EAGLE-3", "modelopt", 10, 1.5, seed=0),
+        row("EAGLE-3", "specheads", 10, 1.6, seed=0),
+        row("EAGLE-3", "specheads (ttt 3)", 10, 1.7, seed=0),
+        row("EAGLE-3", "modelopt", 30, 2.0, seed=0),
+        row("EAGLE-3", "specheads", 30, 2.2, seed=0),
+        row("EAGLE-3", "specheads (ttt 3)", 30, 2.1, seed=0),
+    ]
+    table = report.render_table(rows)
+    assert "EAGLE-3, 10 epochs of 40 rows: ours leads" in table
+    assert "EAGLE-3, 30 epochs of 40 rows: ours leads" in table
+    assert "30 epochs of 40 rows: specheads (ttt 3): tau 2.10 vs ours 2.20" in table
+    assert "10 epochs of 40 rows: specheads (ttt 3)" not in table
+    assert table.count("the goal") == 1 and "EAGLE-3, 30 epochs of 40 rows: the goal" in table
 
 
 def test_gpu_memory_and_the_loops_own_rate_are_columns_where_a_run_measured_them():
