@@ -37,6 +37,11 @@ def budget_key(row: dict) -> tuple[int, int, int]:
     return b["peer_rows"], b["epochs"], b["rows_seen"]
 
 
+def budget_words(key: tuple) -> str:
+    """A budget_key in the verdicts' words: '21 epochs of 30 rows'."""
+    return f"{key[1]} epochs of {key[0]} rows"
+
+
 def run_key(row: dict) -> tuple:
     """One run: (method, trainer, budget, seed)."""
     return row["method"], row["trainer"], budget_key(row), row.get("seed")
@@ -157,7 +162,7 @@ def peer_verdict(
     if tau_range(runs)["n"] == 0:
         return [], None
     trainer = runs[0]["trainer"]
-    lead = f"\n{method}, {key[1]} epochs of {key[0]} rows: "
+    lead = f"\n{method}, {budget_words(key)}: "
     mine_m, runs_m, on = common_seeds(mine, runs)
     base, other = tau_range(mine_m), tau_range(runs_m)
     out = [
@@ -177,7 +182,7 @@ def largest_budget_verdicts(rows: list[dict], method: str, mine: list[dict], top
     mine_top = [r for r in mine if budget_key(r) == top]
     if tau_range(mine_top)["n"] == 0:
         return []
-    where = f"{top[1]} epochs of {top[0]} rows"
+    where = budget_words(top)
     out, peers = [], []
     for runs in groups(rows):
         r = runs[0]
