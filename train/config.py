@@ -134,6 +134,9 @@ class TrainConfig:
     topk: int = 5
     eval_every: int = 200
     eval_batches: int = 20
+    # online: the target's states over those batches, kept in host memory from the first evaluation so that
+    # later ones run only its lm_head (train/held_out.py), up to this many MiB; 0 runs it every time
+    eval_cache_mib: int = 1024
     save_every: int = 0  # 0: only at the end
     keep_checkpoints: int = 0  # keep the newest N checkpoints/step-K; 0 keeps all
     allow_target_mismatch: bool = (
@@ -216,6 +219,7 @@ class TrainConfig:
         for name in (
             "warmup_steps",
             "weight_decay",
+            "eval_cache_mib",
             "num_workers",
             "min_label_tokens",
             "min_label_tokens_per_row",

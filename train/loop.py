@@ -68,6 +68,7 @@ from specheads.train.distributed import (
     target_parameter_counts,
 )
 from specheads.train.eagle_losses import count_label_tokens
+from specheads.train.held_out import HeldOutStates
 from specheads.train.hidden_cache import CachedRows, cache_layers, collate_cached
 from specheads.train.host_memory import keep_freed_memory
 from specheads.train.objective import HeadsWithLoss
@@ -237,23 +238,24 @@ class TargetClock:
 
 
 def heads_loss(
-    method: Method, model, target, batch: dict, weight: float = 0.0, clock: TargetClock | None = None
+    method: Method, model, target, batch: dict, weight: float = 0.0, clock=None, forward=target_output
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The frozen target's forward over `batch`, then the heads' loss through `model`.
 
     This is the loop's one call into the target: online it runs, offline (OfflineTarget) it reads the
     cached states the batch carries. `model` is the prepared HeadsWithLoss: calling it, not its insides,
     is what lets DDP and DeepSpeed do their part. A method whose objective `runs_target` (Medusa-2's
-    adapted target) is called with `weight`, the heads' loss weight. `clock` times the target's forward.
+    adapted target) is called with `weight`, the heads' loss weight. `clock` (a TargetClock) times the
+    target's forward; `forward` gives it (target_output, or held-out states kept: HeldOutStates).
     Returns (loss, metric sums).
     """
     if method.runs_target:
         return model(batch, weight)
     objective = getattr(model, "module", model)  # the HeadsWithLoss inside a DDP / DeepSpeed wrapper
-    forward = partial(
-        target_output, target, batch, capture=objective.capture_layers, logits=objective.needs_logits
+    run_target = partial(
+        forward, target, batch, capture=objective.capture_layers, logits=objective.needs_logits
     )
-    out = forward() if clock is None else clock.time(forward)
+    out = run_target() if clock is None else clock.time(run_target)
     return model(batch, out, target)
 
 
@@ -294,9 +296,12 @@ def train_step(
 
 
 @torch.no_grad()
-def evaluate(cfg: TrainConfig, accelerator, model, target, loader: DataLoader) -> dict[str, float]:
+def evaluate(
+    cfg: TrainConfig, accelerator, model, target, loader: DataLoader, states: HeldOutStates | None = None
+) -> dict[str, float]:
     """Held-out metrics over the first `eval_batches` global batches (batch_size rows per process):
-    loader batch i runs on process i mod N, so the rows, and the sums, do not depend on N.
+    loader batch i runs on process i mod N, so the rows, and the sums, do not depend on N. `states`: the
+    target's states over them kept from an earlier evaluation (train/held_out.py), else it runs each time.
 
     Every process runs the same number of forwards (a ZeRO-3 target gathers its weights from all of
     them), so one that runs out of batches repeats its last and leaves it out of the sums.
@@ -309,7 +314,8 @@ def evaluate(cfg: TrainConfig, accelerator, model, target, loader: DataLoader) -
     for i in range(accelerator.process_index, math.ceil(n / procs) * procs, procs):
         batch = {k: v.to(accelerator.device) for k, v in batches[min(i, n - 1)].items()}
         # metrics do not depend on the heads' weight
-        _, metrics = heads_loss(method_named(cfg.method), model, target, batch, cfg.lambda0)
+        forward = target_output if states is None else partial(states.target_output, index=min(i, n - 1))
+        _, metrics = heads_loss(method_named(cfg.method), model, target, batch, cfg.lambda0, forward=forward)
         if i < n:
             sums += metrics.to(sums.device)
     model.train()
@@ -366,6 +372,7 @@ class Run:
     training: dict  # what the heads' checkpoints record of the run
     label_counts: torch.Tensor  # (V,) how often each token is a label in the training rows, saved beside
     target_engine: object = None  # the ZeRO-3 engine that holds the sharded target
+    held_out: HeldOutStates | None = None  # the target's states over the held-out batches, once evaluated
 
 
 def build_objective(
@@ -426,6 +433,8 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
     register_state_hooks(accelerator)
     notes.update(method.after_prepare(accelerator, target))
     training = {**cfg.to_dict(), "target_resolved": target.name_or_path, **notes}
+    # offline the batches carry their states; a ZeRO-3 target's lm_head is a shard outside its forward
+    keeps = cfg.mode == "online" and not method.runs_target and engine is None and eval_loader is not None
     return Run(
         method,
         target,
@@ -439,6 +448,7 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
         training,
         label_counts,
         engine,
+        HeldOutStates(cfg.eval_cache_mib) if keeps else None,
     )
 
 
@@ -484,6 +494,7 @@ def run_training(cfg: TrainConfig, accelerator, progress: bool, stop: StopOnSign
         "target": TargetClock(accelerator.device),
         "step": 0.0,
         "labels": 0,
+        "eval": 0.0,
         "started": time.perf_counter(),
     }
     first = step = state["step"]
@@ -504,7 +515,9 @@ def run_training(cfg: TrainConfig, accelerator, progress: bool, stop: StopOnSign
             top1 = "/".join(f"{v:.2f}" for k, v in record.items() if k.endswith("/top1"))
             bar.set_postfix(loss=f"{record['loss']:.3f}", top1=top1, tau_sim=f"{record['tau_sim']:.2f}")
         if run.eval_loader is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
-            last_eval = evaluate(cfg, accelerator, run.model, run.target, run.eval_loader)
+            started = time.perf_counter()
+            last_eval = evaluate(cfg, accelerator, run.model, run.target, run.eval_loader, run.held_out)
+            timing["eval"] += time.perf_counter() - started
             log({"step": step, "split": "eval", **last_eval})
         stopping = stop_requested(accelerator, stop)
         if stopping or (cfg.save_every and step % cfg.save_every == 0 and step != cfg.max_steps):
@@ -559,6 +572,7 @@ def finish(
         "resumed_from": resume_from and str(resume_from),
         "wall_seconds": round(time.perf_counter() - timing["started"], 2),
         "step_seconds": timing["step"] / steps_run,
+        "eval_seconds": round(timing["eval"], 2),  # all held-out evaluations of this launch
         "target_forward_seconds": None if inside else target_seconds / steps_run,
         "step_to_target_forward_ratio": None if inside else timing["step"] / max(target_seconds, 1e-9),
         "labels_per_second": accelerator.num_processes * float(timing["labels"]) / max(timing["step"], 1e-9),
