@@ -13,6 +13,10 @@ difference holds across prompts and seeds; one across zero, that these prompts a
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import numpy as np
 
 DRAWS = 4000  # bootstrap draws: the interval's ends move by about 0.1% of tau from one seed of the draws to another
@@ -82,3 +86,35 @@ def paired_line(p: dict, ours: str = "ours") -> str:
         f"{p['behind']}, level on {p['level']}; {p['diff'] * 100:+.1f}% in tau, 95% interval "
         f"{p['lo'] * 100:+.1f}% to {p['hi'] * 100:+.1f}% (a bootstrap drawing {drawn}), {says}."
     )
+
+
+# -- the records of a side-by-side run (the docs' assemble.py scripts) ----------------------------------------
+
+
+def time_v(log: Path) -> dict:
+    """The figures `/usr/bin/time -v` wrote at the end of `log`."""
+    text = log.read_text(errors="replace")
+
+    def field(name: str) -> str:
+        return re.search(re.escape(name) + r":\s*(\S+)", text).group(1)
+
+    h_m_s = [float(x) for x in field("Elapsed (wall clock) time (h:mm:ss or m:ss)").split(":")]
+    return {
+        "wall_s": round(sum(x * 60**i for i, x in enumerate(reversed(h_m_s))), 1),
+        "user_s": float(field("User time (seconds)")),
+        "system_s": float(field("System time (seconds)")),
+        "peak_rss_mib": round(int(field("Maximum resident set size (kbytes)")) / 1024, 1),
+        "minor_page_faults": int(field("Minor (reclaiming a frame) page faults")),
+        "exit_status": int(field("Exit status")),
+    }
+
+
+def eval_record(folder: Path) -> dict:
+    """An eval's figures from its results.json: tau, acceptance per depth, identity, per category and prompt."""
+    ev = json.loads((folder / "results.json").read_text())
+    keep = ("mean_accept_length", "accept_rate_per_depth", "identical_to_baseline", "speedup", "new_tokens")
+    return {
+        **{k: ev[k] for k in (*keep, "steps", "command")},
+        "per_category": {c: v["mean_accept_length"] for c, v in ev["per_category"].items()},
+        "per_prompt": prompt_steps(ev),
+    }

@@ -1,6 +1,7 @@
 """scripts/bench_trainers_paired.py: two lines of runs compared prompt by prompt (the same text decoded, the
 steps apart), with a bootstrap over the prompts and each line's runs; and the verdicts that carry it."""
 
+import json
 import sys
 
 import pytest
@@ -119,3 +120,48 @@ def test_tau_is_measured_on_32_mt_bench_prompts_on_smollm2_unless_told(target, n
 
     assert parsed("--target", target).eval_prompts == n
     assert parsed("--target", target, "--eval-prompts", "8").eval_prompts == 8
+
+
+TIME_V = """\tCommand being timed: "specheads train recipes/smollm2-135m/eagle3.yaml"
+\tUser time (seconds): 2392.51
+\tSystem time (seconds): 11.03
+\tElapsed (wall clock) time (h:mm:ss or m:ss): 1:02:03.5
+\tMaximum resident set size (kbytes): 3306780
+\tMinor (reclaiming a frame) page faults: 690123
+\tExit status: 0
+"""
+
+
+def test_time_v_reads_the_figures_a_run_ended_with(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("train: 100%|##########| 200/200\n" + TIME_V)
+    assert paired_mod.time_v(log) == {
+        "wall_s": 3723.5,  # h:mm:ss
+        "user_s": 2392.51,
+        "system_s": 11.03,
+        "peak_rss_mib": 3229.3,
+        "minor_page_faults": 690123,
+        "exit_status": 0,
+    }
+    log.write_text(TIME_V.replace("1:02:03.5", "40:59.08"))
+    assert paired_mod.time_v(log)["wall_s"] == 2459.1  # m:ss
+
+
+def test_eval_record_keeps_the_figures_and_the_prompts(tmp_path):
+    results = {
+        "mean_accept_length": 1.7,
+        "accept_rate_per_depth": [0.5, 0.2],
+        "identical_to_baseline": "2/2",
+        "speedup": 0.9,
+        "new_tokens": 128,
+        "steps": 75,
+        "command": "specheads eval",
+        "per_category": {"writing": {"mean_accept_length": 1.8, "steps": 40}},
+        "per_prompt": [{"id": 81, "new_tokens": 64, "steps": 35}, {"id": 82, "new_tokens": 64, "steps": 40}],
+        "calibration": {"not": "kept"},
+    }
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    record = paired_mod.eval_record(tmp_path)
+    assert record["per_category"] == {"writing": 1.8}
+    assert record["per_prompt"] == {"81": [64, 35], "82": [64, 40]}
+    assert record["steps"] == 75 and "calibration" not in record and record["mean_accept_length"] == 1.7

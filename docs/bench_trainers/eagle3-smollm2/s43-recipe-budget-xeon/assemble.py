@@ -9,35 +9,14 @@ prep-s0.log, modelopt-s0/, ours-s0/, ours-s0-fp32/, ours-s1/, each NAME with NAM
 """
 
 import json
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, "scripts")
-from bench_trainers_paired import paired, prompt_steps  # noqa: E402
+from bench_trainers_paired import eval_record as evaluation  # noqa: E402
+from bench_trainers_paired import paired, time_v  # noqa: E402
 
 run_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
-
-
-def time_v(log: Path) -> dict:
-    """The figures of `/usr/bin/time -v` at the end of a log."""
-    text = log.read_text(errors="replace")
-    field = lambda name: re.search(re.escape(name) + r":\s*(\S+)", text).group(1)  # noqa: E731
-    h_m_s = [float(x) for x in field("Elapsed (wall clock) time (h:mm:ss or m:ss)").split(":")]
-    return {"wall_s": round(sum(x * 60**i for i, x in enumerate(reversed(h_m_s))), 1),
-            "user_s": float(field("User time (seconds)")), "system_s": float(field("System time (seconds)")),
-            "peak_rss_mib": round(int(field("Maximum resident set size (kbytes)")) / 1024, 1),
-            "minor_page_faults": int(field("Minor (reclaiming a frame) page faults")),
-            "exit_status": int(field("Exit status"))}  # fmt: skip
-
-
-def evaluation(path: Path) -> dict:
-    ev = json.loads((path / "results.json").read_text())
-    keep = ("mean_accept_length", "accept_rate_per_depth", "identical_to_baseline", "speedup", "new_tokens",
-            "steps", "command")  # fmt: skip
-    return {**{k: ev[k] for k in keep}, "per_category": {c: v["mean_accept_length"] for c, v in
-            ev["per_category"].items()}, "per_prompt": prompt_steps(ev)}  # fmt: skip
-
 
 prep = json.loads((run_dir / "prep-s0.log").read_text().strip().splitlines()[-1])
 runs = {}
