@@ -83,6 +83,7 @@ if "ours-t15-s1" in runs:
     comparisons["ours-t15 s0+s1 vs modelopt s0+s1"] = pair(t15_paired, ["modelopt-s0", "modelopt-s1"])
 if len(t15) == 3:
     comparisons["ours-t15 s0+s1+s2 vs modelopt s0+s1"] = pair(t15, ["modelopt-s0", "modelopt-s1"])
+    comparisons["ours-t15 s0+s1+s2 vs ours s0+s1"] = pair(t15, ["ours-s0", "ours-s1"])
 result = {"machine": "2-core Intel Xeon (AVX512-BF16, AMX-BF16), fp32, one thread a process", "date": "2026-12-05",
           "budget": {"steps": 200, "batch": 8, "tokens_seen": tokens}, "runs": runs, "paired": comparisons}  # fmt: skip
 out.write_text(json.dumps(result, indent=1) + "\n")
