@@ -236,8 +236,10 @@ EAGLE3_ABLATIONS = {
     "noise 0.3": lambda b, s: {"eagle3_noise": 0.3},
     "noise 1": lambda b, s: {"eagle3_noise": 1.0},
     # ours only: the labels' temperature (both trainers: 1, the target's distribution over the draft
-    # vocabulary). 0: the target's top token as a hard label (on Medusa, hard labels bought 1.5% on SmolLM2)
+    # vocabulary; the SmolLM2 recipe: 1.5 since 2026-12-05, so "teacher T 1" gives its earlier runs).
+    # 0: the target's top token as a hard label (on Medusa, hard labels bought 1.5% on SmolLM2)
     "top1": lambda b, s: {"eagle3_teacher_temperature": 0.0},
+    "teacher T 1": lambda b, s: {"eagle3_teacher_temperature": 1.0},
     "teacher T 1.5": lambda b, s: {"eagle3_teacher_temperature": 1.5},
     "teacher T 2": lambda b, s: {"eagle3_teacher_temperature": 2.0},
     "teacher T 3": lambda b, s: {"eagle3_teacher_temperature": 3.0},
