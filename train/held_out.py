@@ -21,6 +21,7 @@ from collections.abc import Iterable
 import torch
 
 from specheads.heads import TargetOutput
+from specheads.train.offline_target import target_output
 
 MIB = 1 << 20
 
@@ -47,13 +48,7 @@ class HeldOutStates:
             out_logits = target.lm_head(hidden[final]) if logits else None
             return TargetOutput(logits=out_logits, hidden={i: hidden[i] for i in layers})
         wanted = sorted({*layers, *([final] if logits else [])})
-        out = target(
-            batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            capture=wanted,
-            logits=logits,
-        )
+        out = target_output(target, batch, capture=wanted, logits=logits)
         self._keep(index, batch["input_ids"], out.hidden)
         return TargetOutput(logits=out.logits, hidden={i: out.hidden[i] for i in layers})
 
