@@ -19,7 +19,12 @@ from bench_trainers_paired import paired, time_v  # noqa: E402
 
 HERE = Path(__file__).parent
 run_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
-PAIRS = ((2, 3), (3, 4))  # (Model Optimizer's seed, ours' seed), each pair side by side
+# (Model Optimizer's seed, ours' seed, ours' name, its overrides beyond the seed), each pair side by side
+PAIRS = (
+    (2, 3, "ours-t15", []),
+    (3, 4, "ours-t15", []),
+    (4, 2, "ours-t1", ["eagle3_teacher_temperature=1.0"]),
+)
 
 
 def tokens(log: Path) -> int:
@@ -28,8 +33,8 @@ def tokens(log: Path) -> int:
 
 earlier = json.loads((HERE.parent / "s44-teacher-recipe-budget" / "runs.json").read_text())["runs"]
 runs = {}
-for mo_seed, ours_seed in PAIRS:
-    mo_name, ours_name = f"modelopt-s{mo_seed}", f"ours-t15-s{ours_seed}"
+for mo_seed, ours_seed, ours, extra in PAIRS:
+    mo_name, ours_name = f"modelopt-s{mo_seed}", f"{ours}-s{ours_seed}"
     if not (run_dir / f"eval-{ours_name}" / "results.json").exists():
         continue
     mo = json.loads((run_dir / mo_name / "out.json").read_text())
@@ -50,10 +55,11 @@ for mo_seed, ours_seed in PAIRS:
     summary = json.loads((run_dir / ours_name / "train_summary.json").read_text())
     runs[ours_name] = {
         "session": "s45",
-        "trainer": "specheads, recipes/smollm2-135m/eagle3.yaml as it ships (T 1.5, eval_cache_mib 1024)",
+        "trainer": "specheads, recipes/smollm2-135m/eagle3.yaml as it ships (T 1.5, eval_cache_mib 1024)"
+        + (f", with {' '.join(extra)}" if extra else ""),
         "seed": ours_seed,
         "beside": mo_name,
-        "overrides": [f"seed={ours_seed}"],
+        "overrides": [f"seed={ours_seed}", *extra],
         **time_v(run_dir / f"{ours_name}.log"),
         "loop_s": summary["wall_seconds"],
         "train_summary": summary,
@@ -64,14 +70,14 @@ for r in runs.values():
     r["tokens_per_s"] = round(r["tokens_seen"] / r["wall_s"], 1)  # the whole process, as time -v saw it
     steps = r["train_summary"]["step_seconds"] * 200 if "train_summary" in r else r["loop_s"]
     r["tokens_per_step_s"] = round(r["tokens_seen"] / steps, 1)  # its 200 steps alone
+beside = [(f"modelopt-s{a}", f"{name}-s{b}") for a, b, name, _ in PAIRS if f"{name}-s{b}" in runs]
 side_by_side = {
     f"{o} / {m}": {
         "tokens_per_s": round(runs[o]["tokens_per_s"] / runs[m]["tokens_per_s"], 3),
         "steps_tokens_per_s": round(runs[o]["tokens_per_step_s"] / runs[m]["tokens_per_step_s"], 3),
         "peak_rss": round(runs[o]["peak_rss_mib"] / runs[m]["peak_rss_mib"], 3),
     }
-    for m, o in ((f"modelopt-s{a}", f"ours-t15-s{b}") for a, b in PAIRS)
-    if o in runs
+    for m, o in beside
 }
 
 
@@ -83,16 +89,14 @@ def pair(a: list[str], b: list[str]) -> dict:
     return paired([per_prompt(n) for n in a], [per_prompt(n) for n in b])
 
 
-ours = ["ours-t15-s0", "ours-t15-s1", "ours-t15-s2", *(n for n in runs if n.startswith("ours-"))]
+ours = ["ours-t15-s0", "ours-t15-s1", "ours-t15-s2", *(n for n in runs if n.startswith("ours-t15-"))]
+t1 = ["ours-s0", "ours-s1", *(n for n in runs if n.startswith("ours-t1-"))]  # s43's T 1 runs are "ours-sN"
 theirs = ["modelopt-s0", "modelopt-s1", *(n for n in runs if n.startswith("modelopt-"))]
 comparisons = {
     f"ours-t15 {len(ours)} seeds vs modelopt {len(theirs)} seeds": pair(ours, theirs),
-    f"ours-t15 {len(ours)} seeds vs ours T 1 2 seeds": pair(ours, ["ours-s0", "ours-s1"]),
-    **{
-        f"{o} vs {m}": pair([o], [m])
-        for m, o in ((f"modelopt-s{a}", f"ours-t15-s{b}") for a, b in PAIRS)
-        if o in runs
-    },
+    f"ours-t15 {len(ours)} seeds vs ours T 1 {len(t1)} seeds": pair(ours, t1),
+    f"ours T 1 {len(t1)} seeds vs modelopt {len(theirs)} seeds": pair(t1, theirs),
+    **{f"{o} vs {m}": pair([o], [m]) for m, o in beside},
 }
 
 
@@ -100,7 +104,11 @@ def tau(name: str) -> float:
     return round((runs.get(name) or earlier[name])["eval"]["mean_accept_length"], 4)
 
 
-means = {"ours-t15": [tau(n) for n in ours], "modelopt": [tau(n) for n in theirs]}
+means = {
+    "ours-t15": [tau(n) for n in ours],
+    "ours-t1": [tau(n) for n in t1],
+    "modelopt": [tau(n) for n in theirs],
+}
 result = {
     "machine": "2-core Intel Xeon (AVX512-BF16, AMX-BF16), fp32, one thread a process, each pair side by side",
     "date": "2026-12-05",

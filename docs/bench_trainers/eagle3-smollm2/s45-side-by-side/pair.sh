@@ -1,7 +1,8 @@
 #!/bin/bash
 # Model Optimizer seed MS beside ours seed OS (the recipe as it ships, plus OVERRIDES) at the SmolLM2 EAGLE-3
 # recipe's budget, one thread each, under the same glibc settings, then each decoded with per-prompt records.
-# The script that ran (as `pair.sh W DATA 2 3 ours-t15`, then `pair.sh W DATA 3 4 ours-t15`).
+# The script that ran (as `pair.sh W DATA 2 3 ours-t15`, then `pair.sh W DATA 3 4 ours-t15`, then
+# `pair.sh W DATA 4 2 ours-t1 eagle3_teacher_temperature=1.0`).
 #
 #   bash docs/bench_trainers/eagle3-smollm2/s45-side-by-side/pair.sh RUN_DIR DATA MS OS NAME [OVERRIDES...]
 #
