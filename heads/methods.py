@@ -36,6 +36,9 @@ class Method:
         loss(objective, batch, out, target) -> (loss, metrics (rows, columns) float64 sums); run inside
             `train.objective.HeadsWithLoss`, which holds `objective.heads` and the recipe's loss settings.
         needs_logits(cfg) -> whether the loss reads the target's logits.
+        logit_columns(heads) -> the vocabulary ids of the only logits its loss reads besides their argmax
+            (EAGLE-3's draft vocabulary), or None: all of them. Held-out evaluations after the first then
+            compute only those from the target's kept last layer (train/held_out.py).
         metric_shape(cfg) -> (rows, columns) of the metric sums.
         summarise(cfg, sums) -> the logged means (with `loss` and `tau_sim`).
         metric_unit: what a metric column is ("head", "draft step"), for the final line.
@@ -76,6 +79,7 @@ class Method:
     drafter: Callable[..., tuple[Any, dict[str, Any]]] | None = None
     draft_vocab: str = "its drafter proposes from the whole vocabulary"
     needs_logits: Callable[[Any], bool] = lambda cfg: True
+    logit_columns: Callable[[nn.Module], Any] | None = None
     metric_unit: str = "draft step"
     recipe_keys: tuple[str, ...] = ()
     check_recipe: Callable[[Any], list[tuple[bool, str]]] = lambda cfg: []

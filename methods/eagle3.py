@@ -56,6 +56,7 @@ def loss(objective, batch: dict, out, target):
         batch["position_ids"],
         out.logits,
         target.embed_tokens,
+        target_tokens=out.top_tokens,  # with the draft vocabulary's columns alone (held-out states kept)
         attention_mask=batch["attention_mask"],
         steps=objective.ttt_steps,
         decay=objective.decay,
@@ -114,6 +115,7 @@ EAGLE3 = Method(
     target_layers=fused_and_last,
     capture=lambda head: tuple(head.capture_layers),
     loss=loss,
+    logit_columns=lambda head: head.vocab_target_ids(),  # the teacher's; and the argmax
     metric_shape=lambda cfg: (DraftMetrics.ROWS, cfg.ttt_steps),
     summarise=lambda cfg, sums: DraftMetrics.summarise(
         sums, [cfg.decay**i for i in range(cfg.ttt_steps)], cfg.topk

@@ -242,6 +242,7 @@ def eagle3_loss(
     target_logits: torch.Tensor,
     embed_tokens,
     *,
+    target_tokens: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
     steps: int = 7,
     decay: float = 0.8,
@@ -256,8 +257,11 @@ def eagle3_loss(
         head: Eagle3Head.
         features: the target's captured layers, id -> (B, T, H_target); must hold head.capture_layers.
         input_ids, loss_mask, position_ids: (B, T) from `collate`.
-        target_logits: (B, T, V) the target's logits.
+        target_logits: (B, T, V) the target's logits; (B, T, Vd), the draft vocabulary's columns
+            (head.vocab_target_ids()) alone, where `target_tokens` gives the whole vocabulary's argmax.
         embed_tokens: the target's embedding, shared by the head.
+        target_tokens: (B, T) the argmax of the target's logits over the whole vocabulary, with the columns
+            (held-out states kept: train/held_out.py); None: taken from `target_logits`.
         steps: unrolled steps N (paper 5-7); decay: weight of step i is decay**i.
         noise: half-width a of the U(-a, a) noise on each captured layer while head.training (EAGLE-1's
             augmentation, applied to the step-0 input features; the paper's EAGLE-3 has none: 0).
@@ -286,12 +290,22 @@ def eagle3_loss(
         draft_attention_mask(attention_mask, position_ids, dtype),
         steps,
     )
-    target_tokens = target_logits.argmax(-1)  # (B, T) the target's greedy token after t
+    if target_tokens is None:
+        target_tokens = target_logits.argmax(-1)  # (B, T) the target's greedy token after t
+        # the teacher's draft-vocabulary columns, taken once: gathering (N, V) rows of the full logits at
+        # every step, then their columns, cost about a fifth of a SmolLM2 step (V 49,152, Vd 8,192)
+        # (by index, not the t2d mask: a mask's columns are found with a nonzero, a GPU synchronisation;
+        # indexing, not index_select(-1, ...): the same gather, which torch runs several times quicker on
+        # the last dimension on a CPU: scripts/bench_teacher_columns.py): (B, T, Vd)
+        teacher_logits = target_logits[..., head.vocab_target_ids().to(target_logits.device)]
+    elif target_logits.shape[-1] == head.config.draft_vocab_size:
+        teacher_logits = target_logits  # the columns alone
+    else:
+        raise ValueError(
+            f"with target_tokens, target_logits must hold the draft vocabulary's {head.config.draft_vocab_size} "
+            f"columns, got {target_logits.shape[-1]}"
+        )
     in_vocab = head.t2d[target_tokens]  # (B, T)
-    # the teacher's draft-vocabulary columns, taken once: gathering (N, V) rows of the full logits at
-    # every step, then their columns, cost about a fifth of a SmolLM2 step (V 49,152, Vd 8,192)
-    # (by index, not the t2d mask: a mask's columns are found with a nonzero, a GPU synchronisation): (B, T, Vd)
-    teacher_logits = target_logits.index_select(-1, head.vocab_target_ids().to(target_logits.device))
     total = fused.new_zeros((), dtype=torch.float32)
     metrics = DraftMetrics()
     positions = label_positions(loss_mask, position_ids, [2 + i for i in range(len(outputs))])

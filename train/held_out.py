@@ -8,6 +8,13 @@ norm's output; later ones compute only the logits from it with the target's lm_h
 does (train/offline_target.py). The logits are the same tensor op on the same input as inside the forward,
 so the metrics equal a full forward's (tests/train/test_held_out.py).
 
+A loss that reads only some columns of the logits besides their argmax (the method's `logit_columns`:
+EAGLE-3's draft vocabulary, 8,192 of SmolLM2's 49,152) gets only those: the first evaluation keeps the
+argmax too, and later ones multiply the final norm's output by those rows of the lm_head alone. A product
+over fewer rows adds up the same terms, and on the CPUs measured in the same order, so the metrics are the
+full product's to the last digit there; a library may pick another order for another shape (a GPU's may),
+and then they are the same to float rounding (tests/train/test_held_out.py).
+
 What is kept is capped (`eval_cache_mib`; 0 keeps nothing): the batches that fit are kept, in order, and the
 rest run the target each time. Not used offline (the batches carry their states), with a ZeRO-3 target
 (its lm_head is a shard outside its forward) or with an objective that runs the target itself (Medusa-2:
@@ -16,9 +23,12 @@ its adapters change).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from specheads.heads import TargetOutput
 from specheads.train.offline_target import target_output
@@ -26,13 +36,43 @@ from specheads.train.offline_target import target_output
 MIB = 1 << 20
 
 
+@dataclass
+class Kept:
+    """One held-out batch's kept states: its rows, its layers (id -> (B, T, H)) and, for a loss that reads
+    some columns of the logits, their argmax over the whole vocabulary (B, T)."""
+
+    input_ids: torch.Tensor
+    hidden: dict[int, torch.Tensor]
+    top_tokens: torch.Tensor | None = None
+
+    @property
+    def bytes(self) -> int:
+        tensors = [*self.hidden.values(), *([self.top_tokens] if self.top_tokens is not None else [])]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def logit_columns(lm_head: nn.Module, hidden: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """lm_head(hidden)[..., columns], from those rows of its weight alone (B, T, C); a head that is not a
+    plain Linear runs whole."""
+    if type(lm_head) is not nn.Linear:
+        return lm_head(hidden)[..., columns]
+    bias = lm_head.bias[columns] if lm_head.bias is not None else None
+    return F.linear(hidden, lm_head.weight[columns], bias)
+
+
 class HeldOutStates:
     """target_output() of train/offline_target.py for held-out batch `index`: a kept batch's states, or the
-    target's forward (kept while the cap allows)."""
+    target's forward (kept while the cap allows).
 
-    def __init__(self, limit_mib: int):
+    `columns()`: the vocabulary ids of the only logits the loss reads besides their argmax (the method's
+    `logit_columns` of the run's heads); a kept batch then gives those alone (TargetOutput.columns,
+    .top_tokens). None: it reads them all.
+    """
+
+    def __init__(self, limit_mib: int, columns: Callable[[], torch.Tensor] | None = None):
         self.limit = limit_mib * MIB
-        self.kept: dict[int, tuple[torch.Tensor, dict[int, torch.Tensor]]] = {}  # index -> (ids, layers)
+        self.columns = columns
+        self.kept: dict[int, Kept] = {}
         self.bytes = 0
         self.full = limit_mib <= 0  # once a batch did not fit, later ones are not tried
 
@@ -42,24 +82,36 @@ class HeldOutStates:
         layers = [target.layer_id(i) for i in capture]
         final = target.num_layers
         kept = self.kept.get(index)
-        if kept is not None and torch.equal(kept[0], batch["input_ids"].cpu()):
+        if kept is not None and torch.equal(kept.input_ids, batch["input_ids"].cpu()):
             device = batch["input_ids"].device
-            hidden = {i: h.to(device, non_blocking=True) for i, h in kept[1].items()}
-            out_logits = target.lm_head(hidden[final]) if logits else None
-            return TargetOutput(logits=out_logits, hidden={i: hidden[i] for i in layers})
+            hidden = {i: h.to(device, non_blocking=True) for i, h in kept.hidden.items()}
+            out = TargetOutput(logits=None, hidden={i: hidden[i] for i in layers})
+            if logits and kept.top_tokens is not None:
+                out.columns = self.columns().to(device)
+                out.logits = logit_columns(target.lm_head, hidden[final], out.columns)
+                out.top_tokens = kept.top_tokens.to(device, non_blocking=True)
+            elif logits:
+                out.logits = target.lm_head(hidden[final])
+            return out
         wanted = sorted({*layers, *([final] if logits else [])})
         out = target_output(target, batch, capture=wanted, logits=logits)
-        self._keep(index, batch["input_ids"], out.hidden)
+        top = out.logits.argmax(-1) if logits and self.columns is not None else None
+        self._keep(index, batch["input_ids"], out.hidden, top)
         return TargetOutput(logits=out.logits, hidden={i: out.hidden[i] for i in layers})
 
-    def _keep(self, index: int, input_ids: torch.Tensor, hidden: dict[int, torch.Tensor]) -> None:
+    def _keep(
+        self, index: int, input_ids: torch.Tensor, hidden: dict[int, torch.Tensor], top: torch.Tensor | None
+    ) -> None:
         if self.full or index in self.kept:
             return
-        size = sum(h.numel() * h.element_size() for h in hidden.values())
+        size = Kept(input_ids, hidden, top).bytes
         if self.bytes + size > self.limit:
             self.full = True
             return
         # copies: the loss must not be able to change what the next evaluation reads
-        states = {i: h.detach().to("cpu", copy=True) for i, h in hidden.items()}
-        self.kept[index] = (input_ids.detach().to("cpu", copy=True), states)
+        self.kept[index] = Kept(
+            input_ids.detach().to("cpu", copy=True),
+            {i: h.detach().to("cpu", copy=True) for i, h in hidden.items()},
+            top.to("cpu", copy=True) if top is not None else None,
+        )
         self.bytes += size

@@ -3,12 +3,11 @@
     specheads train recipes/tiny/medusa.yaml max_steps=200
     accelerate launch --config_file recipes/accelerate/ddp.yaml -m specheads.train recipes/tiny/medusa.yaml
 
-One optimizer step: `grad_accum` micro-batches, each a frozen-target forward (no gradients) that
-captures the layers the heads read, then the heads' loss (Medusa, EAGLE-1/2 or EAGLE-3, by `method`)
-inside `HeadsWithLoss`, the module DDP / DeepSpeed wrap, and backward; gradients are clipped, AdamW
-steps, the warmup + cosine schedule advances. Each process takes its slice of every global batch
-(train/sampler.py); the target is a full copy on each process, or sharded by DeepSpeed ZeRO-3
-(train/distributed.py, recipes/accelerate/).
+One optimizer step: `grad_accum` micro-batches, each a frozen-target forward (no gradients) that captures
+the layers the heads read, then the heads' loss (by `method`) inside `HeadsWithLoss`, the module DDP /
+DeepSpeed wrap, and backward; gradients are clipped, the optimizer steps (train/optimizers.py), the
+schedule advances. Each process takes its slice of every global batch (train/sampler.py); the target is a
+full copy on each process, or sharded by DeepSpeed ZeRO-3 (train/distributed.py, recipes/accelerate/).
 
 `mode: offline` reads the target's hidden states from `cache_dir` (written by `specheads cache`,
 train/hidden_cache.py) in place of its forward, and loads only its embedding, final norm and lm_head
@@ -16,10 +15,10 @@ train/hidden_cache.py) in place of its forward, and loads only its embedding, fi
 (train/medusa2.py): the adapted target runs inside `Medusa2WithLoss`, the heads' weight λ0 follows its
 warm-up, and the adapter is written beside the heads (`adapter/`, also in every step checkpoint).
 
-Writes to `output_dir`: the final heads (config.json + model.safetensors, so the folder itself is a
-head checkpoint; Medusa-2: and adapter/), `checkpoints/step-N/` every `save_every` steps and on SIGTERM (whole, and resumed
-exactly with `resume=auto`: train/checkpointing.py), `metrics.jsonl` (one JSON object a log or eval),
-`provenance.jsonl` (one line a launch), `train_summary.json`, and a wandb run (train/tracking.py).
+Writes to `output_dir`: the final heads (config.json + model.safetensors, so the folder itself is a head
+checkpoint; Medusa-2: and adapter/), `checkpoints/step-N/` every `save_every` steps and on SIGTERM (whole,
+resumed exactly with `resume=auto`: train/checkpointing.py), `metrics.jsonl` (one JSON object a log or
+eval), `provenance.jsonl` (one line a launch), `train_summary.json`, and a wandb run (train/tracking.py).
 """
 
 from __future__ import annotations
@@ -435,6 +434,7 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
     training = {**cfg.to_dict(), "target_resolved": target.name_or_path, **notes}
     # offline the batches carry their states; a ZeRO-3 target's lm_head is a shard outside its forward
     keeps = cfg.mode == "online" and not method.runs_target and engine is None and eval_loader is not None
+    columns = method.logit_columns and partial(method.logit_columns, heads)  # all its loss reads but argmax
     return Run(
         method,
         target,
@@ -448,7 +448,7 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
         training,
         label_counts,
         engine,
-        HeldOutStates(cfg.eval_cache_mib) if keeps else None,
+        HeldOutStates(cfg.eval_cache_mib, columns) if keeps else None,
     )
 
 

@@ -224,6 +224,32 @@ def test_eagle3_shifts_and_positions():
     assert loss.item() == pytest.approx(entropy.item(), rel=1e-5)
 
 
+def test_eagle3_reads_the_draft_vocabulary_columns_and_the_argmax_alone():
+    """Given the target's top tokens, the loss takes its logits as the draft vocabulary's columns (what a
+    kept held-out batch gives: train/held_out.py): the same loss and metrics as from the full logits."""
+    torch.manual_seed(0)
+    config = tiny_config("llama", vocab_size=V, hidden_size=H, head_dim=2, num_attention_heads=4)
+    head = Eagle3Head(Eagle3Config(layer_config_from(config), draft_vocab_size=6, target_layers=(1, 2, 3)))
+    head.set_draft_vocab(torch.tensor([0, 2, 3, 5, 7, 11]))
+    data = batch()
+    target_logits = torch.randn(B, T, V)
+    target_logits[0, 4, 9] = 50.0  # a top token outside the draft vocabulary: skipped either way
+    features = {i: torch.randn(B, T, H) for i in (1, 2, 3)}
+    args = (features, data["input_ids"], data["loss_mask"], data["position_ids"])
+    full, m_full = eagle3_loss(head, *args, target_logits, embedding(), steps=2, temperature=1.5)
+    columns = target_logits[..., head.vocab_target_ids()]
+    tops = target_logits.argmax(-1)
+    cut, m_cut = eagle3_loss(head, *args, columns, embedding(), steps=2, temperature=1.5, target_tokens=tops)
+    assert torch.equal(full, cut) and torch.equal(m_full.as_tensor(), m_cut.as_tensor())
+    # the columns' own argmax is not the target's top token where it lies outside them
+    wrong, m_wrong = eagle3_loss(
+        head, *args, columns, embedding(), steps=2, temperature=1.5, target_tokens=columns.argmax(-1)
+    )
+    assert not torch.equal(m_full.as_tensor(), m_wrong.as_tensor())
+    with pytest.raises(ValueError, match="must hold the draft vocabulary.s 6 columns, got 12"):
+        eagle3_loss(head, *args, target_logits, embedding(), steps=2, target_tokens=tops)
+
+
 def test_eagle3_counts_positions_outside_the_draft_vocabulary():
     torch.manual_seed(0)
     config = tiny_config("llama", vocab_size=V, hidden_size=H, head_dim=2, num_attention_heads=4)
