@@ -118,3 +118,54 @@ def eval_record(folder: Path) -> dict:
         "per_category": {c: v["mean_accept_length"] for c, v in ev["per_category"].items()},
         "per_prompt": prompt_steps(ev),
     }
+
+
+def modelopt_record(run_dir: Path, name: str, tokens_seen: int, **about) -> dict:
+    """A Model Optimizer run of a pair (`pair.sh`'s `NAME/` with out.json and job.json, `NAME.log`, and
+    `eval-NAME/`): its `time -v` figures, its loop time and losses, `about` (session, seed, ...) first."""
+    out = json.loads((run_dir / name / "out.json").read_text())
+    losses = [h["loss"] for h in out["log_history"] if "loss" in h]
+    return {
+        **about,
+        **time_v(run_dir / f"{name}.log"),
+        "loop_s": out["seconds"]["train"],
+        "global_step": out["global_step"],
+        "loss_first_last": [losses[0], losses[-1]],
+        "overrides": json.loads((run_dir / name / "job.json").read_text())["overrides"],
+        "tokens_seen": tokens_seen,
+        "eval": eval_record(run_dir / f"eval-{name}"),
+    }
+
+
+def ours_record(run_dir: Path, name: str, tokens_seen: int, **about) -> dict:
+    """One of ours in a pair (`NAME/` with train_summary.json, `NAME.log`, and `eval-NAME/`), as above."""
+    summary = json.loads((run_dir / name / "train_summary.json").read_text())
+    return {
+        **about,
+        **time_v(run_dir / f"{name}.log"),
+        "loop_s": summary["wall_seconds"],
+        "train_summary": summary,
+        "tokens_seen": tokens_seen,
+        "eval": eval_record(run_dir / f"eval-{name}"),
+    }
+
+
+def with_speeds(record: dict, steps: int) -> dict:
+    """`record` with its target tokens/s over the whole process (as `time -v` saw it) and over its `steps`
+    steps alone (ours: its mean step; Model Optimizer's: its training loop)."""
+    summary = record.get("train_summary")
+    step_s = summary["step_seconds"] * steps if summary else record["loop_s"]
+    return {
+        **record,
+        "tokens_per_s": round(record["tokens_seen"] / record["wall_s"], 1),
+        "tokens_per_step_s": round(record["tokens_seen"] / step_s, 1),
+    }
+
+
+def side_by_side(ours: dict, theirs: dict) -> dict:
+    """Ours over theirs, two runs made side by side (records from with_speeds)."""
+    return {
+        "tokens_per_s": round(ours["tokens_per_s"] / theirs["tokens_per_s"], 3),
+        "steps_tokens_per_s": round(ours["tokens_per_step_s"] / theirs["tokens_per_step_s"], 3),
+        "peak_rss": round(ours["peak_rss_mib"] / theirs["peak_rss_mib"], 3),
+    }

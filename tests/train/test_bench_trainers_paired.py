@@ -165,3 +165,45 @@ def test_eval_record_keeps_the_figures_and_the_prompts(tmp_path):
     assert record["per_category"] == {"writing": 1.8}
     assert record["per_prompt"] == {"81": [64, 35], "82": [64, 40]}
     assert record["steps"] == 75 and "calibration" not in record and record["mean_accept_length"] == 1.7
+
+
+def test_a_pairs_records_and_their_ratios(tmp_path):
+    """modelopt_record / ours_record read a pair's files; with_speeds and side_by_side give its tokens/s."""
+    results = {
+        "mean_accept_length": 1.7, "accept_rate_per_depth": [0.5], "identical_to_baseline": "2/2",
+        "speedup": 0.9, "new_tokens": 128, "steps": 75, "command": "specheads eval",
+        "per_category": {}, "per_prompt": [{"id": 81, "new_tokens": 64, "steps": 35}],
+    }  # fmt: skip
+    for name in ("modelopt-s0", "ours-s0"):
+        (tmp_path / f"eval-{name}").mkdir()
+        (tmp_path / f"eval-{name}" / "results.json").write_text(json.dumps(results))
+        (tmp_path / name).mkdir()
+    (tmp_path / "modelopt-s0.log").write_text(TIME_V)  # 1:02:03.5, 3229.3 MiB
+    (tmp_path / "ours-s0.log").write_text(
+        TIME_V.replace("1:02:03.5", "51:43.0").replace("3306780", "2645450")
+    )
+    history = [{"loss": 9.0, "step": 10}, {"eval": 1}, {"loss": 4.0, "step": 200}]
+    out = {"log_history": history, "seconds": {"train": 3600.0}, "global_step": 200}
+    (tmp_path / "modelopt-s0" / "out.json").write_text(json.dumps(out))
+    (tmp_path / "modelopt-s0" / "job.json").write_text(
+        json.dumps({"overrides": ["training.learning_rate=0.002"]})
+    )
+    summary = {"wall_seconds": 3100.0, "step_seconds": 15.0, "eval_seconds": 60.0}
+    (tmp_path / "ours-s0" / "train_summary.json").write_text(json.dumps(summary))
+
+    theirs = paired_mod.modelopt_record(tmp_path, "modelopt-s0", 372_350, seed=0)
+    assert theirs["seed"] == 0 and theirs["loss_first_last"] == [9.0, 4.0] and theirs["loop_s"] == 3600.0
+    assert theirs["overrides"] == ["training.learning_rate=0.002"] and theirs["eval"]["per_prompt"] == {
+        "81": [64, 35]
+    }
+    ours = paired_mod.ours_record(tmp_path, "ours-s0", 372_350, session="s46")
+    assert ours["session"] == "s46" and ours["train_summary"] == summary and ours["wall_s"] == 3103.0
+
+    theirs, ours = paired_mod.with_speeds(theirs, 200), paired_mod.with_speeds(ours, 200)
+    assert theirs["tokens_per_s"] == 100.0 and theirs["tokens_per_step_s"] == round(372_350 / 3600, 1)
+    assert ours["tokens_per_s"] == 120.0 and ours["tokens_per_step_s"] == round(372_350 / 3000, 1)
+    assert paired_mod.side_by_side(ours, theirs) == {
+        "tokens_per_s": 1.2,
+        "steps_tokens_per_s": round(124.1 / 103.4, 3),
+        "peak_rss": round(2583.4 / 3229.3, 3),
+    }
