@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specheads.heads.atomic import write_json
+
 
 def median_seconds(fn, repeats: int) -> float:
     fn()  # warm-up
@@ -84,11 +86,10 @@ def main(argv: list[str] | None = None) -> dict:
         "kept_batch_speedup": kept_before / times["columns_product"],
         "load_average_at_end": os.getloadavg(),
     }
-    text = json.dumps(result, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+        write_json(args.out, result, indent=2)  # whole or not at all
+    print(json.dumps(result, indent=2))
     return result
 
 

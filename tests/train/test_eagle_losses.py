@@ -183,6 +183,14 @@ def test_eagle3_step_sees_only_what_it_may():
         assert not torch.allclose(eagle3_unroll(head, fused, e, pos, first, steps)[i][:, t], base[i][:, t])
 
 
+def draft_head(vocab) -> Eagle3Head:
+    """An EAGLE-3 head over the tiny shapes, seeded, its draft vocabulary the 6 target ids `vocab`."""
+    torch.manual_seed(0)
+    config = tiny_config("llama", vocab_size=V, hidden_size=H, head_dim=2, num_attention_heads=4)
+    head = Eagle3Head(Eagle3Config(layer_config_from(config), draft_vocab_size=6, target_layers=(1, 2, 3)))
+    return head.set_draft_vocab(torch.tensor(list(vocab)))
+
+
 def test_eagle3_shifts_and_positions():
     """Step i at t reads embed(x_{t+1+i}) at position p_t + i; its label is the target at t+1+i."""
     data = batch()
@@ -227,10 +235,7 @@ def test_eagle3_shifts_and_positions():
 def test_eagle3_reads_the_draft_vocabulary_columns_and_the_argmax_alone():
     """Given the target's top tokens, the loss takes its logits as the draft vocabulary's columns (what a
     kept held-out batch gives: train/held_out.py): the same loss and metrics as from the full logits."""
-    torch.manual_seed(0)
-    config = tiny_config("llama", vocab_size=V, hidden_size=H, head_dim=2, num_attention_heads=4)
-    head = Eagle3Head(Eagle3Config(layer_config_from(config), draft_vocab_size=6, target_layers=(1, 2, 3)))
-    head.set_draft_vocab(torch.tensor([0, 2, 3, 5, 7, 11]))
+    head = draft_head([0, 2, 3, 5, 7, 11])
     data = batch()
     target_logits = torch.randn(B, T, V)
     target_logits[0, 4, 9] = 50.0  # a top token outside the draft vocabulary: skipped either way
@@ -251,10 +256,7 @@ def test_eagle3_reads_the_draft_vocabulary_columns_and_the_argmax_alone():
 
 
 def test_eagle3_counts_positions_outside_the_draft_vocabulary():
-    torch.manual_seed(0)
-    config = tiny_config("llama", vocab_size=V, hidden_size=H, head_dim=2, num_attention_heads=4)
-    head = Eagle3Head(Eagle3Config(layer_config_from(config), draft_vocab_size=6, target_layers=(1, 2, 3)))
-    head.set_draft_vocab(torch.arange(6))  # tokens 0..5
+    head = draft_head(range(6))  # tokens 0..5
     data = batch()
     target_logits = torch.randn(B, T, V)
     target_logits[0, 4, 9] = 50.0  # the target's token after position 4 of row 0 is 9: not draftable
@@ -279,10 +281,7 @@ def test_eagle3_out_of_vocab_positions_are_skipped_or_trained(mode):
     "train" (Model Optimizer's) trains every labelled position against the target's distribution
     renormalised over the draft vocabulary. Each step's loss is the mean soft-CE over the trained positions,
     recomputed here from the head's own unrolled outputs."""
-    torch.manual_seed(0)
-    config = tiny_config("llama", vocab_size=V, hidden_size=H, head_dim=2, num_attention_heads=4)
-    head = Eagle3Head(Eagle3Config(layer_config_from(config), draft_vocab_size=6, target_layers=(1, 2, 3)))
-    head.set_draft_vocab(torch.tensor([0, 2, 3, 5, 8, 9]))
+    head = draft_head([0, 2, 3, 5, 8, 9])
     data, target_logits = batch(), torch.randn(B, T, V)
     features = {i: torch.randn(B, T, H) for i in (1, 2, 3)}
     emb, mask = embedding(), data["attention_mask"]
@@ -314,10 +313,7 @@ def test_eagle3_teacher_temperature():
     """Labels softmax(target logits / T): T 2 is the soft loss on halved logits; T 0 the cross-entropy on the
     target's top token, i.e. the soft loss against a one-hot teacher (the logits sharpened to their argmax),
     over the same kept positions."""
-    torch.manual_seed(0)
-    config = tiny_config("llama", vocab_size=V, hidden_size=H, head_dim=2, num_attention_heads=4)
-    head = Eagle3Head(Eagle3Config(layer_config_from(config), draft_vocab_size=6, target_layers=(1, 2, 3)))
-    head.set_draft_vocab(torch.tensor([0, 2, 3, 5, 8, 9]))
+    head = draft_head([0, 2, 3, 5, 8, 9])
     data = batch()
     target_logits = torch.randn(B, T, V)
     features = {i: torch.randn(B, T, H) for i in (1, 2, 3)}
