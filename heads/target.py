@@ -136,18 +136,17 @@ def vocab_hash(tokenizer) -> str:
 class TargetOutput:
     """One forward of the target.
 
-    logits: (B, T, V) or None when not asked for; (B, T, C) where `columns` is given.
+    logits: (B, T, V) or None when not asked for; where `top_tokens` is given, (B, T, C): only the columns
+        the method's loss reads (its `logit_columns`), as the held-out states kept give them
+        (train/held_out.py).
     hidden: layer id (non-negative, see module docstring) -> (B, T, H).
     past_key_values: the cache the model returned (None without one).
-    columns: (C,) the vocabulary ids `logits` holds, in its order; None: the whole vocabulary. Only the
-        held-out states kept (train/held_out.py) give fewer, for a loss that reads no others.
-    top_tokens: (B, T) the argmax over the whole vocabulary, given with `columns`.
+    top_tokens: (B, T) the argmax of the logits over the whole vocabulary, given with those columns alone.
     """
 
     logits: torch.Tensor | None
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     past_key_values: Any = None
-    columns: torch.Tensor | None = None
     top_tokens: torch.Tensor | None = None
 
 

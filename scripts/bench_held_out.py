@@ -8,7 +8,8 @@ Runs `specheads train RECIPE OVERRIDES` twice, one after the other, each in its 
 Reports each run's time in evaluations (`eval_seconds` of train_summary.json), its wall time and peak RSS,
 and whether the two logged the same held-out metrics at every evaluation (to the last bit, and to float
 rounding: an EAGLE-3 loss reads the draft vocabulary's columns of a kept batch from a product over those
-rows of the lm_head alone) and saved the same heads, as they should. The machine is shared, so the times are noisy: run it on a quiet one, and read the load average.
+rows of the lm_head alone) and saved the same heads, as they should. The machine is shared, so the times
+are noisy: run it on a quiet one, and read the load average.
 """
 
 from __future__ import annotations

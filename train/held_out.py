@@ -65,8 +65,8 @@ class HeldOutStates:
     target's forward (kept while the cap allows).
 
     `columns()`: the vocabulary ids of the only logits the loss reads besides their argmax (the method's
-    `logit_columns` of the run's heads); a kept batch then gives those alone (TargetOutput.columns,
-    .top_tokens). None: it reads them all.
+    `logit_columns` of the run's heads); a kept batch then gives those alone, with the argmax kept
+    (TargetOutput.top_tokens). None: it reads them all.
     """
 
     def __init__(self, limit_mib: int, columns: Callable[[], torch.Tensor] | None = None):
@@ -87,23 +87,27 @@ class HeldOutStates:
             hidden = {i: h.to(device, non_blocking=True) for i, h in kept.hidden.items()}
             out = TargetOutput(logits=None, hidden={i: hidden[i] for i in layers})
             if logits and kept.top_tokens is not None:
-                out.columns = self.columns().to(device)
-                out.logits = logit_columns(target.lm_head, hidden[final], out.columns)
+                out.logits = logit_columns(target.lm_head, hidden[final], self.columns().to(device))
                 out.top_tokens = kept.top_tokens.to(device, non_blocking=True)
             elif logits:
                 out.logits = target.lm_head(hidden[final])
             return out
         wanted = sorted({*layers, *([final] if logits else [])})
         out = target_output(target, batch, capture=wanted, logits=logits)
-        top = out.logits.argmax(-1) if logits and self.columns is not None else None
-        self._keep(index, batch["input_ids"], out.hidden, top)
+        self._keep(index, batch["input_ids"], out.hidden, out.logits)
         return TargetOutput(logits=out.logits, hidden={i: out.hidden[i] for i in layers})
 
     def _keep(
-        self, index: int, input_ids: torch.Tensor, hidden: dict[int, torch.Tensor], top: torch.Tensor | None
+        self,
+        index: int,
+        input_ids: torch.Tensor,
+        hidden: dict[int, torch.Tensor],
+        logits: torch.Tensor | None,
     ) -> None:
         if self.full or index in self.kept:
             return
+        # the argmax, only for a batch that may be kept and a loss that reads some columns alone
+        top = logits.argmax(-1) if logits is not None and self.columns is not None else None
         size = Kept(input_ids, hidden, top).bytes
         if self.bytes + size > self.limit:
             self.full = True

@@ -2,9 +2,9 @@
 metrics as a forward each time, with no decoder layer run, before and after the heads train further; for
 EAGLE-3 only the draft vocabulary's columns of the lm_head."""
 
+import functools
 import importlib.util
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -39,16 +39,21 @@ def set_up(method: str, text_data: Path, tmp_path: Path, **overrides):
     return cfg, accelerator, loop.set_up(cfg, accelerator)
 
 
+@functools.cache
+def script(name: str):
+    """A module of scripts/, loaded from its file once."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def same_metrics(a: dict, b: dict) -> bool:
-    """The same metrics, to float rounding: a kept EAGLE-3 batch's teacher columns come from a product over
-    fewer rows of the lm_head, the same to the last bit on the CPUs measured, not promised elsewhere. A
-    count or accuracy that moved by one token moves by far more than this."""
-    return a.keys() == b.keys() and all(a[k] == b[k] or close(a[k], b[k]) for k in a)
-
-
-def close(a, b) -> bool:
-    numbers = all(isinstance(v, float) for v in (a, b))
-    return numbers and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+    """The same metrics, to float rounding (floats to a relative 1e-6, as scripts/bench_held_out.py compares
+    them): a kept EAGLE-3 batch's teacher columns come from a product over fewer rows of the lm_head, the same
+    to the last bit on the CPUs measured, not promised elsewhere. A count or accuracy that moved by one token
+    moves by far more than this."""
+    return script("bench_held_out").close_records(a, b)
 
 
 class LayerCalls:
@@ -173,9 +178,7 @@ def test_a_run_with_kept_states_logs_and_saves_what_one_without_does(text_data, 
 
 def test_bench_held_out_reports_both_runs(text_data, tmp_path):
     """scripts/bench_held_out.py end to end on the tiny recipe (a smoke test: times are never asserted)."""
-    spec = importlib.util.spec_from_file_location("bench_held_out", REPO / "scripts" / "bench_held_out.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = script("bench_held_out")
     overrides = [f"data=[{text_data}]", "max_steps=2", "eval_every=1", "eval_batches=2"]
     overrides += ["batch_size=4", "max_length=48"]
     out = tmp_path / "bench.json"
@@ -188,11 +191,7 @@ def test_bench_held_out_reports_both_runs(text_data, tmp_path):
 
 def test_bench_teacher_columns_finds_the_same_gathers(tmp_path):
     """scripts/bench_teacher_columns.py on small shapes (a smoke test: times are never asserted)."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_teacher_columns", REPO / "scripts" / "bench_teacher_columns.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = script("bench_teacher_columns")
     out = tmp_path / "columns.json"
     sizes = ["--hidden", "16", "--vocab", "64", "--draft-vocab", "8", "--batch", "2", "--tokens", "5"]
     result = bench.main([*sizes, "--repeats", "1", "--out", str(out)])
