@@ -13,9 +13,9 @@ T0=$(date +%s); BUDGET=${BUDGET:-540}
 source scripts/gpu/env.sh
 ROWS=${ROWS:-512}; ANSWER=${ANSWER:-256}; EPOCHS=${EPOCHS:-4}; BATCH=${BATCH:-8}; SEEDS=${SEEDS:-0}
 EVAL=${EVAL:-8}; NEW=${NEW:-128}; TREE=${TREE:-dynamic-16}
-# ABLATIONS: ours also with Model Optimizer's 3 test steps (ours 5): the sixth loan's ours was 0.8x its
-# tokens/s, and fewer test steps is one of the two causes found (ABLATIONS= leaves it out)
-VARIANTS=${VARIANTS:-lr 2e-3+warmup 10%}; ABLATIONS=${ABLATIONS-ttt 3}
+# ABLATIONS: ours also with these changes to its recipe, each a run (none by default: the recipe has had Model
+# Optimizer's 3 test steps since 2026-12-02, which the sixth loan's ablation was; e.g. ABLATIONS="teacher T 1")
+VARIANTS=${VARIANTS:-lr 2e-3+warmup 10%}; ABLATIONS=${ABLATIONS-}
 R=/tmp/res/bt; mkdir -p $R
 save() {  # the logs, ours' evals, and each run's own summary (ours: train_summary.json and metrics; Model
     # Optimizer's: out.json, with its Trainer's train_runtime, and its eval), not the heads
