@@ -1,0 +1,164 @@
+"""Gather the forty-eighth session's runs into runs.json: Model Optimizer seed 4 beside ours seed 4 (a fifth pair
+since the held-out evaluations read only the teacher's columns), and every head of seeds 0-4 a side decoded on all
+80 MT-Bench first turns: the bench's 32 (each pair's `eval-NAME/`) and the 48 it leaves out (`eval48-NAME/`).
+
+    python docs/bench_trainers/eagle3-smollm2/s48-mt80/assemble.py OUT.json SEED=RUN_DIR [SEED=RUN_DIR ...]
+
+Run from the repository root, with RUN_DIR the folder of seed SEED's pair (`pair.sh RUN_DIR DATA SEED SEED
+ours-t15`: modelopt-sS/, ours-t15-sS/, their logs, eval-*/, eval48-*/, prep-sS.log). A seed whose pair an
+earlier session's runs.json reports (`EARLIER`) is checked against it: its 32 prompts must decode in the same
+steps as that report says. A seed that none reports is the new pair, recorded with its speeds side by side.
+"""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, "scripts")
+from bench_trainers_paired import (  # noqa: E402
+    modelopt_record,
+    ours_record,
+    paired,
+    side_by_side,
+    with_speeds,
+)
+
+HERE = Path(__file__).parent
+STEPS = 200
+KINDS = ("modelopt", "ours-t15")
+# the session whose runs.json reports each earlier pair, as made on this machine
+EARLIER = {0: "s46-teacher-columns", 1: "s47-pairs", 2: "s47-pairs", 3: "s47-pairs"}
+# where seed 4 was made before (s45, on this Xeon type)
+BEFORE_S4 = "s45-side-by-side"
+
+
+DEPTH = 5  # dynamic-16's depth: results.json's accept_rate_per_depth has one entry a depth
+
+
+def records(folder: Path) -> list[dict]:
+    results = json.loads((folder / "results.json").read_text())
+    assert len(results["accept_rate_per_depth"]) == DEPTH and results["tree"]["name"] == "dynamic-16", folder
+    return results["per_prompt"]
+
+
+def measure(per_prompt: list[dict]) -> dict:
+    """tau, acceptance per depth, identity and tau per category over a run's per-prompt records (the
+    definitions of `specheads eval`'s results.json)."""
+    lengths = [n for p in per_prompt for n in p["accept_lengths"]]
+    by_category = {}
+    for p in per_prompt:
+        by_category.setdefault(p["category"], []).append(p)
+    return {
+        "n_prompts": len(per_prompt),
+        "tau": sum(lengths) / len(lengths),
+        "accept_rate_per_depth": [float(np.mean([n >= d + 1 for n in lengths])) for d in range(1, DEPTH + 1)],
+        "identical_to_baseline": f"{sum(p['identical_to_baseline'] for p in per_prompt)}/{len(per_prompt)}",
+        "per_category": {
+            c: sum(n for p in ps for n in p["accept_lengths"]) / sum(p["steps"] for p in ps)
+            for c, ps in sorted(by_category.items())
+        },
+    }
+
+
+def steps_of(per_prompt: list[dict]) -> dict:
+    return {str(p["id"]): [int(p["new_tokens"]), int(p["steps"])] for p in per_prompt}
+
+
+out = Path(sys.argv[1])
+runs, pair_speeds, same_32 = {}, {}, {}
+for arg in sys.argv[2:]:
+    seed, run_dir = arg.split("=", 1)
+    seed, run_dir = int(seed), Path(run_dir)
+    for kind in KINDS:
+        name = f"{kind}-s{seed}"
+        p32, p48 = records(run_dir / f"eval-{name}"), records(run_dir / f"eval48-{name}")
+        assert not {p["id"] for p in p32} & {p["id"] for p in p48}, f"{name}: the 48 repeat one of the 32"
+        merged = p32 + p48
+        runs[name] = {
+            "seed": seed,
+            "run_dir": str(run_dir),
+            "mt32": measure(p32),
+            "mt48": measure(p48),
+            "mt80": measure(merged),
+            "per_prompt_32": steps_of(p32),
+            "per_prompt_48": steps_of(p48),
+            "eval48_command": json.loads((run_dir / f"eval48-{name}" / "results.json").read_text())[
+                "command"
+            ],
+        }
+        if seed in EARLIER:
+            report = json.loads((HERE.parent / EARLIER[seed] / "runs.json").read_text())
+            same_32[name] = report["runs"][name]["eval"]["per_prompt"] == steps_of(p32)
+    # the new pair: its speeds side by side, and its identity with s45's runs of the seed
+    if seed not in EARLIER:
+        tokens = json.loads((run_dir / f"prep-s{seed}.log").read_text().strip().splitlines()[-1])["tokens"]
+        about = {"session": "s48", "seed": seed}
+        mo, us = (f"{k}-s{seed}" for k in KINDS)
+        theirs = with_speeds(modelopt_record(run_dir, mo, tokens, **about, beside=us), STEPS)
+        ours = with_speeds(
+            ours_record(run_dir, us, tokens, **about, beside=mo, overrides=[f"seed={seed}"]), STEPS
+        )
+        before = json.loads((HERE.parent / BEFORE_S4 / "runs.json").read_text())["runs"]
+        pair_speeds[f"{us} / {mo}"] = {
+            "runs": {mo: theirs, us: ours},
+            "side_by_side": side_by_side(ours, theirs),
+            "same_steps_as_before": {
+                n: r["eval"]["per_prompt"] == before[n]["eval"]["per_prompt"]
+                for n, r in ((mo, theirs), (us, ours))
+            },
+        }
+        for name in (mo, us):
+            same_32[name] = pair_speeds[f"{us} / {mo}"]["same_steps_as_before"][name]
+
+s47 = json.loads((HERE.parent / "s47-pairs" / "runs.json").read_text())["since_teacher_columns"]["pairs"]
+since = s47 | {k: v["side_by_side"] for k, v in pair_speeds.items()}
+
+
+def span(key: str) -> list[float]:
+    """[lowest, highest] of one ratio over the pairs since the teacher's columns."""
+    return [min(p[key] for p in since.values()), max(p[key] for p in since.values())]
+
+
+def line(kind: str, part: str) -> list[dict]:
+    key = {"mt32": "per_prompt_32", "mt48": "per_prompt_48"}
+    return [
+        {"per_prompt": r[key[part]] if part in key else r["per_prompt_32"] | r["per_prompt_48"]}
+        for n, r in runs.items()
+        if n.startswith(kind)
+    ]
+
+
+def taus(kind: str, part: str) -> dict:
+    values = [r[part]["tau"] for n, r in runs.items() if n.startswith(kind)]
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "runs": len(values)}
+
+
+result = {
+    "machine": "2-core Intel Xeon (AVX512-BF16, AMX-BF16), fp32, one thread a process",
+    "date": "2026-12-06",
+    "budget": {"steps": STEPS, "batch": 8},
+    "prompts": "MT-Bench first turns: mt32 the bench's 32 (four a category), mt48 the other 48, mt80 all",
+    "runs": runs,
+    "same_32_steps_as_reported": same_32,
+    "pair": pair_speeds,
+    "since_teacher_columns": {
+        "pairs": since,
+        "tokens_per_s": span("tokens_per_s"),
+        "tokens_per_s_mean": round(statistics.fmean(p["tokens_per_s"] for p in since.values()), 3),
+        "steps_tokens_per_s": span("steps_tokens_per_s"),
+        "peak_rss": span("peak_rss"),
+    },
+    "tau": {part: {kind: taus(kind, part) for kind in KINDS} for part in ("mt32", "mt48", "mt80")},
+    "paired": {part: paired(line("ours", part), line("modelopt", part)) for part in ("mt32", "mt48", "mt80")},
+}
+out.write_text(json.dumps(result, indent=1) + "\n")
+for name, r in runs.items():
+    print(name, *(f"{part} {r[part]['tau']:.4f} {r[part]['identical_to_baseline']}" for part in ("mt32", "mt48", "mt80")))  # fmt: skip
+for key in ("same_32_steps_as_reported", "tau", "paired", "since_teacher_columns"):
+    print(key, json.dumps(result[key]))
+for k, v in pair_speeds.items():
+    print(k, json.dumps(v["side_by_side"]), json.dumps(v["same_steps_as_before"]),
+          {n: (r["wall_s"], r["tokens_per_s"], r["tokens_per_step_s"], r["peak_rss_mib"]) for n, r in v["runs"].items()})  # fmt: skip
