@@ -15,13 +15,14 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
+from specheads.evaluate.report import per_category, summarize
 
 sys.path.insert(0, "scripts")
 from bench_trainers_paired import (  # noqa: E402
     modelopt_record,
     ours_record,
     paired,
+    prompt_steps,
     side_by_side,
     with_speeds,
 )
@@ -34,37 +35,28 @@ EARLIER = {0: "s46-teacher-columns", 1: "s47-pairs", 2: "s47-pairs", 3: "s47-pai
 # where seed 4 was made before (s45, on this Xeon type)
 BEFORE_S4 = "s45-side-by-side"
 
-
 DEPTH = 5  # dynamic-16's depth: results.json's accept_rate_per_depth has one entry a depth
 
 
-def records(folder: Path) -> list[dict]:
-    results = json.loads((folder / "results.json").read_text())
-    assert len(results["accept_rate_per_depth"]) == DEPTH and results["tree"]["name"] == "dynamic-16", folder
-    return results["per_prompt"]
+def results(folder: Path) -> dict:
+    ev = json.loads((folder / "results.json").read_text())
+    assert len(ev["accept_rate_per_depth"]) == DEPTH and ev["tree"]["name"] == "dynamic-16", folder
+    return ev
 
 
 def measure(per_prompt: list[dict]) -> dict:
-    """tau, acceptance per depth, identity and tau per category over a run's per-prompt records (the
-    definitions of `specheads eval`'s results.json)."""
-    lengths = [n for p in per_prompt for n in p["accept_lengths"]]
-    by_category = {}
-    for p in per_prompt:
-        by_category.setdefault(p["category"], []).append(p)
+    """tau, acceptance per depth, identity and tau per category over per-prompt records, as `specheads eval`
+    figures them (evaluate.report's summarize and per_category)."""
+    figures = summarize(per_prompt, DEPTH)
     return {
-        "n_prompts": len(per_prompt),
-        "tau": sum(lengths) / len(lengths),
-        "accept_rate_per_depth": [float(np.mean([n >= d + 1 for n in lengths])) for d in range(1, DEPTH + 1)],
-        "identical_to_baseline": f"{sum(p['identical_to_baseline'] for p in per_prompt)}/{len(per_prompt)}",
+        "n_prompts": figures["num_prompts"],
+        "tau": figures["mean_accept_length"],
+        "accept_rate_per_depth": figures["accept_rate_per_depth"],
+        "identical_to_baseline": figures["identical_to_baseline"],
         "per_category": {
-            c: sum(n for p in ps for n in p["accept_lengths"]) / sum(p["steps"] for p in ps)
-            for c, ps in sorted(by_category.items())
+            c: f["mean_accept_length"] for c, f in sorted(per_category(per_prompt, DEPTH).items())
         },
     }
-
-
-def steps_of(per_prompt: list[dict]) -> dict:
-    return {str(p["id"]): [int(p["new_tokens"]), int(p["steps"])] for p in per_prompt}
 
 
 out = Path(sys.argv[1])
@@ -72,26 +64,24 @@ runs, pair_speeds, same_32 = {}, {}, {}
 for arg in sys.argv[2:]:
     seed, run_dir = arg.split("=", 1)
     seed, run_dir = int(seed), Path(run_dir)
+    report = json.loads((HERE.parent / EARLIER[seed] / "runs.json").read_text()) if seed in EARLIER else None
     for kind in KINDS:
         name = f"{kind}-s{seed}"
-        p32, p48 = records(run_dir / f"eval-{name}"), records(run_dir / f"eval48-{name}")
+        ev32, ev48 = results(run_dir / f"eval-{name}"), results(run_dir / f"eval48-{name}")
+        p32, p48 = ev32["per_prompt"], ev48["per_prompt"]
         assert not {p["id"] for p in p32} & {p["id"] for p in p48}, f"{name}: the 48 repeat one of the 32"
-        merged = p32 + p48
         runs[name] = {
             "seed": seed,
             "run_dir": str(run_dir),
             "mt32": measure(p32),
             "mt48": measure(p48),
-            "mt80": measure(merged),
-            "per_prompt_32": steps_of(p32),
-            "per_prompt_48": steps_of(p48),
-            "eval48_command": json.loads((run_dir / f"eval48-{name}" / "results.json").read_text())[
-                "command"
-            ],
+            "mt80": measure(p32 + p48),
+            "per_prompt_32": prompt_steps(ev32),
+            "per_prompt_48": prompt_steps(ev48),
+            "eval48_command": ev48["command"],
         }
-        if seed in EARLIER:
-            report = json.loads((HERE.parent / EARLIER[seed] / "runs.json").read_text())
-            same_32[name] = report["runs"][name]["eval"]["per_prompt"] == steps_of(p32)
+        if report:
+            same_32[name] = report["runs"][name]["eval"]["per_prompt"] == runs[name]["per_prompt_32"]
     # the new pair: its speeds side by side, and its identity with s45's runs of the seed
     if seed not in EARLIER:
         tokens = json.loads((run_dir / f"prep-s{seed}.log").read_text().strip().splitlines()[-1])["tokens"]
