@@ -1,0 +1,68 @@
+"""Gather the forty-ninth session's runs into runs.json: three changes to the SmolLM2 EAGLE-3 recipe's heads, each
+decoded on all 80 MT-Bench first turns and set against the recipe's own heads of the same seeds and against Model
+Optimizer's five (`../s48-mt80/runs.json`).
+
+    python docs/bench_trainers/eagle3-smollm2/s49-ideas/assemble.py OUT.json RUN_DIR
+
+Run from the repository root. RUN_DIR holds `eval80-NAME/` for each NAME of VARIANTS (`specheads eval` as in
+README.md), and `NAME/` with train_summary.json for the trained ones.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, "scripts")
+from bench_trainers_paired import paired, prompt_steps  # noqa: E402
+
+HERE = Path(__file__).parent
+# change -> {seed: the head's folder name in RUN_DIR}
+VARIANTS = {
+    "logits x0.77": {0: "ours-s0-x0.77"},
+    "logits x1.3": {0: "ours-s0-x1.3"},
+    "average 160+200": {0: "ours-s0-avg160", 1: "ours-s1-avg160"},
+    "decay 1.0": {0: "ours-d1-s0", 1: "ours-d1-s1"},
+    "muon_dtype float32": {0: "ours-fp32-s0", 1: "ours-fp32-s1"},
+}
+out, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
+s48 = json.loads((HERE.parent / "s48-mt80" / "runs.json").read_text())["runs"]
+
+
+def line(names: list[str]) -> list[dict]:
+    """Runs of s48-mt80 with their steps on all 80 prompts (the bench's 32 and the other 48)."""
+    return [{"per_prompt": {**s48[n]["per_prompt_32"], **s48[n]["per_prompt_48"]}} for n in names]
+
+
+def record(name: str) -> dict:
+    ev = json.loads((run_dir / f"eval80-{name}" / "results.json").read_text())
+    assert ev["num_prompts"] == 80 and ev["tree"]["name"] == "dynamic-16", name
+    summary = run_dir / name / "train_summary.json"
+    return {
+        "tau": ev["mean_accept_length"],
+        "accept_rate_per_depth": ev["accept_rate_per_depth"],
+        "identical_to_baseline": ev["identical_to_baseline"],
+        "command": ev["command"],
+        **({"step_seconds": json.loads(summary.read_text())["step_seconds"]} if summary.exists() else {}),
+        "per_prompt": prompt_steps(ev),
+    }
+
+
+result = {}
+for change, heads in VARIANTS.items():
+    runs = {seed: record(name) for seed, name in heads.items()}
+    mine = [{"per_prompt": r["per_prompt"]} for r in runs.values()]
+    result[change] = {
+        "runs": {heads[seed]: r for seed, r in runs.items()},
+        "recipe_same_seeds": {f"ours-t15-s{s}": s48[f"ours-t15-s{s}"]["mt80"]["tau"] for s in heads},
+        "over_recipe": paired(mine, line([f"ours-t15-s{s}" for s in heads])),
+        "over_modelopt": paired(mine, line([f"modelopt-s{s}" for s in range(5)])),
+    }
+out.write_text(json.dumps(result, indent=1) + "\n")
+for change, r in result.items():
+    print(change)
+    for name, run in r["runs"].items():
+        depths = [round(a, 3) for a in run["accept_rate_per_depth"][:3]]
+        print(" ", name, round(run["tau"], 4), run["identical_to_baseline"], depths)
+    print("  recipe, same seeds", {k: round(v, 4) for k, v in r["recipe_same_seeds"].items()})
+    for key in ("over_recipe", "over_modelopt"):
+        print(" ", key, {k: round(v, 4) if isinstance(v, float) else v for k, v in r[key].items()})
