@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, "scripts")
-from bench_trainers_paired import paired, prompt_steps  # noqa: E402
+from bench_trainers_paired import eval_record, paired  # noqa: E402
 
 HERE = Path(__file__).parent
 out, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
 runs = json.loads((HERE / "runs.json").read_text())["runs"]
-t2 = {s: json.loads((run_dir / f"eval80-ours-t2-s{s}" / "results.json").read_text()) for s in (0, 1)}
+t2 = {s: eval_record(run_dir / f"eval80-ours-t2-s{s}") for s in (0, 1)}
 summaries = {s: json.loads((run_dir / f"ours-t2-s{s}" / "train_summary.json").read_text()) for s in (0, 1)}
 ids48 = set(runs["ours-t15-s0"]["per_prompt_48"])
 
@@ -29,20 +29,10 @@ def line(names: list[str], part: str = "mt80") -> list[dict]:
     return [{"per_prompt": {k: v for key in keys for k, v in runs[n][key].items()}} for n in names]
 
 
-ours_t2 = [{"per_prompt": prompt_steps(ev)} for ev in t2.values()]
+ours_t2 = [{"per_prompt": ev["per_prompt"]} for ev in t2.values()]
 ours_t2_48 = [{"per_prompt": {k: v for k, v in r["per_prompt"].items() if k in ids48}} for r in ours_t2]
 result = {
-    "runs": {
-        f"ours-t2-s{s}": {
-            "tau": ev["mean_accept_length"],
-            "accept_rate_per_depth": ev["accept_rate_per_depth"],
-            "identical_to_baseline": ev["identical_to_baseline"],
-            "command": ev["command"],
-            "step_seconds": summaries[s]["step_seconds"],
-            "per_prompt": prompt_steps(ev),
-        }
-        for s, ev in t2.items()
-    },
+    "runs": {f"ours-t2-s{s}": {**ev, "step_seconds": summaries[s]["step_seconds"]} for s, ev in t2.items()},
     "recipe_same_seeds": {f"ours-t15-s{s}": runs[f"ours-t15-s{s}"]["mt80"]["tau"] for s in (0, 1)},
     "paired": {
         "t2_over_recipe_mt80": paired(ours_t2, line(["ours-t15-s0", "ours-t15-s1"])),
@@ -54,7 +44,7 @@ out.write_text(json.dumps(result, indent=1) + "\n")
 for name, r in result["runs"].items():
     print(
         name,
-        round(r["tau"], 4),
+        round(r["mean_accept_length"], 4),
         r["identical_to_baseline"],
         [round(a, 3) for a in r["accept_rate_per_depth"][:3]],
     )

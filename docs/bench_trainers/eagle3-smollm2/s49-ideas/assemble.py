@@ -1,4 +1,4 @@
-"""Gather the forty-ninth session's runs into runs.json: three changes to the SmolLM2 EAGLE-3 recipe's heads, each
+"""Gather the forty-ninth session's runs into runs.json: five settings of the SmolLM2 EAGLE-3 recipe's heads, each
 decoded on all 80 MT-Bench first turns and set against the recipe's own heads of the same seeds and against Model
 Optimizer's five (`../s48-mt80/runs.json`).
 
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, "scripts")
-from bench_trainers_paired import paired, prompt_steps  # noqa: E402
+from bench_trainers_paired import eval_record, paired  # noqa: E402
 
 HERE = Path(__file__).parent
 # change -> {seed: the head's folder name in RUN_DIR}
@@ -34,16 +34,13 @@ def line(names: list[str]) -> list[dict]:
 
 
 def record(name: str) -> dict:
-    ev = json.loads((run_dir / f"eval80-{name}" / "results.json").read_text())
-    assert ev["num_prompts"] == 80 and ev["tree"]["name"] == "dynamic-16", name
+    """The head's eval (bench_trainers_paired.eval_record), with its mean step where it was trained here."""
+    ev = eval_record(run_dir / f"eval80-{name}")
+    assert len(ev["per_prompt"]) == 80 and " --tree dynamic-16 " in ev["command"], name
     summary = run_dir / name / "train_summary.json"
     return {
-        "tau": ev["mean_accept_length"],
-        "accept_rate_per_depth": ev["accept_rate_per_depth"],
-        "identical_to_baseline": ev["identical_to_baseline"],
-        "command": ev["command"],
+        **ev,
         **({"step_seconds": json.loads(summary.read_text())["step_seconds"]} if summary.exists() else {}),
-        "per_prompt": prompt_steps(ev),
     }
 
 
@@ -62,7 +59,7 @@ for change, r in result.items():
     print(change)
     for name, run in r["runs"].items():
         depths = [round(a, 3) for a in run["accept_rate_per_depth"][:3]]
-        print(" ", name, round(run["tau"], 4), run["identical_to_baseline"], depths)
+        print(" ", name, round(run["mean_accept_length"], 4), run["identical_to_baseline"], depths)
     print("  recipe, same seeds", {k: round(v, 4) for k, v in r["recipe_same_seeds"].items()})
     for key in ("over_recipe", "over_modelopt"):
         print(" ", key, {k: round(v, 4) if isinstance(v, float) else v for k, v in r[key].items()})
