@@ -64,6 +64,8 @@ def loss(objective, batch: dict, out, target):
         noise=objective.eagle3_noise,
         temperature=objective.eagle3_teacher_temperature,
         out_of_vocab=objective.eagle3_out_of_vocab,
+        topk_loss=objective.eagle3_topk_loss,
+        topk_loss_weight=objective.eagle3_topk_loss_weight,
     )
 
 
@@ -95,6 +97,11 @@ def check_recipe(cfg) -> list[tuple[bool, str]]:
         (
             cfg.eagle3_out_of_vocab in OUT_OF_VOCAB,
             f"eagle3_out_of_vocab must be one of {OUT_OF_VOCAB}, got {cfg.eagle3_out_of_vocab!r}",
+        ),
+        (cfg.eagle3_topk_loss >= 0, f"eagle3_topk_loss must be >= 0 (0: off), got {cfg.eagle3_topk_loss}"),
+        (
+            cfg.eagle3_topk_loss_weight >= 0,
+            f"eagle3_topk_loss_weight must be >= 0, got {cfg.eagle3_topk_loss_weight}",
         ),
         (
             cfg.draft_rope_theta >= 0,
@@ -129,6 +136,8 @@ EAGLE3 = Method(
         "eagle3_noise",
         "eagle3_teacher_temperature",
         "eagle3_out_of_vocab",
+        "eagle3_topk_loss",
+        "eagle3_topk_loss_weight",
         "draft_rope_theta",
     ),
     check_recipe=check_recipe,

@@ -96,6 +96,11 @@ class TrainConfig:
     # propose the token greedy verification wants there) or "train" (Model Optimizer's: against the target's
     # distribution renormalised over the draft vocabulary)
     eagle3_out_of_vocab: str = "skip"
+    # HASS's top-K distillation (Zhang et al. 2024, "harmonized objective distillation"): each position's loss
+    # adds weight x -sum over the target's K most likely draft-vocabulary tokens of p log q, p the target's
+    # distribution (temperature 1) over the draft vocabulary, q the draft's. 0: off (the paper's K 10, weight 1)
+    eagle3_topk_loss: int = 0
+    eagle3_topk_loss_weight: float = 1.0
     # the draft's lm_head and final norm at the start: "random" (the layer's own init, as SpecForge and Model
     # Optimizer start), or "target": the target's lm_head rows of the draft vocabulary and its final norm
     draft_head_init: str = "random"

@@ -250,6 +250,8 @@ def eagle3_loss(
     noise: float = 0.0,
     temperature: float = 1.0,
     out_of_vocab: str = "skip",
+    topk_loss: int = 0,
+    topk_loss_weight: float = 1.0,
 ) -> tuple[torch.Tensor, DraftMetrics]:
     """EAGLE-3 training-time-test loss over a batch (shifts and masks in the module docstring).
 
@@ -270,6 +272,8 @@ def eagle3_loss(
             hard cross-entropy: what greedy verification accepts).
         out_of_vocab: "skip" (positions whose target token lies outside the draft vocabulary weigh 0) or
             "train" (they are trained too, as Model Optimizer does).
+        topk_loss, topk_loss_weight: K and w of HASS's top-K distillation, added at every step and position
+            (`topk_distillation`); K 0: none.
 
     Returns:
         (loss, metrics): metrics hold one column per step.
@@ -316,7 +320,10 @@ def eagle3_loss(
         # skipped positions (those whose target token the draft cannot emit) are weighed 0 rather than
         # dropped: their count stays on the device (where kept, the draft-vocabulary argmax is the target's)
         keep = emittable if skip else torch.ones_like(emittable)
-        ce = teacher_cross_entropy(logits, teacher_logits[b, label_at], temperature) * keep
+        ce = teacher_cross_entropy(logits, teacher_logits[b, label_at], temperature)
+        if topk_loss:
+            ce = ce + topk_loss_weight * topk_distillation(logits, teacher_logits[b, label_at], topk_loss)
+        ce = ce * keep
         trained = keep.sum()
         total = total + decay**i * ce.sum() / trained.clamp_min(1)
         with torch.no_grad():
@@ -324,6 +331,15 @@ def eagle3_loss(
             top1, topk_hits = _hits(top, target_tokens[b, label_at])
             metrics.add(ce.sum(), 0.0, top1, topk_hits, len(b), len(b) - emittable.sum(), trained)
     return total, metrics
+
+
+def topk_distillation(logits: torch.Tensor, teacher_logits: torch.Tensor, k: int) -> torch.Tensor:
+    """(N, V) the draft's logits, (N, V) the target's -> (N,) HASS's top-K distillation term:
+    -sum over the target's k most likely tokens of p log q, p = softmax(teacher_logits) (temperature 1, not
+    renormalised over the k), q = softmax(logits). Where the target is sure this weighs its top tokens up to
+    twice (with weight 1); where it is spread, little."""
+    p, top = teacher_logits.float().softmax(-1).topk(min(k, teacher_logits.shape[-1]), dim=-1)
+    return -(p * logits.log_softmax(-1).gather(-1, top)).sum(-1)
 
 
 def count_label_tokens(rows, vocab_size: int) -> torch.Tensor:

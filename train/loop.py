@@ -70,7 +70,7 @@ from specheads.train.eagle_losses import count_label_tokens
 from specheads.train.held_out import HeldOutStates
 from specheads.train.hidden_cache import CachedRows, cache_layers, collate_cached
 from specheads.train.host_memory import keep_freed_memory
-from specheads.train.objective import HeadsWithLoss
+from specheads.train.objective import HeadsWithLoss, loss_settings
 from specheads.train.offline_target import OfflineTarget, target_output
 from specheads.train.optimizers import build_optimizer, newton_schulz_dtype
 from specheads.train.provenance import provenance, write_provenance
@@ -389,16 +389,7 @@ def build_objective(
         method.loss,
         capture_layers=method.capture(heads),
         needs_logits=method.needs_logits(cfg),
-        labels=cfg.labels,
-        decay=cfg.decay,
-        topk=cfg.topk,
-        w_feat=cfg.w_feat,
-        w_tok=cfg.w_tok,
-        noise=cfg.noise,
-        ttt_steps=cfg.ttt_steps,
-        eagle3_noise=cfg.eagle3_noise,
-        eagle3_teacher_temperature=cfg.eagle3_teacher_temperature,
-        eagle3_out_of_vocab=cfg.eagle3_out_of_vocab,
+        **loss_settings(cfg),
     )
     optimizer = build_optimizer(
         model, cfg.optimizer, cfg.lr, cfg.adam_betas, cfg.weight_decay, cfg.muon_lr_scale, cfg.muon_dtype

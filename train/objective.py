@@ -26,6 +26,27 @@ from torch import nn
 
 from specheads.heads import TargetOutput
 
+# the recipe's settings HeadsWithLoss holds for the losses (TrainConfig's fields of these names)
+LOSS_SETTINGS = (
+    "labels",
+    "decay",
+    "topk",
+    "w_feat",
+    "w_tok",
+    "noise",
+    "ttt_steps",
+    "eagle3_noise",
+    "eagle3_teacher_temperature",
+    "eagle3_out_of_vocab",
+    "eagle3_topk_loss",
+    "eagle3_topk_loss_weight",
+)
+
+
+def loss_settings(cfg) -> dict[str, Any]:
+    """The recipe's loss settings (LOSS_SETTINGS), as HeadsWithLoss's keyword arguments."""
+    return {name: getattr(cfg, name) for name in LOSS_SETTINGS}
+
 
 class HeadsWithLoss(nn.Module):
     """forward(batch, out, target) -> (loss (), metrics (rows, heads or draft steps) float64 sums).
@@ -44,6 +65,7 @@ class HeadsWithLoss(nn.Module):
         ttt_steps, eagle3_noise, eagle3_teacher_temperature, eagle3_out_of_vocab: EAGLE-3 training-time-test
             steps, input-feature noise, the temperature of its labels (1: the target's distribution; 0: its
             top token) and whether positions outside the draft vocabulary are trained ("skip", "train").
+        eagle3_topk_loss, eagle3_topk_loss_weight: EAGLE-3's HASS top-K distillation term (0: none).
     """
 
     def __init__(
@@ -63,6 +85,8 @@ class HeadsWithLoss(nn.Module):
         eagle3_noise: float = 0.0,
         eagle3_teacher_temperature: float = 1.0,
         eagle3_out_of_vocab: str = "skip",
+        eagle3_topk_loss: int = 0,
+        eagle3_topk_loss_weight: float = 1.0,
     ):
         super().__init__()
         self.heads = heads
@@ -71,6 +95,7 @@ class HeadsWithLoss(nn.Module):
         self.w_feat, self.w_tok, self.noise, self.ttt_steps = w_feat, w_tok, noise, ttt_steps
         self.eagle3_noise, self.eagle3_teacher_temperature = eagle3_noise, eagle3_teacher_temperature
         self.eagle3_out_of_vocab = eagle3_out_of_vocab
+        self.eagle3_topk_loss, self.eagle3_topk_loss_weight = eagle3_topk_loss, eagle3_topk_loss_weight
 
     def forward(self, batch: dict, out: TargetOutput, target) -> tuple[torch.Tensor, torch.Tensor]:
         """batch: input_ids, loss_mask, position_ids (B, T), attention_mask; out: the target's forward

@@ -188,6 +188,13 @@ def test_eagle3_head_starts_from_the_targets_lm_head_rows_and_norm():
     with pytest.raises(ValueError, match="eagle3_out_of_vocab must be one of .*, got 'drop'"):
         load_config(None, {"method": "eagle3", "eagle3_out_of_vocab": "drop"})
     assert load_config(None, {"method": "eagle3"}).eagle3_out_of_vocab == "skip"
+    with pytest.raises(ValueError, match="eagle3_topk_loss must be >= 0 .*, got -1"):
+        load_config(None, {"method": "eagle3", "eagle3_topk_loss": -1})
+    with pytest.raises(ValueError, match="eagle3_topk_loss_weight must be >= 0, got -0.5"):
+        load_config(None, {"method": "eagle3", "eagle3_topk_loss_weight": -0.5})
+    with pytest.warns(UserWarning, match="'eagle3_topk_loss' .* read by method eagle3 only"):
+        load_config(None, {"method": "medusa", "eagle3_topk_loss": 10})
+    assert load_config(None, {"method": "eagle3"}).eagle3_topk_loss == 0  # off unless asked for
 
 
 @pytest.mark.parametrize("convention", ["rope_parameters", "rope_theta"])

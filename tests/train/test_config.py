@@ -1,8 +1,12 @@
 """Recipes: YAML + key=value overrides, typed, unknown keys rejected."""
 
+import inspect
+
 import pytest
+import torch
 
 from specheads.train.config import TrainConfig, load_config, parse_overrides
+from specheads.train.objective import LOSS_SETTINGS, HeadsWithLoss, loss_settings
 
 
 def test_yaml_and_overrides(tmp_path):
@@ -109,3 +113,17 @@ def test_medusa2_cannot_train_offline():
     with pytest.raises(ValueError, match="method 'medusa2' trains LoRA adapters .* use mode 'online'"):
         load_config(None, ["method=medusa2", "mode=offline", "cache_dir=/data/cache"])
     assert load_config(None, ["method=medusa", "mode=offline", "cache_dir=/data/cache"]).mode == "offline"
+
+
+def test_every_loss_setting_reaches_the_objective():
+    """HeadsWithLoss takes the recipe's loss settings by name (loss_settings): each of its settings is a
+    recipe key, and each recipe value arrives, so a new one cannot be left at its default."""
+    params = inspect.signature(HeadsWithLoss).parameters
+    keywords = {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert set(LOSS_SETTINGS) == keywords - {"capture_layers", "needs_logits"}
+    overrides = {"decay": 0.7, "ttt_steps": 2, "eagle3_topk_loss": 10, "eagle3_topk_loss_weight": 0.5}
+    cfg = load_config(None, {"method": "eagle3", **overrides})
+    model = HeadsWithLoss(torch.nn.Linear(1, 1), lambda *a: None, capture_layers=(), **loss_settings(cfg))
+    for name in LOSS_SETTINGS:
+        assert getattr(model, name) == getattr(cfg, name), name
+    assert {name: getattr(model, name) for name in overrides} == overrides

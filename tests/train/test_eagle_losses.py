@@ -15,8 +15,10 @@ from specheads.train.eagle_losses import (
     eagle3_loss,
     eagle3_unroll,
     eagle_loss,
+    topk_distillation,
     ttt_step_mask,
 )
+from specheads.train.losses import teacher_cross_entropy
 
 from helpers import tiny_config
 
@@ -328,6 +330,51 @@ def test_eagle3_teacher_temperature():
     assert abs(top1.item() - soft.item()) > 0.05  # a one-hot teacher is not the distribution
     assert m_top1.count == m_sharp.count and m_top1.out_of_vocab == m_sharp.out_of_vocab
     assert m_top1.out_of_vocab[0] > 0  # the mask that keeps positions is exercised
+
+
+def test_topk_distillation_is_hass_term():
+    """-sum over the target's k most likely tokens of p log q, p the target's distribution (not renormalised
+    over the k): all k is the soft cross-entropy at T 1; k 1 is p_max times the cross-entropy on the argmax."""
+    g = torch.Generator().manual_seed(0)
+    logits, teacher = torch.randn(5, 9, generator=g), torch.randn(5, 9, generator=g)
+    p, log_q = teacher.softmax(-1), logits.log_softmax(-1)
+    top3 = teacher.topk(3, dim=-1).indices
+    manual = torch.stack([-(p[n, top3[n]] * log_q[n, top3[n]]).sum() for n in range(5)])
+    assert torch.allclose(topk_distillation(logits, teacher, 3), manual)
+    assert torch.allclose(topk_distillation(logits, teacher, 9), teacher_cross_entropy(logits, teacher))
+    assert torch.allclose(topk_distillation(logits, teacher, 50), teacher_cross_entropy(logits, teacher))
+    argmax = teacher.argmax(-1)
+    hard = torch.nn.functional.cross_entropy(logits, argmax, reduction="none")
+    assert torch.allclose(topk_distillation(logits, teacher, 1), p.max(-1).values * hard)
+
+
+def test_eagle3_topk_loss_adds_the_hass_term_at_every_step():
+    """topk_loss K, weight w: each kept position's loss gains w x the top-K term, at every step. With K the
+    whole draft vocabulary and the teacher at T 1, that term is the soft loss itself: the loss is (1 + w)
+    times the plain one; with a one-hot teacher any K gives the same; weight 0 changes nothing."""
+    head = draft_head([0, 2, 3, 5, 8, 9])
+    data = batch()
+    target_logits = torch.randn(B, T, V)
+    features = {i: torch.randn(B, T, H) for i in (1, 2, 3)}
+    args = (head, features, data["input_ids"], data["loss_mask"], data["position_ids"])
+    plain, m_plain = eagle3_loss(*args, target_logits, embedding(), steps=3)
+    whole, m_whole = eagle3_loss(
+        *args, target_logits, embedding(), steps=3, topk_loss=6, topk_loss_weight=0.5
+    )
+    assert whole.item() == pytest.approx(1.5 * plain.item(), rel=1e-5)
+    assert m_whole.count == m_plain.count and m_whole.trained == m_plain.trained
+    assert m_plain.out_of_vocab[0] > 0  # skipped positions stay out of the added term too
+    top2, _ = eagle3_loss(*args, target_logits, embedding(), steps=3, topk_loss=2)
+    assert plain.item() < top2.item() < 2 * plain.item()  # a part of the soft loss added
+    warm, _ = eagle3_loss(*args, target_logits, embedding(), steps=3, temperature=1.5)
+    warm_top2, _ = eagle3_loss(*args, target_logits, embedding(), steps=3, temperature=1.5, topk_loss=2)
+    top2_term = top2.item() - plain.item()  # p at T 1 whatever the soft labels' temperature
+    assert warm_top2.item() - warm.item() == pytest.approx(top2_term, rel=1e-5)
+    sharp, _ = eagle3_loss(*args, target_logits * 1e4, embedding(), steps=3)
+    sharp_top3, _ = eagle3_loss(*args, target_logits * 1e4, embedding(), steps=3, topk_loss=3)
+    assert sharp_top3.item() == pytest.approx(2 * sharp.item(), rel=1e-5)
+    off, _ = eagle3_loss(*args, target_logits, embedding(), steps=3, topk_loss=2, topk_loss_weight=0)
+    assert off.item() == pytest.approx(plain.item(), rel=1e-6)
 
 
 def test_count_label_tokens():
