@@ -39,7 +39,13 @@ import torch
 import torch.nn.functional as F
 
 from specheads.train.data.packing import document_attention_mask, label_positions
-from specheads.train.losses import simulated_accept_length, sums_tensor, teacher_cross_entropy
+from specheads.train.losses import (
+    simulated_accept_length,
+    soft_labels,
+    soft_topk_cross_entropy,
+    sums_tensor,
+    teacher_cross_entropy,
+)
 
 OUT_OF_VOCAB = ("skip", "train")  # EAGLE-3: positions whose target token the draft vocabulary lacks
 
@@ -273,7 +279,7 @@ def eagle3_loss(
         out_of_vocab: "skip" (positions whose target token lies outside the draft vocabulary weigh 0) or
             "train" (they are trained too, as Model Optimizer does).
         topk_loss, topk_loss_weight: K and w of HASS's top-K distillation, added at every step and position
-            (`topk_distillation`); K 0: none.
+            (`topk_teacher`, `soft_topk_cross_entropy`); K 0: none.
 
     Returns:
         (loss, metrics): metrics hold one column per step.
@@ -310,6 +316,7 @@ def eagle3_loss(
             f"columns, got {target_logits.shape[-1]}"
         )
     in_vocab = head.t2d[target_tokens]  # (B, T)
+    hass = topk_teacher(teacher_logits, topk_loss) if topk_loss else None  # once for every step's positions
     total = fused.new_zeros((), dtype=torch.float32)
     metrics = DraftMetrics()
     positions = label_positions(loss_mask, position_ids, [2 + i for i in range(len(outputs))])
@@ -320,10 +327,12 @@ def eagle3_loss(
         # skipped positions (those whose target token the draft cannot emit) are weighed 0 rather than
         # dropped: their count stays on the device (where kept, the draft-vocabulary argmax is the target's)
         keep = emittable if skip else torch.ones_like(emittable)
-        ce = teacher_cross_entropy(logits, teacher_logits[b, label_at], temperature)
         if topk_loss:
-            ce = ce + topk_loss_weight * topk_distillation(logits, teacher_logits[b, label_at], topk_loss)
-        ce = ce * keep
+            soft = soft_labels(teacher_logits[b, label_at], temperature)
+            top, p = hass[0][b, label_at], hass[1][b, label_at]
+            ce = soft_topk_cross_entropy(logits, soft, top, p, topk_loss_weight) * keep
+        else:
+            ce = teacher_cross_entropy(logits, teacher_logits[b, label_at], temperature) * keep
         trained = keep.sum()
         total = total + decay**i * ce.sum() / trained.clamp_min(1)
         with torch.no_grad():
@@ -333,13 +342,14 @@ def eagle3_loss(
     return total, metrics
 
 
-def topk_distillation(logits: torch.Tensor, teacher_logits: torch.Tensor, k: int) -> torch.Tensor:
-    """(N, V) the draft's logits, (N, V) the target's -> (N,) HASS's top-K distillation term:
-    -sum over the target's k most likely tokens of p log q, p = softmax(teacher_logits) (temperature 1, not
-    renormalised over the k), q = softmax(logits). Where the target is sure this weighs its top tokens up to
-    twice (with weight 1); where it is spread, little."""
-    p, top = teacher_logits.float().softmax(-1).topk(min(k, teacher_logits.shape[-1]), dim=-1)
-    return -(p * logits.log_softmax(-1).gather(-1, top)).sum(-1)
+def topk_teacher(teacher_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., V) the target's logits -> its k most likely ids (..., k) and their probabilities at temperature 1
+    (..., k): HASS's top-K distillation term is -sum over them of p log q (`soft_topk_cross_entropy`). p is
+    not renormalised over the k: where the target is sure the term weighs its top token up to `weight` times
+    more, where it is spread, little."""
+    with torch.no_grad():
+        z, top = teacher_logits.topk(min(k, teacher_logits.shape[-1]), dim=-1)
+        return top, (z.float() - teacher_logits.float().logsumexp(-1, keepdim=True)).exp()
 
 
 def count_label_tokens(rows, vocab_size: int) -> torch.Tensor:

@@ -15,10 +15,10 @@ from specheads.train.eagle_losses import (
     eagle3_loss,
     eagle3_unroll,
     eagle_loss,
-    topk_distillation,
+    topk_teacher,
     ttt_step_mask,
 )
-from specheads.train.losses import teacher_cross_entropy
+from specheads.train.losses import soft_labels, soft_topk_cross_entropy, teacher_cross_entropy
 
 from helpers import tiny_config
 
@@ -332,20 +332,39 @@ def test_eagle3_teacher_temperature():
     assert m_top1.out_of_vocab[0] > 0  # the mask that keeps positions is exercised
 
 
-def test_topk_distillation_is_hass_term():
-    """-sum over the target's k most likely tokens of p log q, p the target's distribution (not renormalised
-    over the k): all k is the soft cross-entropy at T 1; k 1 is p_max times the cross-entropy on the argmax."""
+def test_topk_teacher_and_soft_topk_cross_entropy_are_hass_term():
+    """topk_teacher: the target's K most likely ids and their probabilities at T 1 (not renormalised over the
+    K). soft_topk_cross_entropy: -sum soft log q - w sum_K p log q, its written-out backward equal to
+    autograd's through the plain formula (gradcheck in float64); all K at T 1 is (1 + w) x the soft loss."""
     g = torch.Generator().manual_seed(0)
     logits, teacher = torch.randn(5, 9, generator=g), torch.randn(5, 9, generator=g)
-    p, log_q = teacher.softmax(-1), logits.log_softmax(-1)
-    top3 = teacher.topk(3, dim=-1).indices
-    manual = torch.stack([-(p[n, top3[n]] * log_q[n, top3[n]]).sum() for n in range(5)])
-    assert torch.allclose(topk_distillation(logits, teacher, 3), manual)
-    assert torch.allclose(topk_distillation(logits, teacher, 9), teacher_cross_entropy(logits, teacher))
-    assert torch.allclose(topk_distillation(logits, teacher, 50), teacher_cross_entropy(logits, teacher))
-    argmax = teacher.argmax(-1)
-    hard = torch.nn.functional.cross_entropy(logits, argmax, reduction="none")
-    assert torch.allclose(topk_distillation(logits, teacher, 1), p.max(-1).values * hard)
+    top, p = topk_teacher(teacher, 3)
+    assert torch.equal(top, teacher.argsort(-1, descending=True)[:, :3])
+    assert torch.allclose(p, teacher.softmax(-1).gather(-1, top))
+    soft = soft_labels(teacher, 1.5)
+    assert torch.allclose(soft, (teacher / 1.5).softmax(-1))
+    x = logits.clone().requires_grad_()
+    fused = soft_topk_cross_entropy(x, soft, top, p, 0.7)
+    fused.sum().backward()
+    y = logits.clone().requires_grad_()
+    log_q = y.log_softmax(-1)
+    plain = -(soft * log_q).sum(-1) - 0.7 * (p * log_q.gather(-1, top)).sum(-1)
+    plain.sum().backward()
+    assert torch.allclose(fused, plain, atol=1e-6) and torch.allclose(x.grad, y.grad, atol=1e-6)
+    assert torch.allclose(
+        fused, teacher_cross_entropy(logits, teacher, 1.5) - 0.7 * (p * log_q.gather(-1, top)).sum(-1)
+    )
+    d = logits.double().requires_grad_()
+    weights = torch.randn(5, dtype=torch.float64)  # a non-uniform upstream gradient
+    assert torch.autograd.gradcheck(
+        lambda z: soft_topk_cross_entropy(z, soft.double(), top, p.double(), 0.7) * weights, (d,)
+    )
+    every, p_every = topk_teacher(teacher, 50)  # K past V: all V
+    assert every.shape == (5, 9)
+    whole = soft_topk_cross_entropy(logits, soft_labels(teacher, 1), every, p_every, 0.5)
+    assert torch.allclose(whole, 1.5 * teacher_cross_entropy(logits, teacher), rtol=1e-5)
+    one_hot = soft_labels(teacher, 0)
+    assert torch.equal(one_hot.argmax(-1), teacher.argmax(-1)) and torch.equal(one_hot.sum(-1), torch.ones(5))
 
 
 def test_eagle3_topk_loss_adds_the_hass_term_at_every_step():

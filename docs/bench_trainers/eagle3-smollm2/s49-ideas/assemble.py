@@ -24,7 +24,6 @@ VARIANTS = {
     "decay 1.0": {0: "ours-d1-s0", 1: "ours-d1-s1"},
     "muon_dtype float32": {0: "ours-fp32-s0", 1: "ours-fp32-s1"},
 }
-out, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
 s48 = json.loads((HERE.parent / "s48-mt80" / "runs.json").read_text())["runs"]
 
 
@@ -33,7 +32,7 @@ def line(names: list[str]) -> list[dict]:
     return [{"per_prompt": {**s48[n]["per_prompt_32"], **s48[n]["per_prompt_48"]}} for n in names]
 
 
-def record(name: str) -> dict:
+def record(run_dir: Path, name: str) -> dict:
     """The head's eval (bench_trainers_paired.eval_record), with its mean step where it was trained here."""
     ev = eval_record(run_dir / f"eval80-{name}")
     assert len(ev["per_prompt"]) == 80 and " --tree dynamic-16 " in ev["command"], name
@@ -44,22 +43,34 @@ def record(name: str) -> dict:
     }
 
 
-result = {}
-for change, heads in VARIANTS.items():
-    runs = {seed: record(name) for seed, name in heads.items()}
-    mine = [{"per_prompt": r["per_prompt"]} for r in runs.values()]
-    result[change] = {
-        "runs": {heads[seed]: r for seed, r in runs.items()},
-        "recipe_same_seeds": {f"ours-t15-s{s}": s48[f"ours-t15-s{s}"]["mt80"]["tau"] for s in heads},
-        "over_recipe": paired(mine, line([f"ours-t15-s{s}" for s in heads])),
-        "over_modelopt": paired(mine, line([f"modelopt-s{s}" for s in range(5)])),
-    }
-out.write_text(json.dumps(result, indent=1) + "\n")
-for change, r in result.items():
-    print(change)
-    for name, run in r["runs"].items():
-        depths = [round(a, 3) for a in run["accept_rate_per_depth"][:3]]
-        print(" ", name, round(run["mean_accept_length"], 4), run["identical_to_baseline"], depths)
-    print("  recipe, same seeds", {k: round(v, 4) for k, v in r["recipe_same_seeds"].items()})
-    for key in ("over_recipe", "over_modelopt"):
-        print(" ", key, {k: round(v, 4) if isinstance(v, float) else v for k, v in r[key].items()})
+def assemble(variants: dict[str, dict[int, str]], run_dir: Path) -> dict:
+    """change -> its runs, the recipe's τ on the same seeds, and paired() over the recipe and Model Optimizer."""
+    result = {}
+    for change, heads in variants.items():
+        runs = {seed: record(run_dir, name) for seed, name in heads.items()}
+        mine = [{"per_prompt": r["per_prompt"]} for r in runs.values()]
+        result[change] = {
+            "runs": {heads[seed]: r for seed, r in runs.items()},
+            "recipe_same_seeds": {f"ours-t15-s{s}": s48[f"ours-t15-s{s}"]["mt80"]["tau"] for s in heads},
+            "over_recipe": paired(mine, line([f"ours-t15-s{s}" for s in heads])),
+            "over_modelopt": paired(mine, line([f"modelopt-s{s}" for s in range(5)])),
+        }
+    return result
+
+
+def show(result: dict) -> None:
+    for change, r in result.items():
+        print(change)
+        for name, run in r["runs"].items():
+            depths = [round(a, 3) for a in run["accept_rate_per_depth"][:3]]
+            print(" ", name, round(run["mean_accept_length"], 4), run["identical_to_baseline"], depths)
+        print("  recipe, same seeds", {k: round(v, 4) for k, v in r["recipe_same_seeds"].items()})
+        for key in ("over_recipe", "over_modelopt"):
+            print(" ", key, {k: round(v, 4) if isinstance(v, float) else v for k, v in r[key].items()})
+
+
+if __name__ == "__main__":
+    out, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    result = assemble(VARIANTS, run_dir)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    show(result)

@@ -1,0 +1,27 @@
+"""Gather the fiftieth session's runs into runs.json: the SmolLM2 EAGLE-3 recipe with HASS's top-K distillation
+(`eagle3_topk_loss=10`), each seed decoded on all 80 MT-Bench first turns and set against the recipe's own heads of
+the same seeds and against Model Optimizer's five (`../s48-mt80/runs.json`), prompt by prompt.
+
+    python docs/bench_trainers/eagle3-smollm2/s50-hass/assemble.py OUT.json RUN_DIR
+
+Run from the repository root. RUN_DIR holds `eval80-NAME/` and `NAME/` (with train_summary.json) for each NAME
+of VARIANTS (commands in README.md).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "s49-ideas"))
+from assemble import assemble, show  # noqa: E402
+
+# change -> {seed: the head's folder name in RUN_DIR}
+VARIANTS = {
+    "topk loss 10": {0: "ours-hass-s0", 1: "ours-hass-s1"},
+}
+
+if __name__ == "__main__":
+    out, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    result = assemble(VARIANTS, run_dir)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    show(result)
