@@ -60,8 +60,9 @@ def soft_topk_cross_entropy(
     the soft cross-entropy with HASS's top-K distillation term (train/eagle_losses.py) added.
 
     Its backward is written out, softmax(logits) (1 + weight sum_K p) - soft - weight p at the top ids, so
-    the term costs a gather and a scatter of K columns, not a second pass over the V (autograd's would:
-    about 14% of a SmolLM2 EAGLE-3 recipe step on a CPU)."""
+    the term costs a gather and a scatter of K columns, not a second log-softmax over the V and its backward
+    (on 5,000 x 8,192 rows, one CPU thread: 0.64 s with the loss, against 1.6 s under autograd and 0.57 s
+    for the loss alone)."""
     return _SoftTopKCrossEntropy.apply(logits, soft, top, p_top, weight)
 
 
