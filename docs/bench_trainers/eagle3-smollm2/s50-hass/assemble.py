@@ -1,6 +1,7 @@
 """Gather the fiftieth session's runs into runs.json: the SmolLM2 EAGLE-3 recipe with HASS's top-K distillation
-(`eagle3_topk_loss=10`), each seed decoded on all 80 MT-Bench first turns and set against the recipe's own heads of
-the same seeds and against Model Optimizer's five (`../s48-mt80/runs.json`), prompt by prompt.
+(`eagle3_topk_loss=10`) and with `decay=0.65`, each seed decoded on all 80 MT-Bench first turns and set against
+the recipe's own heads of the same seeds and against Model Optimizer's five (`../s48-mt80/runs.json`), prompt by
+prompt.
 
     python docs/bench_trainers/eagle3-smollm2/s50-hass/assemble.py OUT.json RUN_DIR
 
@@ -18,6 +19,7 @@ from assemble import assemble, show  # noqa: E402
 # change -> {seed: the head's folder name in RUN_DIR}
 VARIANTS = {
     "topk loss 10": {0: "ours-hass-s0", 1: "ours-hass-s1"},
+    "decay 0.65": {0: "ours-d065-s0", 1: "ours-d065-s1"},
 }
 
 if __name__ == "__main__":
