@@ -1,0 +1,30 @@
+"""Gather the fifty-first session's runs into runs.json: the SmolLM2 EAGLE-3 recipe with larger draft vocabularies
+(`draft_vocab_size=16384`, `32768`) and with `draft_head_init=target`, each decoded on all 80 MT-Bench first turns
+and set against the recipe's own heads of the same seeds and against Model Optimizer's five
+(`../s48-mt80/runs.json`), prompt by prompt.
+
+    python docs/bench_trainers/eagle3-smollm2/s51-vocab/assemble.py OUT.json RUN_DIR
+
+Run from the repository root. RUN_DIR holds `eval80-NAME/` and `NAME/` (with train_summary.json) for each NAME
+of VARIANTS (commands in README.md).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "s49-ideas"))
+from assemble import assemble, show  # noqa: E402
+
+# change -> {seed: the head's folder name in RUN_DIR}
+VARIANTS = {
+    "draft_vocab_size 16384": {0: "ours-v16384-s0"},
+    "draft_vocab_size 32768": {0: "ours-v32768-s0"},
+    "draft_head_init target": {0: "ours-init-s0", 1: "ours-init-s1"},
+}
+
+if __name__ == "__main__":
+    out, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    result = assemble(VARIANTS, run_dir)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    show(result)
