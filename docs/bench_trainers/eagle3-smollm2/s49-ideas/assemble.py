@@ -69,8 +69,13 @@ def show(result: dict) -> None:
             print(" ", key, {k: round(v, 4) if isinstance(v, float) else v for k, v in r[key].items()})
 
 
-if __name__ == "__main__":
-    out, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
-    result = assemble(VARIANTS, run_dir)
+def main(variants: dict[str, dict[int, str]], argv: list[str]) -> None:
+    """argv: [_, OUT.json, RUN_DIR]: assemble `variants`' runs in RUN_DIR, write them to OUT.json, show them."""
+    out, run_dir = Path(argv[1]), Path(argv[2])
+    result = assemble(variants, run_dir)
     out.write_text(json.dumps(result, indent=1) + "\n")
     show(result)
+
+
+if __name__ == "__main__":
+    main(VARIANTS, sys.argv)

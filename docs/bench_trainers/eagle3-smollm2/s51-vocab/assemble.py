@@ -9,12 +9,11 @@ Run from the repository root. RUN_DIR holds `eval80-NAME/` and `NAME/` (with tra
 of VARIANTS (commands in README.md).
 """
 
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "s49-ideas"))
-from assemble import assemble, show  # noqa: E402
+from assemble import main  # noqa: E402
 
 # change -> {seed: the head's folder name in RUN_DIR}
 VARIANTS = {
@@ -24,7 +23,4 @@ VARIANTS = {
 }
 
 if __name__ == "__main__":
-    out, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
-    result = assemble(VARIANTS, run_dir)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    show(result)
+    main(VARIANTS, sys.argv)
