@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from specheads.evaluate.baseline import generate_rows
 from specheads.evaluate.prompts import encode_prompts, read_prompts
-from specheads.heads.eagle3 import draft_vocab_from_counts
+from specheads.heads.eagle3 import draft_vocab_from_counts, vocab_maps
 from specheads.heads.named_targets import resolve_target
 from specheads.heads.target import FrozenTarget
 
@@ -42,18 +42,16 @@ counts = load_file(str(heads / "label_counts.safetensors"))["counts"]
 by_category = defaultdict(list)
 for a in answers:
     by_category[a["category"]] += a["tokens"]
+by_category = {c: torch.tensor(t) for c, t in by_category.items()}
 tokens = torch.tensor([t for a in answers for t in a["tokens"]])
 result = {"answer_tokens": len(tokens), "label_tokens": int(counts.sum()), "distinct_labels": int((counts > 0).sum()),
           "answers_in_labels": float((counts[tokens] > 0).float().mean()), "sizes": {}}  # fmt: skip
 for size in SIZES:
-    inside = torch.zeros(counts.numel(), dtype=torch.bool)
-    inside[draft_vocab_from_counts(counts, size)] = True
+    _, inside = vocab_maps(draft_vocab_from_counts(counts, size), counts.numel())  # t2d: the mask
     result["sizes"][size] = {
         "answers": float(inside[tokens].float().mean()),
         "labels": float(counts[inside].sum() / counts.sum()),
-        "by_category": {
-            c: round(float(inside[torch.tensor(t)].float().mean()), 4) for c, t in by_category.items()
-        },
+        "by_category": {c: round(float(inside[t].float().mean()), 4) for c, t in by_category.items()},
     }
 out.write_text(json.dumps(result, indent=1) + "\n")
 print(json.dumps({k: v for k, v in result.items() if k != "sizes"}))
