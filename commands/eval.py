@@ -25,6 +25,7 @@ from specheads.evaluate.eval_drafters import (
     add_recalibrate_argument,
     add_tree_argument,
     check_tree_for_method,
+    draft_vocab_mask,
     drafter_for,
     tree_by_default,
 )
@@ -217,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
                         vocab,
                         reuse=not args.recalibrate,
                     )
+                how["draft_vocab"] = draft_vocab_mask(drafter, target.vocab_size)
                 if args.batch_size > 1:
                     decoder = BatchedSpeculativeDecoder(target, drafter)
                     records = evaluate_batched(

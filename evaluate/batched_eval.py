@@ -33,10 +33,11 @@ def decode_group(
     method_first: bool,
     sampling: SamplingParams | None = None,
     seed: int = 0,
+    draft_vocab: torch.Tensor | None = None,
 ) -> list[dict[str, Any]]:
     """Decode prompts (prompts.Prompt: id, category, input_ids (1, T)) as one left-padded batch, with the
     decoder and the baseline in the order given, greedy or sampling (seeded with `seed`); one record per
-    prompt."""
+    prompt (counting its tokens in `draft_vocab`, the mask of those the draft can propose, when given)."""
     ids, mask = left_pad([p.input_ids for p in prompts], pad_token_id(target))
     ids, mask = ids.to(target.device), mask.to(target.device)
     sampled, how = {}, {}
@@ -64,6 +65,7 @@ def decode_group(
             reference,
             baseline_share,
             sampled=sampling is not None,
+            draft_vocab=draft_vocab,
         )
         records.append({**record, "batch_size": len(prompts)})
     return records
@@ -81,12 +83,13 @@ def evaluate_batched(
     seed: int = 0,
     done: list[dict[str, Any]] | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
+    draft_vocab: torch.Tensor | None = None,
 ) -> list[dict[str, Any]]:
     """Per-prompt records of the batched decoder against the target's batched `generate`, after `warmup`
     untimed groups; the decoder goes first on even groups, the baseline on odd ones. With `sampling`,
     group i is sampled with seed `seed + i` on both sides. `done`: the records of the first whole groups,
     finished by an earlier run (evaluate/progress.py); `on_record` is called with each new record once
-    its group is finished."""
+    its group is finished. `draft_vocab`: as `evaluate.evaluate` takes it."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     groups = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
@@ -104,7 +107,9 @@ def evaluate_batched(
     for i, group in enumerate(groups):
         if i < first:
             continue
-        new = decode_group(decoder, target, group, max_new_tokens, i % 2 == 0, sampling, seed + i)
+        new = decode_group(
+            decoder, target, group, max_new_tokens, i % 2 == 0, sampling, seed + i, draft_vocab
+        )
         records += new
         for record in new if on_record is not None else ():
             on_record(record)

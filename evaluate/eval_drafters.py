@@ -195,6 +195,22 @@ def drafter_for(
     return method.drafter(heads, config, target, tree, vocab=vocab)
 
 
+def draft_vocab_mask(drafter: Drafter, vocab_size: int) -> torch.Tensor | None:
+    """A (vocab_size,) bool mask of the target ids `drafter` can propose: an EAGLE-3 head's draft vocabulary,
+    or the `vocab` given to an EAGLE-1/2 or Medusa drafter (`--draft-vocab`); None when it proposes from the
+    whole vocabulary. The decoder never drafts a token outside it, so a step whose next token lies outside
+    accepts nothing."""
+    ids = getattr(drafter, "vocab", None)
+    size = getattr(drafter, "draft_vocab_size", vocab_size)
+    if ids is None and size < vocab_size:
+        ids = drafter.to_target_ids(torch.arange(size))
+    if ids is None:
+        return None
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    mask[ids.cpu()] = True
+    return mask
+
+
 def medusa_drafter_for(
     heads: torch.nn.Module,
     config: dict[str, Any],

@@ -108,10 +108,12 @@ def decode_prompt(
     method_first: bool,
     sampling: SamplingParams | None = None,
     seed: int = 0,
+    draft_vocab: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """Decode one prompt with the decoder and the baseline (in the order given); its record.
 
     With `sampling`, both sample (seeded with `seed`) and identical_to_baseline / first_mismatch are None.
+    `draft_vocab`: the mask of the tokens the draft can propose, whose share of the output the record counts.
     """
     ids = prompt.input_ids.to(target.device)
     sampled = {}
@@ -134,6 +136,7 @@ def decode_prompt(
         measured["baseline"][1],
         sampled=sampling is not None,
         phase_seconds=out.timings,
+        draft_vocab=draft_vocab,
     )
 
 
@@ -148,13 +151,16 @@ def evaluate(
     seed: int = 0,
     done: list[dict[str, Any]] | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
+    draft_vocab: torch.Tensor | None = None,
 ) -> list[dict[str, Any]]:
     """Per-prompt records of the decoder against the baseline, after `warmup` untimed prompts.
 
     The order alternates: the decoder goes first on even prompts, the baseline on odd ones. With
     `sampling`, prompt i is sampled with seed `seed + i` on both sides. `done`: the records of the first
     prompts, finished by an earlier run (evaluate/progress.py); decoding goes on after them, with the same
-    order and seeds. `on_record` is called with each new record as soon as it is finished.
+    order and seeds. `on_record` is called with each new record as soon as it is finished. `draft_vocab`:
+    the (V,) bool mask of the tokens the draft can propose (`eval_drafters.draft_vocab_mask`; None: all),
+    whose share of each output its record counts.
     """
     records = list(done or [])
     if len(records) >= len(prompts):
@@ -166,7 +172,11 @@ def evaluate(
     for i, prompt in enumerate(prompts):
         if i < len(records):
             continue
-        records.append(decode_prompt(decoder, target, prompt, max_new_tokens, i % 2 == 0, sampling, seed + i))
+        records.append(
+            decode_prompt(
+                decoder, target, prompt, max_new_tokens, i % 2 == 0, sampling, seed + i, draft_vocab
+            )
+        )
         if on_record is not None:
             on_record(records[-1])
         bar.update(1)

@@ -33,6 +33,9 @@ DEFINITIONS = {
     "transformers runs",
     "outside_forward_fraction": "1 - step_phase_fraction.tree_forward: the share of the steps' time spent "
     "outside the target's forward",
+    "draft_vocab_coverage": "new tokens that lie in the draft's vocabulary / new tokens (an EAGLE-3 head's "
+    "own, or --draft-vocab's); null when the draft proposes from the whole vocabulary. No token outside it is "
+    "ever drafted, so a step whose next token lies outside accepts nothing",
 }
 
 
@@ -72,9 +75,20 @@ def summarize(records: list[dict[str, Any]], tree_depth: int) -> dict[str, Any]:
             else None
         ),
         "identical_to_baseline": identical,
+        "draft_vocab_coverage": coverage(records),
         "num_prompts": len(records),
         **phase_figures(records),
     }
+
+
+def coverage(records: list[dict[str, Any]]) -> float | None:
+    """draft_vocab_coverage (DEFINITIONS) over the records; None unless every one counted its tokens in the
+    draft's vocabulary ("in_draft_vocab") and some have new tokens."""
+    counted = [r.get("in_draft_vocab") for r in records]
+    new_tokens = sum(r["new_tokens"] for r in records)
+    if not records or None in counted or not new_tokens:
+        return None
+    return sum(counted) / new_tokens
 
 
 def phase_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -160,12 +174,25 @@ def render_report(results: dict[str, Any]) -> str:
             if not results["sampling"]["do_sample"]
             else "identical is not measured: sampled outputs differ from it by chance."
         ),
+        *coverage_lines(results),
         f"- tree `{tree['name']}` ({tree['nodes']} nodes, depth {tree['depth']}); heads `{results['heads']['path']}`; "
         f"prompts `{results['prompts']['source']}`; {results['max_new_tokens']} new tokens at most.",
         f"- {environment(results)}.",
         *reproduce(results),
     ]
     return "\n".join(lines)
+
+
+def coverage_lines(results: dict[str, Any]) -> list[str]:
+    """report.md's line on the draft vocabulary's coverage, per category where there are categories."""
+    if results.get("draft_vocab_coverage") is None:
+        return []
+    parts = [f"{name} {_percent(f['draft_vocab_coverage'])}" for name, f in results["per_category"].items()]
+    return [
+        f"- draft vocabulary: {100 * results['draft_vocab_coverage']:.1f}% of the new tokens lie in it"
+        + (f" ({', '.join(parts)})" if parts else "")
+        + "; a step whose next token lies outside it accepts nothing."
+    ]
 
 
 # -- draft figures (`specheads compare`) ------------------------------------------------------------
@@ -245,10 +272,13 @@ def prompt_record(
     baseline_seconds: float,
     sampled: bool = False,
     phase_seconds: dict[str, float] | None = None,
+    draft_vocab: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """results.json's record of one prompt (prompts.Prompt: id, category, input_ids (1, T)) decoded into
     `tokens` with `accept_lengths` per step, against the baseline's `reference`. Sampled outputs differ
-    from the baseline's by chance: identical_to_baseline and first_mismatch are then None."""
+    from the baseline's by chance: identical_to_baseline and first_mismatch are then None. `draft_vocab`:
+    the (V,) bool mask of the tokens the draft can propose (`eval_drafters.draft_vocab_mask`), whose share of
+    `tokens` the record counts ("in_draft_vocab"; None without it)."""
     mismatch = None if sampled else first_mismatch(tokens, reference)
     return {
         "id": prompt.id,
@@ -263,6 +293,7 @@ def prompt_record(
         "baseline_seconds": baseline_seconds,
         "identical_to_baseline": None if sampled else mismatch is None,
         "first_mismatch": mismatch,  # index into the new tokens; None when identical (or sampled)
+        "in_draft_vocab": None if draft_vocab is None else int(draft_vocab[tokens].sum()) if tokens else 0,
         "phase_seconds": phase_seconds,  # the decoder's timings (PHASES and "total"), when it has them
     }
 

@@ -32,7 +32,10 @@ def test_batched_records_equal_generate_and_add_up():
     prompts = [
         Prompt(str(i), "c", torch.randint(0, 256, (1, t), generator=g)) for i, t in enumerate((4, 9, 2, 7, 5))
     ]
-    records = evaluate_batched(decoder, target, prompts, 10, batch_size=2, warmup=0, progress=False)
+    vocab = torch.arange(VOCAB) % 3 == 0  # the tokens a draft could propose, counted in each output
+    records = evaluate_batched(
+        decoder, target, prompts, 10, batch_size=2, warmup=0, progress=False, draft_vocab=vocab
+    )
     assert [r["id"] for r in records] == ["0", "1", "2", "3", "4"]
     assert [r["batch_size"] for r in records] == [2, 2, 2, 2, 1]
     assert records[0]["seconds"] == records[1]["seconds"] and records[0]["seconds"] != records[2]["seconds"]
@@ -41,6 +44,7 @@ def test_batched_records_equal_generate_and_add_up():
         assert r["identical_to_baseline"] and r["first_mismatch"] is None
         assert r["new_tokens"] == r["baseline_new_tokens"] == alone.numel()
         assert r["new_tokens"] == 1 + sum(r["accept_lengths"]) and r["prompt_tokens"] == p.input_ids.shape[1]
+        assert r["in_draft_vocab"] == int(vocab[alone].sum())
     figures = summarize(records, tree_depth=2)
     assert figures["identical_to_baseline"] == "5/5" and figures["new_tokens"] == sum(
         r["new_tokens"] for r in records

@@ -8,6 +8,7 @@ import argparse
 import json
 import shlex
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ from specheads.commands import eval as eval_command
 from specheads.decode import DecodeOutput
 from specheads.evaluate import evaluate
 from specheads.evaluate import prompts as prompt_io
-from specheads.evaluate.report import summarize
+from specheads.evaluate.eval_drafters import draft_vocab_mask
+from specheads.evaluate.report import coverage_lines as report_lines
+from specheads.evaluate.report import prompt_record, summarize
 from specheads.heads import (
     FrozenTarget,
     MedusaConfig,
@@ -239,7 +242,55 @@ def test_summary_definitions():
     assert figures["mean_accept_length"] == 1 + sum(figures["accept_rate_per_depth"])
     assert figures["tokens_per_second"] == 6.0 and figures["baseline_tokens_per_second"] == 4.0
     assert figures["speedup"] == 1.5 and figures["identical_to_baseline"] == "2/2"
+    assert figures["draft_vocab_coverage"] is None  # no record counted its tokens in a draft vocabulary
     assert summarize([], tree_depth=2)["mean_accept_length"] is None
+
+
+def test_records_count_their_tokens_in_the_draft_vocabulary():
+    """in_draft_vocab counts the output's tokens the draft can propose; draft_vocab_coverage is their share
+    of all new tokens, and null unless every record counted."""
+    mask = torch.zeros(10, dtype=torch.bool)
+    mask[[1, 3, 5]] = True
+    prompt = prompt_io.Prompt("q", "writing", torch.ones(1, 4, dtype=torch.long))
+    record = partial(prompt_record, prompt, seconds=1.0, baseline_seconds=1.0)
+    first = record([1, 2, 3, 3, 9], [2, 2], reference=[1, 2, 3, 3, 9], draft_vocab=mask)
+    second = record([5, 0, 0], [1, 1], reference=[5, 0, 0], draft_vocab=mask)
+    assert (first["in_draft_vocab"], second["in_draft_vocab"]) == (3, 1)
+    assert record([], [], reference=[], draft_vocab=mask)["in_draft_vocab"] == 0
+    assert record([1, 2], [1], reference=[1, 2])["in_draft_vocab"] is None
+    assert summarize([first, second], tree_depth=2)["draft_vocab_coverage"] == 4 / 8
+    unmasked = record([1, 2], [1], reference=[1, 2])
+    assert summarize([first, unmasked], tree_depth=2)["draft_vocab_coverage"] is None
+    results = {"draft_vocab_coverage": 0.5, "per_category": {"writing": {"draft_vocab_coverage": 0.5}}}
+    assert report_lines(results) == [
+        "- draft vocabulary: 50.0% of the new tokens lie in it (writing 50%); a step whose next token lies "
+        "outside it accepts nothing."
+    ]
+    assert report_lines({"draft_vocab_coverage": None, "per_category": {}}) == []
+
+
+def test_draft_vocab_mask_is_what_the_drafter_can_propose(setup):
+    """An EAGLE-3 head's own vocabulary (t2d), --draft-vocab's ids for EAGLE-1/2 and Medusa, else None."""
+    from specheads.decode.drafters import MedusaDrafter
+    from specheads.decode.eagle_drafter import EagleDrafter
+    from specheads.decode.trees import default_tree
+    from specheads.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, layer_config_from
+
+    target = FrozenTarget.from_pretrained(str(setup["target"]))
+    V, layers = target.vocab_size, layer_config_from(target.config)
+    ids = torch.arange(2, V, 7)  # ascending, as draft_vocab_from_counts gives them
+    config = Eagle3Config(layers, draft_vocab_size=ids.numel(), target_layers=(1, 2, 3))
+    head3 = Eagle3Head(config).set_draft_vocab(ids)
+    mask = draft_vocab_mask(EagleDrafter(head3, target), V)
+    assert mask.dtype == torch.bool and torch.equal(mask, head3.t2d)
+    assert torch.equal(mask.nonzero().flatten(), ids) and ids.numel() < V
+    head = EagleHead(EagleConfig(layers))
+    assert draft_vocab_mask(EagleDrafter(head, target), V) is None
+    assert torch.equal(draft_vocab_mask(EagleDrafter(head, target, vocab=ids), V), mask)
+    heads, _ = load_heads(setup["heads"], target)
+    tree = default_tree("medusa-15", num_heads=NUM_HEADS)
+    assert draft_vocab_mask(MedusaDrafter(heads, tree, target.lm_head), V) is None
+    assert torch.equal(draft_vocab_mask(MedusaDrafter(heads, tree, target.lm_head, vocab=ids), V), mask)
 
 
 # -- errors: raised before anything is written --------------------------------------------------------
@@ -328,6 +379,8 @@ def test_eval_takes_eagle_heads_with_the_same_flags(setup, tmp_path, method, tre
     assert results["method"] == method
     assert results["tree"]["name"] == (tree or f"dynamic-{evaluate.EAGLE_TOTAL_TOKENS}")
     check_figures(results, results["tree"]["depth"])
+    assert results["draft_vocab_coverage"] is None  # both draft over the whole vocabulary here
+    assert "draft vocabulary" not in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_eval_draft_vocab_records_it_and_refuses_eagle3_heads(setup, tmp_path):
@@ -343,6 +396,20 @@ def test_eval_draft_vocab_records_it_and_refuses_eagle3_heads(setup, tmp_path):
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["heads"]["draft_vocab"] == 30 and "--draft-vocab 30" in results["command"]
     check_figures(results, results["tree"]["depth"])
+    counted = [r["in_draft_vocab"] for r in results["per_prompt"]]  # only the last 30 ids can be proposed
+    assert all(0 <= n <= r["new_tokens"] for n, r in zip(counted, results["per_prompt"]))
+    assert results["draft_vocab_coverage"] == sum(counted) / results["new_tokens"]
+    writing = [r for r in results["per_prompt"] if r["category"] == "writing"]
+    assert results["per_category"]["writing"]["draft_vocab_coverage"] == sum(
+        r["in_draft_vocab"] for r in writing
+    ) / sum(r["new_tokens"] for r in writing)
+    assert "- draft vocabulary: " in (tmp_path / "out" / "report.md").read_text()
+    every = eval_args(setup, tmp_path / "every", setup["questions"], "--draft-vocab", str(target.vocab_size))
+    every[every.index("--heads") + 1] = str(tmp_path / "counted")
+    assert cli(every) == 0  # a draft vocabulary of every token holds every output token
+    results = json.loads((tmp_path / "every" / "results.json").read_text())
+    assert results["draft_vocab_coverage"] == 1.0
+    assert all(r["in_draft_vocab"] == r["new_tokens"] for r in results["per_prompt"])
     head = Eagle3Head(
         Eagle3Config(layer_config_from(target.config), draft_vocab_size=50, target_layers=(1, 2, 3))
     )
