@@ -199,7 +199,7 @@ def draft_vocab_mask(drafter: Drafter, vocab_size: int) -> torch.Tensor | None:
     """A (vocab_size,) bool mask of the target ids `drafter` can propose: an EAGLE-3 head's draft vocabulary,
     or the `vocab` given to an EAGLE-1/2 or Medusa drafter (`--draft-vocab`); None when it proposes from the
     whole vocabulary. The decoder never drafts a token outside it, so a step whose next token lies outside
-    accepts nothing."""
+    accepts no draft token."""
     ids = getattr(drafter, "vocab", None)
     size = getattr(drafter, "draft_vocab_size", vocab_size)
     if ids is None and size < vocab_size:

@@ -35,7 +35,7 @@ DEFINITIONS = {
     "outside the target's forward",
     "draft_vocab_coverage": "new tokens that lie in the draft's vocabulary / new tokens (an EAGLE-3 head's "
     "own, or --draft-vocab's); null when the draft proposes from the whole vocabulary. No token outside it is "
-    "ever drafted, so a step whose next token lies outside accepts nothing",
+    "ever drafted, so a step whose next token lies outside accepts no draft token",
 }
 
 
@@ -191,7 +191,7 @@ def coverage_lines(results: dict[str, Any]) -> list[str]:
     return [
         f"- draft vocabulary: {100 * results['draft_vocab_coverage']:.1f}% of the new tokens lie in it"
         + (f" ({', '.join(parts)})" if parts else "")
-        + "; a step whose next token lies outside it accepts nothing."
+        + "; a step whose next token lies outside it accepts no draft token."
     ]
 
 
@@ -280,6 +280,7 @@ def prompt_record(
     the (V,) bool mask of the tokens the draft can propose (`eval_drafters.draft_vocab_mask`), whose share of
     `tokens` the record counts ("in_draft_vocab"; None without it)."""
     mismatch = None if sampled else first_mismatch(tokens, reference)
+    in_vocab = None if draft_vocab is None else int(draft_vocab[torch.tensor(tokens, dtype=torch.long)].sum())
     return {
         "id": prompt.id,
         "category": prompt.category,
@@ -293,7 +294,7 @@ def prompt_record(
         "baseline_seconds": baseline_seconds,
         "identical_to_baseline": None if sampled else mismatch is None,
         "first_mismatch": mismatch,  # index into the new tokens; None when identical (or sampled)
-        "in_draft_vocab": None if draft_vocab is None else int(draft_vocab[tokens].sum()) if tokens else 0,
+        "in_draft_vocab": in_vocab,  # of `tokens`, those the draft can propose; None without draft_vocab
         "phase_seconds": phase_seconds,  # the decoder's timings (PHASES and "total"), when it has them
     }
 

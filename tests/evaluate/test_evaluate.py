@@ -264,7 +264,7 @@ def test_records_count_their_tokens_in_the_draft_vocabulary():
     results = {"draft_vocab_coverage": 0.5, "per_category": {"writing": {"draft_vocab_coverage": 0.5}}}
     assert report_lines(results) == [
         "- draft vocabulary: 50.0% of the new tokens lie in it (writing 50%); a step whose next token lies "
-        "outside it accepts nothing."
+        "outside it accepts no draft token."
     ]
     assert report_lines({"draft_vocab_coverage": None, "per_category": {}}) == []
 
