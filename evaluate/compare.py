@@ -333,7 +333,12 @@ def build_results(
     """results.json: one entry per method first, then the run order and what produced them; `held_out`:
     the calibration prompts of `--tree auto` (each calibrated method's settings hold its calibration)."""
     entries = [
-        method_entry(name, kind, method, records_for(runs[name], runs[BASELINE], conversations))
+        method_entry(
+            name,
+            kind,
+            method,
+            records_for(runs[name], runs[BASELINE], conversations, getattr(method, "draft_vocab", None)),
+        )
         for name, (kind, method) in methods.items()
     ]
     return {

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
+
 from specheads.evaluate.conversations import Conversation
 from specheads.evaluate.peers import Decoded, Method
 from specheads.evaluate.report import draft_figures, first_mismatch, summarize
@@ -43,8 +45,15 @@ def run_from_dict(d: dict[str, Any]) -> Run:
 # -- figures ----------------------------------------------------------------------------------------
 
 
-def records_for(runs: list[Run], baseline: list[Run], conversations: list[Conversation]) -> list[dict]:
-    """Per-prompt records (turns summed, steps concatenated), each beside the baseline's same prompt."""
+def records_for(
+    runs: list[Run],
+    baseline: list[Run],
+    conversations: list[Conversation],
+    draft_vocab: torch.Tensor | None = None,
+) -> list[dict]:
+    """Per-prompt records (turns summed, steps concatenated), each beside the baseline's same prompt;
+    `draft_vocab`: the (V,) bool mask of the tokens the method can draft, whose share of its output each record
+    counts ("in_draft_vocab", as `specheads eval`'s; None without it)."""
     records = []
     for run, base, conversation in zip(runs, baseline, conversations):
         mismatch = None
@@ -54,6 +63,7 @@ def records_for(runs: list[Run], baseline: list[Run], conversations: list[Conver
                 mismatch = {"turn": turn, "index": index}
                 break
         accept_lengths = [n for d in run.decoded for n in d.accept_lengths]
+        tokens = torch.tensor([t for d in run.decoded for t in d.tokens], dtype=torch.long)
         records.append(
             {
                 "id": conversation.id,
@@ -76,6 +86,7 @@ def records_for(runs: list[Run], baseline: list[Run], conversations: list[Conver
                 "identical_to_baseline": mismatch is None,
                 "first_mismatch": mismatch,  # {"turn", "index" into that turn's new tokens}; None: identical
                 "phase_seconds": summed_phases([d.phase_seconds for d in run.decoded]),
+                "in_draft_vocab": None if draft_vocab is None else int(draft_vocab[tokens].sum()),
             }
         )
     return records

@@ -31,6 +31,7 @@ from specheads.decode.drafters import DraftContext, Drafter
 from specheads.decode.trees import DraftTree
 from specheads.evaluate.baseline import generate_rows
 from specheads.evaluate.calibrate import CalibrationSettings, calibrated_once
+from specheads.evaluate.eval_drafters import draft_vocab_mask
 from specheads.evaluate.evaluate import baseline_generate
 from specheads.evaluate.progress import Progress
 from specheads.heads import FrozenTarget, vocab_hash
@@ -289,6 +290,7 @@ class HeadsMethod:
         self.decoder = SpeculativeDecoder(target, self.recorder)
         self.tree, self.heads, self.calibration = tree, heads, calibration
         self.max_depth = tree["depth"]
+        self.draft_vocab = draft_vocab_mask(drafter, target.vocab_size)  # what it can draft; None: all
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> Decoded:
         self.recorder.sizes, self.recorder.depths = [], []

@@ -10,6 +10,9 @@ import torch
 from compare_helpers import check_entry, compare_args, compare_cli
 
 from specheads.evaluate import compare
+from specheads.evaluate.compare_records import Run, records_for
+from specheads.evaluate.conversations import Conversation
+from specheads.evaluate.peers import Decoded
 from specheads.heads import FrozenTarget, load_heads, save_heads
 
 from helpers import stop_at_call
@@ -155,6 +158,13 @@ def test_draft_vocab_decodes_medusa_and_eagle_over_their_most_frequent_labels(co
     for entry in results["methods"][1:]:
         check_entry(entry, results["methods"][0]["per_prompt"])
         assert entry["settings"]["heads"]["draft_vocab"] == 20
+        counted = [r["in_draft_vocab"] for r in entry["per_prompt"]]
+        assert all(0 <= n <= r["new_tokens"] for n, r in zip(counted, entry["per_prompt"]))
+        assert entry["draft_vocab_coverage"] == sum(counted) / entry["new_tokens"]
+    # the same outputs (greedy, lossless) and the same 20 tokens: the same counts; generate() drafts nothing
+    medusa, eagle = (results["methods"][i]["per_prompt"] for i in (1, 2))
+    assert [r["in_draft_vocab"] for r in medusa] == [r["in_draft_vocab"] for r in eagle]
+    assert results["methods"][0]["draft_vocab_coverage"] is None
     assert "--draft-vocab 20" in results["command"]
     argv = compare_args(
         compare_setup,
@@ -165,3 +175,20 @@ def test_draft_vocab_decodes_medusa_and_eagle_over_their_most_frequent_labels(co
     )
     with pytest.raises(ValueError, match="has no label_counts.safetensors"):
         compare_cli([*argv, "--peers", "generate", "--draft-vocab", "20", "--debug"])
+
+
+def test_records_count_each_turns_tokens_in_the_draft_vocabulary():
+    """records_for: in_draft_vocab counts every turn's output tokens that lie in the method's draft vocabulary."""
+    mask = torch.zeros(12, dtype=torch.bool)
+    mask[[2, 4]] = True
+
+    def run(*turns: list[int]) -> Run:
+        decoded = [Decoded(t, [1] * (len(t) - 1), [1] * (len(t) - 1), [1] * (len(t) - 1)) for t in turns]
+        return Run(0, [3] * len(turns), decoded, [1.0] * len(turns), ["a"] * len(turns))
+
+    conversations = [Conversation("q", "q", "writing", ["one", "two"], True)]
+    mine, base = run([2, 4, 5], [4, 11]), run([2, 4, 5], [4, 11])
+    (record,) = records_for([mine], [base], conversations, mask)
+    assert record["in_draft_vocab"] == 3 and record["new_tokens"] == 5
+    (record,) = records_for([mine], [base], conversations)
+    assert record["in_draft_vocab"] is None
