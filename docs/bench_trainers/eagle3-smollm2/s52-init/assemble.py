@@ -3,10 +3,11 @@
 recipe's own five heads and Model Optimizer's five (`../s48-mt80/runs.json`), prompt by prompt: all five a side,
 and each seed against the recipe's head of the same seed.
 
-    python docs/bench_trainers/eagle3-smollm2/s52-init/assemble.py OUT.json RUN_DIR
+    python docs/bench_trainers/eagle3-smollm2/s52-init/assemble.py OUT.json RUN_DIR [SEEDS]
 
 Run from the repository root. RUN_DIR holds `eval80-ours-init-sS/` and `ours-init-sS/` (with
-train_summary.json) for S = 2, 3, 4 (commands in README.md).
+train_summary.json) for each seed S of SEEDS past 1 (commands in README.md). SEEDS: comma-separated, 0,1,2,3,4
+unless given; the recipe's heads are taken on the same seeds, Model Optimizer's on all five.
 """
 
 import json
@@ -17,26 +18,29 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "s49-ideas"))
 from assemble import line, paired, record, s48  # noqa: E402
 
-SEEDS = range(5)
+SEEDS = (0, 1, 2, 3, 4)
 EARLIER = json.loads((HERE.parent / "s51-vocab" / "runs.json").read_text())["draft_head_init target"]["runs"]
 
 
-def assemble(run_dir: Path) -> dict:
-    """The five runs, each seed against the recipe's same seed, and all five against both lines."""
+def assemble(run_dir: Path, seeds=SEEDS) -> dict:
+    """The runs, each seed against the recipe's same seed, and all of them against the recipe's same seeds and
+    Model Optimizer's five (and, for reference, the recipe's same seeds and all five against Model Optimizer's)."""
     runs = {
-        f"ours-init-s{s}": EARLIER.get(f"ours-init-s{s}") or record(run_dir, f"ours-init-s{s}") for s in SEEDS
+        f"ours-init-s{s}": EARLIER.get(f"ours-init-s{s}") or record(run_dir, f"ours-init-s{s}") for s in seeds
     }
     mine = [{"per_prompt": r["per_prompt"]} for r in runs.values()]
+    recipe, modelopt = [f"ours-t15-s{s}" for s in seeds], [f"modelopt-s{s}" for s in SEEDS]
     return {
+        "seeds": list(seeds),
         "runs": runs,
-        "recipe": {f"ours-t15-s{s}": s48[f"ours-t15-s{s}"]["mt80"]["tau"] for s in SEEDS},
-        "modelopt": {f"modelopt-s{s}": s48[f"modelopt-s{s}"]["mt80"]["tau"] for s in SEEDS},
-        "per_seed_over_recipe": {s: paired([mine[s]], line([f"ours-t15-s{s}"])) for s in SEEDS},
-        "over_recipe": paired(mine, line([f"ours-t15-s{s}" for s in SEEDS])),
-        "over_modelopt": paired(mine, line([f"modelopt-s{s}" for s in SEEDS])),
-        "recipe_over_modelopt": paired(
-            line([f"ours-t15-s{s}" for s in SEEDS]), line([f"modelopt-s{s}" for s in SEEDS])
-        ),
+        "recipe": {name: s48[name]["mt80"]["tau"] for name in recipe},
+        "recipe_depths": {name: s48[name]["mt80"]["accept_rate_per_depth"][:3] for name in recipe},
+        "modelopt": {name: s48[name]["mt80"]["tau"] for name in modelopt},
+        "per_seed_over_recipe": {s: paired([m], line([f"ours-t15-s{s}"])) for s, m in zip(seeds, mine)},
+        "over_recipe": paired(mine, line(recipe)),
+        "over_modelopt": paired(mine, line(modelopt)),
+        "recipe_same_seeds_over_modelopt": paired(line(recipe), line(modelopt)),
+        "recipe_over_modelopt": paired(line([f"ours-t15-s{s}" for s in SEEDS]), line(modelopt)),
     }
 
 
@@ -45,18 +49,20 @@ def show(result: dict) -> None:
         depths = [round(a, 3) for a in run["accept_rate_per_depth"][:3]]
         print(name, round(run["mean_accept_length"], 4), run["identical_to_baseline"], depths)
     print("recipe", {k: round(v, 4) for k, v in result["recipe"].items()})
+    print("recipe depths", {k: [round(a, 3) for a in v] for k, v in result["recipe_depths"].items()})
     print("modelopt", {k: round(v, 4) for k, v in result["modelopt"].items()})
     for s, p in result["per_seed_over_recipe"].items():
         print(
             f"seed {s} over the recipe's",
             {k: round(v, 4) if isinstance(v, float) else v for k, v in p.items()},
         )
-    for key in ("over_recipe", "over_modelopt", "recipe_over_modelopt"):
+    for key in ("over_recipe", "over_modelopt", "recipe_same_seeds_over_modelopt", "recipe_over_modelopt"):
         print(key, {k: round(v, 4) if isinstance(v, float) else v for k, v in result[key].items()})
 
 
 if __name__ == "__main__":
     out, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
-    result = assemble(run_dir)
+    seeds = tuple(int(s) for s in sys.argv[3].split(",")) if len(sys.argv) > 3 else SEEDS
+    result = assemble(run_dir, seeds)
     out.write_text(json.dumps(result, indent=1) + "\n")
     show(result)
