@@ -201,9 +201,8 @@ def draft_vocab_mask(drafter: Drafter, vocab_size: int) -> torch.Tensor | None:
     whole vocabulary. The decoder never drafts a token outside it, so a step whose next token lies outside
     accepts no draft token."""
     ids = getattr(drafter, "vocab", None)
-    size = getattr(drafter, "draft_vocab_size", vocab_size)
-    if ids is None and size < vocab_size:
-        ids = drafter.to_target_ids(torch.arange(size))
+    if ids is None and getattr(drafter, "draft_vocab_size", vocab_size) < vocab_size:
+        ids = drafter.head.vocab_target_ids()  # an EAGLE-3 head's own, on the device of its d2t
     if ids is None:
         return None
     mask = torch.zeros(vocab_size, dtype=torch.bool)
