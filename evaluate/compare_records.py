@@ -12,7 +12,7 @@ import torch
 
 from specheads.evaluate.conversations import Conversation
 from specheads.evaluate.peers import Decoded, Method
-from specheads.evaluate.report import draft_figures, first_mismatch, summarize
+from specheads.evaluate.report import draft_figures, first_mismatch, summarize, tokens_in
 
 
 @dataclass
@@ -63,7 +63,6 @@ def records_for(
                 mismatch = {"turn": turn, "index": index}
                 break
         accept_lengths = [n for d in run.decoded for n in d.accept_lengths]
-        tokens = torch.tensor([t for d in run.decoded for t in d.tokens], dtype=torch.long)
         records.append(
             {
                 "id": conversation.id,
@@ -86,7 +85,7 @@ def records_for(
                 "identical_to_baseline": mismatch is None,
                 "first_mismatch": mismatch,  # {"turn", "index" into that turn's new tokens}; None: identical
                 "phase_seconds": summed_phases([d.phase_seconds for d in run.decoded]),
-                "in_draft_vocab": None if draft_vocab is None else int(draft_vocab[tokens].sum()),
+                "in_draft_vocab": tokens_in(draft_vocab, [t for d in run.decoded for t in d.tokens]),
             }
         )
     return records

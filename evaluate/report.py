@@ -263,6 +263,13 @@ _COMPARE_COLUMNS = (
 )
 
 
+def tokens_in(mask: torch.Tensor | None, tokens: list[int]) -> int | None:
+    """How many of `tokens` the (V,) bool `mask` holds (a record's "in_draft_vocab"); None without a mask."""
+    if mask is None:
+        return None
+    return int(mask[torch.tensor(tokens, dtype=torch.long, device=mask.device)].sum())
+
+
 def prompt_record(
     prompt: Any,
     tokens: list[int],
@@ -280,7 +287,6 @@ def prompt_record(
     the (V,) bool mask of the tokens the draft can propose (`eval_drafters.draft_vocab_mask`), whose share of
     `tokens` the record counts ("in_draft_vocab"; None without it)."""
     mismatch = None if sampled else first_mismatch(tokens, reference)
-    in_vocab = None if draft_vocab is None else int(draft_vocab[torch.tensor(tokens, dtype=torch.long)].sum())
     return {
         "id": prompt.id,
         "category": prompt.category,
@@ -294,7 +300,9 @@ def prompt_record(
         "baseline_seconds": baseline_seconds,
         "identical_to_baseline": None if sampled else mismatch is None,
         "first_mismatch": mismatch,  # index into the new tokens; None when identical (or sampled)
-        "in_draft_vocab": in_vocab,  # of `tokens`, those the draft can propose; None without draft_vocab
+        "in_draft_vocab": tokens_in(
+            draft_vocab, tokens
+        ),  # of `tokens`, those the draft can propose; None without draft_vocab
         "phase_seconds": phase_seconds,  # the decoder's timings (PHASES and "total"), when it has them
     }
 
