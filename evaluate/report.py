@@ -369,6 +369,7 @@ def render_comparison(results: dict[str, Any]) -> str:
     for m in methods:
         settings = ", ".join(f"{k}={_short(v)}" for k, v in m["settings"].items() if k != "calibration")
         lines.append(f"- `{m['name']}` ({m['method']}): {settings}")
+        lines += ["  " + line for line in coverage_lines(m)]
         if "calibration" in m["settings"]:  # --tree auto: the calibrated tree, as eval's report.md gives it
             where = f"results.json: the {m['name']} method's settings.calibration"
             lines.append("  " + calibration_note(m["settings"], where).rstrip())

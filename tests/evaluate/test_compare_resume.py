@@ -166,6 +166,10 @@ def test_draft_vocab_decodes_medusa_and_eagle_over_their_most_frequent_labels(co
     assert [r["in_draft_vocab"] for r in medusa] == [r["in_draft_vocab"] for r in eagle]
     assert results["methods"][0]["draft_vocab_coverage"] is None
     assert "--draft-vocab 20" in results["command"]
+    report = (out / "report.md").read_text()  # each drafting method's coverage, under its settings
+    for entry in results["methods"][1:]:
+        assert f"  - draft vocabulary: {100 * entry['draft_vocab_coverage']:.1f}% of the new tokens" in report
+    assert report.count("- draft vocabulary:") == 2
     argv = compare_args(
         compare_setup,
         tmp_path / "none",
