@@ -126,14 +126,16 @@ def is_partitioned(module: torch.nn.Module) -> bool:
     return any(hasattr(p, "ds_id") for p in module.parameters())
 
 
-def gathered_lm_head(target):
-    """A context in which the target's lm_head weight is whole, also under ZeRO-3 (set-up reads its
-    shape and copies it into Medusa heads)."""
+def gathered_output_weights(target):
+    """A context in which the target's lm_head weight and final norm are whole, also under ZeRO-3: set-up
+    reads the lm_head's shape and copies it into Medusa heads, and an EAGLE-3 head started from the target
+    (draft_head_init: target) copies its rows and the norm."""
     if not is_partitioned(target.model):
         return nullcontext()
     import deepspeed  # lazy: deepspeed is slow to import and only used under ZeRO
 
-    return deepspeed.zero.GatheredParameters([target.lm_head.weight], modifier_rank=None)
+    weights = [target.lm_head.weight, *target.norm.parameters()]
+    return deepspeed.zero.GatheredParameters(weights, modifier_rank=None)
 
 
 def shard_target(accelerator, target):

@@ -59,7 +59,7 @@ from specheads.train.data.sources import rows_for
 from specheads.train.distributed import (
     check_optimizer_layout,
     fill_deepspeed_config,
-    gathered_lm_head,
+    gathered_output_weights,
     is_partitioned,
     make_accelerator,
     memory_per_process,
@@ -412,7 +412,7 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
             verify=accelerator.is_local_main_process,  # checksums once
         )
     label_counts = label_counts_of(train_rows, target)
-    with gathered_lm_head(target):
+    with gathered_output_weights(target):
         heads, notes = build_heads(cfg, target, label_counts=label_counts)
     model, optimizer, target = build_objective(cfg, method, target, heads)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, cfg=cfg))

@@ -266,3 +266,29 @@ def test_deepspeed_auto_values_come_from_the_recipe():
         ValueError, match="gradient_clipping: DeepSpeed config has 1.0, the recipe makes it 0.5"
     ):
         fill_deepspeed_config(accelerator({"gradient_clipping": 1.0}), cfg)
+
+
+def test_zero3_sharded_target_starts_an_eagle3_head_from_its_whole_rows(
+    tiny_target_dirs, equal_rows, tmp_path
+):
+    """draft_head_init=target under ZeRO-3 (the SmolLM2 EAGLE-3 recipe sets it): the target's lm_head and final
+    norm are partitioned when the head is built, so both are gathered first. After a step at lr 1e-30 the saved head
+    still holds the target's whole rows of its draft vocabulary and the target's final norm."""
+    args = partial_args(
+        "eagle3.yaml",
+        tiny_target_dirs["llama"],
+        equal_rows,
+        "noise=0",
+        "optimizer=adamw",
+        "draft_head_init=target",
+        "draft_vocab_size=40",
+        "lr=1e-30",  # a step that moves no weight (lr 0 is refused)
+        "max_steps=1",
+        "ttt_steps=2",
+    )
+    launch_two("zero3-sharded-target.yaml", args(tmp_path / "two", "batch_size=2"))
+    whole = FrozenTarget.from_pretrained(str(tiny_target_dirs["llama"]), load_tokenizer=False)
+    saved = load_file(str(tmp_path / "two" / "model.safetensors"))
+    ids = torch.arange(40) + saved["d2t"]
+    assert torch.equal(saved["lm_head.weight"], whole.lm_head.weight[ids])
+    assert torch.equal(saved["norm.weight"], whole.norm.weight)
