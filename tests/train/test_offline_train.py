@@ -64,7 +64,17 @@ METHODS = [
     ("medusa.yaml", ("num_heads=3", "labels=target")),
     # Muon's Newton-Schulz products in fp32 whatever the CPU: bf16's (muon_dtype "auto" on a CPU with bf16
     # units) turn the twin's roundings into whole steps, past what tells reordering from another computation
-    ("eagle3.yaml", ("eagle3_layers=1,2,3", "ttt_steps=3", "draft_vocab_size=264", "muon_dtype=float32")),
+    # draft_head_init=target as the SmolLM2 recipe: the offline target's lm_head and norm start the head
+    (
+        "eagle3.yaml",
+        (
+            "eagle3_layers=1,2,3",
+            "ttt_steps=3",
+            "draft_vocab_size=264",
+            "muon_dtype=float32",
+            "draft_head_init=target",
+        ),
+    ),
 ]
 
 
