@@ -225,8 +225,10 @@ EAGLE3_ABLATIONS = {
     "init seed 0": lambda b, s: {"seed": 0, "data_seed": s},
     # modelopt's draft layer's rope theta (its default_config, whatever the target's; SmolLM2's is 100000)
     "rope 1e4": lambda b, s: {"draft_rope_theta": 10000.0},
-    # ours only: the draft's lm_head and norm start from the target's (neither peer does)
+    # ours only: the draft's lm_head and norm start from the target's (neither peer does; the SmolLM2 recipe
+    # since 2026-12-06, so "head init random" gives its earlier runs)
     "head init target": lambda b, s: {"draft_head_init": "target"},
+    "head init random": lambda b, s: {"draft_head_init": "random"},
     "beta2 0.95": lambda b, s: {"adam_beta2": 0.95},  # EAGLE's main.py; ours and modelopt's 0.999
     # AdamW's decoupled weight decay (ours and modelopt's Trainer: 0): 30 epochs of 32 rows overfit
     "wd 0.01": lambda b, s: {"weight_decay": 0.01},

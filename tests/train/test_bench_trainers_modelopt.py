@@ -192,6 +192,12 @@ def test_every_eagle3_ablation_is_a_valid_recipe_override():
     # no warm-up over the SmolLM2 recipe's tenth of the steps
     cfg = eagle3_recipe("smollm2", modelopt.eagle3_ablation("muon+warmup 0", budget))
     assert (cfg.warmup, cfg.optimizer) == (0, "muon")
+    # the recipe starts its draft's head from the target's; "head init random" gives its runs before that
+    assert eagle3_recipe("smollm2", {}).draft_head_init == "target"
+    assert (
+        eagle3_recipe("smollm2", modelopt.eagle3_ablation("head init random", budget)).draft_head_init
+        == "random"
+    )
 
 
 def test_modelopt_pads_its_rows_to_the_longest_not_to_max_length(tmp_path, monkeypatch, tiny_target_dirs):
