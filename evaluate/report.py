@@ -300,9 +300,8 @@ def prompt_record(
         "baseline_seconds": baseline_seconds,
         "identical_to_baseline": None if sampled else mismatch is None,
         "first_mismatch": mismatch,  # index into the new tokens; None when identical (or sampled)
-        "in_draft_vocab": tokens_in(
-            draft_vocab, tokens
-        ),  # of `tokens`, those the draft can propose; None without draft_vocab
+        # of `tokens`, those the draft can propose; None without draft_vocab
+        "in_draft_vocab": tokens_in(draft_vocab, tokens),
         "phase_seconds": phase_seconds,  # the decoder's timings (PHASES and "total"), when it has them
     }
 
