@@ -16,10 +16,11 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from specheads.heads import FrozenTarget, read_head_config
-from specheads.heads.atomic import write_file
+from specheads.builders.named_targets import resolve_target
+from specheads.core.atomic import write_file
+from specheads.core.target import FrozenTarget
+from specheads.heads import read_head_config
 from specheads.heads.checkpoint import LABEL_COUNTS_FILE
-from specheads.heads.named_targets import resolve_target
 from specheads.train import loop
 from specheads.train.config import TrainConfig, load_config
 from specheads.train.eagle_losses import count_label_tokens

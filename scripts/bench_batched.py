@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from specheads.core.target import FrozenTarget
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
 from specheads.decode.decoder import PHASES
@@ -33,7 +34,7 @@ from specheads.decode.step import timed
 from specheads.evaluate.baseline import generate_rows, pad_token_id
 from specheads.evaluate.eval_drafters import add_tree_argument, drafter_for
 from specheads.evaluate.prompts import encode_prompts, read_prompts
-from specheads.heads import FrozenTarget, load_heads
+from specheads.heads import load_heads
 
 DEFAULT_HEADS = Path("runs/quickstart/medusa")
 
@@ -106,7 +107,7 @@ def resolve_paths(args) -> tuple[str, str]:
         )
     if args.target:
         return args.target, heads
-    from specheads.train.builders.tiny_target import ensure_tiny_target
+    from specheads.builders.tiny_target import ensure_tiny_target
 
     print("--target not given: using the embedded tiny target (building it on first use)", file=sys.stderr)
     path, _, _ = ensure_tiny_target(progress=False)

@@ -26,13 +26,14 @@ from pathlib import Path
 
 import torch
 
+from specheads.builders.tiny_target import HELDOUT_FILE
+from specheads.core.target import FrozenTarget
 from specheads.decode import DEFAULT_TREES, MedusaDrafter, SpeculativeDecoder, StaticTree, default_tree
 from specheads.decode.decoder import PHASES
 from specheads.decode.kv_cache import new_cache
 from specheads.decode.step import timed
 from specheads.evaluate.baseline import generate_rows
-from specheads.heads import FrozenTarget, load_heads
-from specheads.train.builders.tiny_target import HELDOUT_FILE
+from specheads.heads import load_heads
 
 
 def load_prompts(args, tokenizer) -> list[torch.Tensor]:

@@ -37,6 +37,10 @@ from pathlib import Path
 
 import torch
 
+from specheads.builders.named_targets import resolve_target
+from specheads.core.atomic import write_json, write_text
+from specheads.core.machine import processor_name
+from specheads.core.target import FrozenTarget
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs
 from specheads.decode.decoder import PHASES, SpeculativeDecoder
 from specheads.decode.kv_cache import new_cache
@@ -47,11 +51,8 @@ from specheads.evaluate.eval_drafters import drafter_for
 from specheads.evaluate.peers import adapted_target
 from specheads.evaluate.prompts import encode_prompts, read_prompts
 from specheads.evaluate.report import phase_shares
-from specheads.heads import FrozenTarget, load_heads
-from specheads.heads.atomic import write_json, write_text
+from specheads.heads import load_heads
 from specheads.heads.checkpoint import draft_vocab_ids
-from specheads.heads.machine import processor_name
-from specheads.heads.named_targets import resolve_target
 
 
 class CostCurve:

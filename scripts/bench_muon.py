@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
+from specheads.core.machine import processor_name
 from specheads.heads.eagle3 import Eagle3Config, Eagle3Head
-from specheads.heads.machine import processor_name
 from specheads.train.optimizers import build_optimizer, cpu_multiplies_bf16, newton_schulz_dtype
 
 SMOLLM2_LAYER = {

@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from specheads.heads import FrozenTarget
-from specheads.train.builders.tiny_target import ensure_tiny_target
-from specheads.train.data.chat_masks import tokenize_rows
-from specheads.train.data.sources import stdlib_rows
+from specheads.builders.tiny_target import ensure_tiny_target
+from specheads.core.target import FrozenTarget
+from specheads.data.chat_masks import tokenize_rows
 from specheads.train.hidden_cache import CachedRows, build_cache, cache_layers, collate_cached
+from specheads.train.sources import stdlib_rows
 
 
 def tiny_rows(tokenizer, rows: int, max_length: int, files: int):

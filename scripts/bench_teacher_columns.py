@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specheads.heads.atomic import write_json
+from specheads.core.atomic import write_json
 
 
 def median_seconds(fn, repeats: int) -> float:

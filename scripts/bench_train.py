@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
+from specheads.builders.tiny_target import ensure_tiny_target
 from specheads.heads.methods import method_named, methods
-from specheads.train.builders.tiny_target import ensure_tiny_target
-from specheads.train.data.sources import stdlib_rows
+from specheads.train.sources import stdlib_rows
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = tuple(methods())  # the method table: one recipe each in recipes/tiny/

@@ -140,7 +140,7 @@ from bench_trainers_modelopt import (
 )
 from bench_trainers_report import plot, render, render_table, report_json
 
-from specheads.heads.machine import processor_name
+from specheads.core.machine import processor_name
 
 CONSUMERS = ROOT / "tests" / "consumers"
 
@@ -396,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(CONSUMERS))
     import modelopt_env
 
-    from specheads.heads.named_targets import resolve_target
-    from specheads.train.builders.tiny_target import ensure_tiny_target
+    from specheads.builders.named_targets import resolve_target
+    from specheads.builders.tiny_target import ensure_tiny_target
 
     import consumer_env
 

@@ -58,7 +58,7 @@ def make_conversations(target_dir: Path, n: int, prompt_tokens: int, answer_toke
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specheads.train.data.sources import stdlib_rows
+    from specheads.train.sources import stdlib_rows
 
     tok = AutoTokenizer.from_pretrained(target_dir)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
@@ -98,12 +98,12 @@ def chat_conversations(
     in fp32 on `device`; kept in the specheads cache for the next run (conversations_cache)."""
     import torch
 
+    from specheads.core.atomic import write_json
+    from specheads.core.target import FrozenTarget
+    from specheads.data.seed_prompts import seed_prompts
     from specheads.decode.batched_inputs import left_pad
     from specheads.decode.step import eos_ids
     from specheads.evaluate.baseline import generate_rows, pad_token_id
-    from specheads.heads import FrozenTarget
-    from specheads.heads.atomic import write_json
-    from specheads.train.data.seed_prompts import seed_prompts
 
     prompts = [r["messages"][0]["content"] for r in seed_prompts(seed)][:n]
     cached = conversations_cache(target_dir, prompts, answer_tokens, batch, device)
@@ -135,7 +135,7 @@ def conversations_cache(
     the prompts and the generation's settings."""
     import hashlib
 
-    from specheads.heads.named_targets import cache_root
+    from specheads.core.manifest import cache_root
 
     files = sorted(
         (f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(target_dir).iterdir() if f.is_file()
@@ -150,7 +150,7 @@ def eval_prompts(target: str, out: Path, n: int) -> str:
     `out`."""
     if target == "tiny":
         return "heldout"
-    from specheads.heads.question_sets import prompt_set_path
+    from specheads.core.question_sets import prompt_set_path
 
     lines = Path(prompt_set_path("mt-bench")).read_text().splitlines()
     picked = [lines[(i % 8) * 10 + i // 8] for i in range(min(n, len(lines)))]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
+from specheads.core.target import FrozenTarget
 from specheads.evaluate.prompts import encode_prompts, read_prompts
-from specheads.heads import FrozenTarget
 
 
 def first_answers(run: Path, method: str) -> dict[str, str]:

@@ -49,19 +49,19 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from specheads.builders.tiny_target import default_cache_dir
+from specheads.core.target import FrozenTarget
 from specheads.heads import (
     Eagle3Config,
     Eagle3Head,
     EagleConfig,
     EagleHead,
-    FrozenTarget,
     MedusaConfig,
     MedusaHeads,
     layer_config_from,
     save_heads,
 )
 from specheads.heads.formats import export_heads
-from specheads.train.builders.tiny_target import default_cache_dir
 
 ENGINES = {"vllm": "0.33.0", "sglang": "0.5.23"}
 # what each engine's import chain needs beyond the project's packages, installed --no-deps (found by

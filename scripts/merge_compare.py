@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from specheads.core.atomic import write_text
 from specheads.evaluate.compare_records import method_entry
 from specheads.evaluate.report import render_comparison
-from specheads.heads.atomic import write_text
 
 SAME = ("baseline", "max_new_tokens", "temperature", "dtype", "device", "attn_implementation")
 

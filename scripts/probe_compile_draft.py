@@ -20,7 +20,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from specheads.heads.machine import processor_name
+from specheads.core.machine import processor_name
 
 
 def level_fn(hidden: int, heads: int, head_dim: int, mlp: int, nodes: int, past: int, vocab: int):

@@ -26,14 +26,14 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from specheads.builders.named_targets import resolve_target
+from specheads.core.atomic import write_json, write_text
+from specheads.core.target import FrozenTarget
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs
 from specheads.decode.decoder import SpeculativeDecoder
 from specheads.decode.kv_cache import new_cache
 from specheads.decode.step import decoding_attention, timed
 from specheads.decode.trees import DraftTree
-from specheads.heads import FrozenTarget
-from specheads.heads.atomic import write_json, write_text
-from specheads.heads.named_targets import resolve_target
 
 
 class _NoDrafter:

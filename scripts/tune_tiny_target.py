@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specheads.train.builders.tiny_target import TinyTargetConfig, build
+from specheads.builders.tiny_target import TinyTargetConfig, build
 
 CANDIDATES = {
     "h256-l4-b16": dict(),

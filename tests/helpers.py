@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
+from specheads.builders.tiny_target import TinyTargetConfig
 from specheads.evaluate.prompts import HELDOUT_FILE
-from specheads.train.builders.tiny_target import TinyTargetConfig
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -39,7 +39,7 @@ def tiny_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from specheads.train.builders.tiny_target import BOS, CHAT_TEMPLATE, END, EOS, PAD, ROLE_TOKENS
+    from specheads.builders.tiny_target import BOS, CHAT_TEMPLATE, END, EOS, PAD, ROLE_TOKENS
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from specheads.cli import main as cli_main
-from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads, save_heads
+from specheads.core.target import FrozenTarget
+from specheads.heads import MedusaConfig, MedusaHeads, save_heads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,9 @@ with contextlib.redirect_stdout(io.StringIO()):  # the help text
         main({argv!r})
     except SystemExit:
         pass
-loaded = sorted(m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("specheads.commands."))
+loaded = sorted(
+    m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("specheads.cli.") and m != "specheads.cli.commands"
+)
 print(" ".join(loaded), "torch" in sys.modules)
 """
 

@@ -6,9 +6,9 @@ import argparse
 import pytest
 import torch
 
-from specheads import commands
+from specheads.cli import commands
 from specheads.cli import main as cli_main
-from specheads.commands.threads import add_threads_argument
+from specheads.cli.threads import add_threads_argument
 
 # the commands that load or train a model; seed-prompts only writes text
 COMPUTING = {

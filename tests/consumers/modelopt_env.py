@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specheads.train.builders.tiny_target import default_cache_dir
+from specheads.builders.tiny_target import default_cache_dir
 
 from consumer_env import build, json_key
 

@@ -35,8 +35,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from trainer_run import eagle_draft_config, finish_trainer, start_trainer
 
+from specheads.core.target import FrozenTarget
 from specheads.decode import EagleDrafter, MedusaDrafter, SpeculativeDecoder, default_tree
-from specheads.heads import FrozenTarget
 from specheads.heads.checkpoint import load_heads
 from specheads.heads.formats import FormatError
 

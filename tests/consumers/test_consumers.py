@@ -29,13 +29,13 @@ import pytest
 import torch
 
 from specheads.cli import main as formats_cli
+from specheads.core.target import FrozenTarget
 from specheads.decode import EagleDrafter, MedusaDrafter, SpeculativeDecoder, default_tree
 from specheads.heads import (
     Eagle3Config,
     Eagle3Head,
     EagleConfig,
     EagleHead,
-    FrozenTarget,
     MedusaConfig,
     MedusaHeads,
     layer_config_from,

@@ -33,8 +33,8 @@ from modelopt_env import ensure_env, run_modelopt
 from safetensors.torch import load_file, save_file
 
 from specheads.cli import main as cli
+from specheads.core.target import FrozenTarget
 from specheads.decode import EagleDrafter, SpeculativeDecoder
-from specheads.heads import FrozenTarget
 from specheads.heads.checkpoint import load_heads
 from specheads.train.eagle_losses import eagle3_loss
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from specheads.core.target import FrozenTarget
 from specheads.decode import EagleDrafter, MedusaDrafter, SpeculativeDecoder, default_tree, new_cache
 from specheads.decode.batched import BatchedSpeculativeDecoder, as_batched
 from specheads.decode.batched_inputs import compact_rows, left_pad, left_padding, prefill_inputs
@@ -20,7 +21,6 @@ from specheads.heads import (
     Eagle3Head,
     EagleConfig,
     EagleHead,
-    FrozenTarget,
     MedusaConfig,
     MedusaHeads,
     layer_config_from,

@@ -5,7 +5,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads, save_heads
+from specheads.core.target import FrozenTarget
+from specheads.heads import MedusaConfig, MedusaHeads, save_heads
 
 from helpers import save_tiny_target
 

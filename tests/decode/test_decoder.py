@@ -4,6 +4,7 @@ token, for every family, tree shape and stopping point (EOS or max_new_tokens in
 import pytest
 import torch
 
+from specheads.core.target import FrozenTarget
 from specheads.decode import (
     DecodeOutput,
     DraftContext,
@@ -15,7 +16,7 @@ from specheads.decode import (
     eos_ids,
 )
 from specheads.decode.decoder import PHASES
-from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads
+from specheads.heads import MedusaConfig, MedusaHeads
 
 from decode_helpers import greedy_continuation, random_prompts, recording, reference_generate
 from helpers import tiny_model

@@ -4,10 +4,11 @@ for every new key length; the decoders, the step, and the commands' decoding loo
 import pytest
 import torch
 
+from specheads.core.target import FrozenTarget
 from specheads.decode import MedusaDrafter, SpeculativeDecoder, default_tree, step
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.step import KEEP_CUDNN_SDPA, decoding_attention
-from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads
+from specheads.heads import MedusaConfig, MedusaHeads
 
 from helpers import record_decoding_attention, tiny_model
 

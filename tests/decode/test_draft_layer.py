@@ -4,9 +4,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from specheads.core.target import FrozenTarget
 from specheads.decode.draft_layer import DraftLayer
 from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, FrozenTarget, layer_config_from
+from specheads.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, layer_config_from
 
 from helpers import tiny_model
 

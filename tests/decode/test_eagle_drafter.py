@@ -5,9 +5,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from specheads.core.target import FrozenTarget
 from specheads.decode import SpeculativeDecoder, StaticTree, default_tree
 from specheads.decode.eagle_drafter import EARLY_STOP, EagleDrafter, early_stop_for
-from specheads.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, FrozenTarget, layer_config_from
+from specheads.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, layer_config_from
 from specheads.train.eagle_losses import eagle3_loss, eagle_loss
 
 from decode_helpers import greedy_continuation, random_prompts, recording, reference_generate

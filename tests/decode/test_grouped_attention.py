@@ -11,6 +11,7 @@ import torch
 import transformers.integrations.sdpa_attention as sdpa_attention
 from test_decoder import VOCAB, random_medusa
 
+from specheads.core.target import FrozenTarget
 from specheads.decode import MedusaDrafter, SpeculativeDecoder, default_tree
 from specheads.decode.grouped_attention import (
     ENV,
@@ -19,7 +20,6 @@ from specheads.decode.grouped_attention import (
     grouped_attention_for,
     supported,
 )
-from specheads.heads import FrozenTarget
 
 from decode_helpers import random_prompts, reference_generate
 from helpers import tiny_model

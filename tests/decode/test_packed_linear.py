@@ -10,12 +10,12 @@ from test_batched import PAD, generate_one, make_drafter, prompts_of
 from test_decoder import VOCAB, random_medusa
 from torch import nn
 
+from specheads.core.target import FrozenTarget
 from specheads.decode import MedusaDrafter, SpeculativeDecoder, default_tree
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
 from specheads.decode.packed_linear import ENV, PackedLinears, available
 from specheads.evaluate.step_timing import MeasuredTimer
-from specheads.heads import FrozenTarget
 
 from decode_helpers import random_prompts, reference_generate
 from helpers import tiny_model

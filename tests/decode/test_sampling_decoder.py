@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
+from specheads.core.target import FrozenTarget
 from specheads.decode import (
     MedusaDrafter,
     SpeculativeDecoder,
@@ -29,7 +30,7 @@ from specheads.decode.drafters import DraftContext
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.sampling import SamplingParams, sampling_probs
 from specheads.decode.verify import verify_sampling
-from specheads.heads import EagleConfig, EagleHead, FrozenTarget, MedusaConfig, MedusaHeads, layer_config_from
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from
 
 from helpers import tiny_model
 

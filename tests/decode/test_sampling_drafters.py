@@ -6,11 +6,12 @@ import pytest
 import torch
 from test_eagle_drafter import make_head, node_path, reference_logprobs
 
+from specheads.core.target import FrozenTarget
 from specheads.decode import MedusaDrafter, SpeculativeDecoder, StaticTree
 from specheads.decode.drafters import DraftContext, SampledTree
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.sampling import SamplingParams, check_generator
-from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads
+from specheads.heads import MedusaConfig, MedusaHeads
 
 from helpers import tiny_model
 

@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from specheads.core.target import FrozenTarget
 from specheads.decode import (
     MedusaDrafter,
     SpeculativeDecoder,
@@ -23,7 +24,7 @@ from specheads.decode.tree_inputs import additive_mask
 from specheads.decode.trees import DraftTree
 from specheads.evaluate.calibrate_dynamic import record_dynamic_steps
 from specheads.evaluate.step_timing import MeasuredTimer
-from specheads.heads import EagleConfig, EagleHead, FrozenTarget, MedusaConfig, MedusaHeads, layer_config_from
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from
 
 from helpers import tiny_model
 

@@ -4,6 +4,7 @@ path, for every family, under sdpa and eager, with and without a sliding window;
 import pytest
 import torch
 
+from specheads.core.target import FrozenTarget
 from specheads.decode import (
     DraftTree,
     MedusaDrafter,
@@ -16,7 +17,7 @@ from specheads.decode import (
     tree_inputs,
     tree_position_ids,
 )
-from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads
+from specheads.heads import MedusaConfig, MedusaHeads
 
 from helpers import tiny_model
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from compare_helpers import QUESTIONS, SOURCES
 
-from specheads.heads import EagleConfig, EagleHead, FrozenTarget, MedusaConfig, MedusaHeads, save_heads
+from specheads.core.target import FrozenTarget
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, save_heads
 
 from helpers import target_with_heldout, tiny_model, tiny_tokenizer
 

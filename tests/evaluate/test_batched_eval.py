@@ -4,6 +4,7 @@ outputs equal the target's own batched `generate`, with each group's seconds sha
 import pytest
 import torch
 
+from specheads.core.target import FrozenTarget
 from specheads.decode import MedusaDrafter, default_tree
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
@@ -11,7 +12,7 @@ from specheads.evaluate.baseline import generate_rows
 from specheads.evaluate.batched_eval import evaluate_batched
 from specheads.evaluate.prompts import Prompt
 from specheads.evaluate.report import first_mismatch, summarize
-from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads
+from specheads.heads import MedusaConfig, MedusaHeads
 
 from helpers import tiny_model
 

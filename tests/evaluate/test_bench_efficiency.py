@@ -8,15 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specheads.heads import (
-    EagleConfig,
-    EagleHead,
-    FrozenTarget,
-    MedusaConfig,
-    MedusaHeads,
-    layer_config_from,
-    save_heads,
-)
+from specheads.core.target import FrozenTarget
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from, save_heads
 
 from helpers import save_tiny_target
 

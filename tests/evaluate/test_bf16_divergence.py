@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
+from specheads.core.target import FrozenTarget
 from specheads.evaluate.prompts import encode_prompts, read_prompts
-from specheads.heads import FrozenTarget
 
 from helpers import save_tiny_target
 

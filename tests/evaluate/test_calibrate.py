@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from specheads.core.target import FrozenTarget
 from specheads.decode import (
     DraftTree,
     MedusaDrafter,
@@ -42,14 +43,7 @@ from specheads.evaluate.calibrate_dynamic import (
     record_dynamic_steps,
 )
 from specheads.evaluate.step_timing import MeasuredTimer, same_work
-from specheads.heads import (
-    EagleConfig,
-    EagleHead,
-    FrozenTarget,
-    MedusaConfig,
-    MedusaHeads,
-    layer_config_from,
-)
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from
 from specheads.train.eagle_losses import eagle_loss
 
 from helpers import FakeTimer, tiny_model

@@ -20,7 +20,8 @@ from compare_helpers import (
     compare_cli,
 )
 
-from specheads.commands import compare as compare_command
+from specheads.cli import compare as compare_command
+from specheads.core.target import FrozenTarget
 from specheads.evaluate import compare
 from specheads.evaluate import prompts as prompt_io
 from specheads.evaluate.conversations import (
@@ -33,9 +34,6 @@ from specheads.evaluate.conversations import (
 from specheads.evaluate.peers import AssistedPeer, Decoded, GeneratePeer, PromptLookupPeer, load_draft_model
 from specheads.evaluate.plots import PLOTS
 from specheads.evaluate.report import DRAFT_DEFINITIONS, draft_figures
-from specheads.heads import (
-    FrozenTarget,
-)
 
 from helpers import tiny_model
 

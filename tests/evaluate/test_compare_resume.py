@@ -9,11 +9,12 @@ import pytest
 import torch
 from compare_helpers import check_entry, compare_args, compare_cli
 
+from specheads.core.target import FrozenTarget
 from specheads.evaluate import compare
 from specheads.evaluate.compare_records import Run, records_for
 from specheads.evaluate.conversations import Conversation
 from specheads.evaluate.peers import Decoded
-from specheads.heads import FrozenTarget, load_heads, save_heads
+from specheads.heads import load_heads, save_heads
 
 from helpers import stop_at_call
 

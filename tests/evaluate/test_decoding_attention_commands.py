@@ -5,8 +5,8 @@ import pytest
 from compare_helpers import compare_args, compare_cli
 from test_tree_auto_cli import eval_args, make_setup
 
+from specheads.cli import eval as eval_command
 from specheads.cli import main as cli
-from specheads.commands import eval as eval_command
 from specheads.evaluate import compare
 
 from helpers import record_decoding_attention

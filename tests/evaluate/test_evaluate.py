@@ -14,23 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from specheads.cli import compare as compare_command
+from specheads.cli import eval as eval_command
 from specheads.cli import main as cli
-from specheads.commands import compare as compare_command
-from specheads.commands import eval as eval_command
+from specheads.core.target import FrozenTarget, TargetMismatchError
 from specheads.decode import DecodeOutput
 from specheads.evaluate import evaluate
 from specheads.evaluate import prompts as prompt_io
 from specheads.evaluate.eval_drafters import draft_vocab_mask
 from specheads.evaluate.report import coverage_lines as report_lines
 from specheads.evaluate.report import prompt_record, summarize
-from specheads.heads import (
-    FrozenTarget,
-    MedusaConfig,
-    MedusaHeads,
-    TargetMismatchError,
-    load_heads,
-    save_heads,
-)
+from specheads.heads import MedusaConfig, MedusaHeads, load_heads, save_heads
 
 from helpers import stop_at_call, target_with_heldout
 
@@ -442,7 +436,7 @@ def test_order_alternates_and_warmup_is_untimed(monkeypatch):
 
 
 def test_heldout_file_name_is_the_one_tiny_target_writes():
-    from specheads.train.builders.tiny_target import HELDOUT_FILE  # decode/ does not import train/: a copy
+    from specheads.builders.tiny_target import HELDOUT_FILE  # decode/ does not import train/: a copy
 
     assert prompt_io.HELDOUT_FILE == HELDOUT_FILE
 

@@ -8,11 +8,12 @@ import shlex
 import pytest
 import torch
 
+from specheads.cli import eval as eval_command
 from specheads.cli import main as cli_main
-from specheads.commands import eval as eval_command
+from specheads.core.target import FrozenTarget
 from specheads.decode.sampling import SamplingParams
 from specheads.evaluate import evaluate
-from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads, save_heads
+from specheads.heads import MedusaConfig, MedusaHeads, save_heads
 
 QUESTIONS = [
     {"question_id": 1, "category": "writing", "turns": ["Write a haiku about Python."]},

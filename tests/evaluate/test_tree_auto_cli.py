@@ -11,19 +11,12 @@ import pytest
 import torch
 
 from specheads.cli import main as cli
+from specheads.core.target import FrozenTarget
 from specheads.evaluate import calibrate as calibrate_module
 from specheads.evaluate import evaluate as evaluate_module
 from specheads.evaluate.calibrate import CalibrationSettings, holds_out
 from specheads.evaluate.eval_drafters import tree_by_default, trees_for
-from specheads.heads import (
-    EagleConfig,
-    EagleHead,
-    FrozenTarget,
-    MedusaConfig,
-    MedusaHeads,
-    layer_config_from,
-    save_heads,
-)
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from, save_heads
 from specheads.heads.methods import methods, register
 
 from helpers import FakeTimer, stop_at_call

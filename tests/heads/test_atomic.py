@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from specheads.heads.atomic import replace_dir, write_file, write_json, write_text
+from specheads.core.atomic import replace_dir, write_file, write_json, write_text
 
 
 def mode(path) -> int:

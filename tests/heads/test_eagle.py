@@ -3,13 +3,12 @@
 import pytest
 import torch
 
+from specheads.core.target import FrozenTarget, TargetMismatchError
 from specheads.heads import (
     Eagle3Config,
     Eagle3Head,
     EagleConfig,
     EagleHead,
-    FrozenTarget,
-    TargetMismatchError,
     default_eagle3_layers,
     draft_vocab_from_counts,
     layer_config_from,

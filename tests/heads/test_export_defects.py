@@ -19,12 +19,12 @@ import torch
 from safetensors.torch import load_file
 
 from specheads.cli import main
+from specheads.core.target import FrozenTarget
 from specheads.heads import (
     Eagle3Config,
     Eagle3Head,
     EagleConfig,
     EagleHead,
-    FrozenTarget,
     MedusaConfig,
     MedusaHeads,
     default_eagle3_layers,

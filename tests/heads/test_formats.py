@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from specheads.core.target import FrozenTarget
 from specheads.heads import (
     Eagle3Config,
     Eagle3Head,
     EagleConfig,
     EagleHead,
-    FrozenTarget,
     MedusaConfig,
     MedusaHeads,
     layer_config_from,

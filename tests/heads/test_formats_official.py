@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from specheads.cli import main
+from specheads.core.target import FrozenTarget
 from specheads.decode import EagleDrafter, MedusaDrafter, SpeculativeDecoder, default_tree
-from specheads.heads import FrozenTarget, load_heads
+from specheads.heads import load_heads
 from specheads.heads.formats import FormatError, import_heads
 
 T = 9  # positions in the reference checks

@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch import nn
 
+from specheads.core.hf_compat import _installed_keyword, cache_kwargs
+from specheads.core.target import FrozenTarget
 from specheads.decode.kv_cache import new_cache
-from specheads.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, FrozenTarget, layer_config_from
-from specheads.heads.hf_compat import _installed_keyword, cache_kwargs
+from specheads.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, layer_config_from
 
 from helpers import causal_mask, tiny_config, tiny_model
 

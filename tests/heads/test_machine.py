@@ -1,6 +1,6 @@
 import platform
 
-from specheads.heads.machine import cpuinfo_field, processor_name
+from specheads.core.machine import cpuinfo_field, processor_name
 
 CPUINFO = "processor\t: 0\nmodel name\t: Some CPU @ 2.0GHz\nflags\t\t: fpu avx2\n\nprocessor\t: 1\nmodel name\t: Other\n"
 

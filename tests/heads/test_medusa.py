@@ -5,14 +5,8 @@ import json
 import pytest
 import torch
 
-from specheads.heads import (
-    FrozenTarget,
-    MedusaConfig,
-    MedusaHeads,
-    TargetMismatchError,
-    load_heads,
-    save_heads,
-)
+from specheads.core.target import FrozenTarget, TargetMismatchError
+from specheads.heads import MedusaConfig, MedusaHeads, load_heads, save_heads
 from specheads.heads.checkpoint import CONFIG_FILE, WEIGHTS_FILE
 
 from helpers import tiny_model

@@ -1,12 +1,14 @@
-"""Named targets (heads/named_targets.py): one resolver for every command that takes a target."""
+"""Named targets (builders/named_targets.py): one resolver for every command that takes a target; the
+manifest that records which weights a built target holds (core/manifest.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from specheads.heads import named_targets
-from specheads.heads.named_targets import NAMED_TARGETS, resolve_target
+from specheads.builders import named_targets
+from specheads.builders.named_targets import NAMED_TARGETS, resolve_target
+from specheads.core import manifest
 
 
 def test_unnamed_targets_pass_through(tmp_path):
@@ -15,7 +17,7 @@ def test_unnamed_targets_pass_through(tmp_path):
 
 
 def test_tiny_is_the_embedded_build(monkeypatch, tmp_path):
-    import specheads.train.builders.tiny_target as tiny_target
+    import specheads.builders.tiny_target as tiny_target
 
     calls = []
 
@@ -31,14 +33,14 @@ def test_tiny_is_the_embedded_build(monkeypatch, tmp_path):
 def test_every_command_resolves_through_the_one_table():
     # The old copies (train/loop.py resolve_target, train/data/sources.py target_path) are gone; the train
     # loop, the cache, distill, eval, compare, export and import all call this one.
-    import specheads.commands.distill as distill
-    import specheads.commands.eval as evaluate
-    import specheads.commands.export as export
-    import specheads.commands.import_heads as import_heads
+    import specheads.cli.distill as distill
+    import specheads.cli.eval as evaluate
+    import specheads.cli.export as export
+    import specheads.cli.import_heads as import_heads
     import specheads.evaluate.compare as compare
-    import specheads.train.data.sources as sources
     import specheads.train.loop as loop
     import specheads.train.recipe_cache as recipe_cache
+    import specheads.train.sources as sources
 
     for module in (compare, distill, evaluate, export, import_heads, recipe_cache, loop, sources):
         assert module.resolve_target is named_targets.resolve_target, module.__name__
@@ -47,10 +49,10 @@ def test_every_command_resolves_through_the_one_table():
 
 
 def test_heads_does_not_import_train_to_resolve():
-    # heads/ is the ground floor: importing the resolver must not pull in train/ (only building
-    # the tiny target does, at call time).
+    # importing the resolver must not pull in train/ or decode/ (building a target imports its builder,
+    # at call time).
     code = (
-        "import sys, specheads.heads.named_targets; "
+        "import sys, specheads.builders.named_targets; "
         "print(sorted(m for m in sys.modules if m.startswith(('specheads.train', 'specheads.decode'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -63,16 +65,16 @@ def test_records_carry_which_weights(tmp_path):
 
     import pytest
 
-    from specheads.heads.target import TargetRecord
+    from specheads.core.target import TargetRecord
 
-    (tmp_path / named_targets.MANIFEST_FILE).write_text(json.dumps({"weights_sha256": "ab" * 32}))
-    assert named_targets.weights_id(str(tmp_path)) == "sha256:" + "ab" * 32
-    assert named_targets.weights_id(str(tmp_path / "nothing")) is None
+    (tmp_path / manifest.MANIFEST_FILE).write_text(json.dumps({"weights_sha256": "ab" * 32}))
+    assert manifest.weights_id(str(tmp_path)) == "sha256:" + "ab" * 32
+    assert manifest.weights_id(str(tmp_path / "nothing")) is None
 
     class HubConfig:
         _commit_hash = "c0ffee"
 
-    assert named_targets.weights_id("org/model", HubConfig()) == "hub:org/model@c0ffee"
+    assert manifest.weights_id("org/model", HubConfig()) == "hub:org/model@c0ffee"
 
     fields = dict(
         name_or_path="x", model_type="llama", vocab_size=8, vocab_hash=None, hidden_size=4, num_layers=1

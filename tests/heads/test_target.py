@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specheads.heads import FrozenTarget, TargetMismatchError, TargetRecord
+from specheads.core.target import FrozenTarget, TargetMismatchError, TargetRecord
 
 from helpers import FAMILIES, tiny_model
 

@@ -7,7 +7,8 @@ import pytest
 from toy_method import BIGRAM, BigramHead
 
 from specheads.cli import main as cli_main
-from specheads.heads import FrozenTarget, load_heads
+from specheads.core.target import FrozenTarget
+from specheads.heads import load_heads
 from specheads.heads.methods import methods, register, unregister
 
 pytestmark = pytest.mark.usefixtures("one_thread")

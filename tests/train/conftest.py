@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from specheads.train.builders.tiny_target import ensure_tiny_target
+from specheads.builders.tiny_target import ensure_tiny_target
 
 from helpers import SMALL_TINY_TARGET
 

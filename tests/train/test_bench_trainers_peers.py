@@ -47,8 +47,8 @@ def test_chat_rows_are_the_targets_greedy_answers_to_the_seed_prompts_in_order(
     """For a chat target the rows are the project's seed prompts (never MT-Bench or Spec-Bench) answered by
     the target, greedily in its own template; batched with left padding, each answer is the one the prompt
     gets alone. A second run reads them from the specheads cache, without the target; other settings don't."""
-    from specheads.heads import FrozenTarget
-    from specheads.train.data.seed_prompts import seed_prompts
+    from specheads.core.target import FrozenTarget
+    from specheads.data.seed_prompts import seed_prompts
 
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
     target = tiny_target_dirs["llama"]

@@ -6,7 +6,7 @@ import logging
 import datasets
 import pytest
 
-from specheads.train.data import BadRowsError, ChatMaskError, load_rows, tokenize_chat, tokenize_rows
+from specheads.data import BadRowsError, ChatMaskError, load_rows, tokenize_chat, tokenize_rows
 
 from data_templates import FAMILIES, family_tokenizer
 
@@ -136,7 +136,7 @@ def test_a_token_merged_across_the_turn_boundary_belongs_to_the_turn():
     import inspect
     import json as json_module
 
-    from specheads.train.builders.tiny_target import train_tokenizer
+    from specheads.builders.tiny_target import train_tokenizer
 
     tok = train_tokenizer(
         [inspect.getsource(json_module.decoder), inspect.getsource(json_module.encoder)], 600
@@ -195,7 +195,7 @@ def test_tokenize_rows_columns_and_masks(chat_rows):
 
 def test_truncation_drops_rows_left_without_labels(chat_rows, caplog):
     tok = family_tokenizer("chatml")
-    with caplog.at_level(logging.WARNING, logger="specheads.train.data.chat_masks"):
+    with caplog.at_level(logging.WARNING, logger="specheads.data.chat_masks"):
         out = tokenize_rows(chat_rows, tok, max_length=100)
     # without a system turn the template writes Qwen's default one: the first answer starts at token 105
     assert "dropped 2 conversations" in caplog.text and "rows [1, 2]" in caplog.text
@@ -237,7 +237,7 @@ def mixed_chat_rows(tmp_path):
 
 def test_bad_conversations_are_skipped_up_to_max_bad_rows(tmp_path, caplog):
     rows, tok = mixed_chat_rows(tmp_path), family_tokenizer("mistral")
-    with caplog.at_level(logging.WARNING, logger="specheads.train.data.chat_masks"):
+    with caplog.at_level(logging.WARNING, logger="specheads.data.chat_masks"):
         out = tokenize_rows(rows, tok, max_length=512, max_bad_rows=2)
     assert out.column_names == ["input_ids", "loss_mask"]
     good = [rows[i]["messages"] for i in (0, 2, 4)]

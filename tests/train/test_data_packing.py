@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specheads.heads import FrozenTarget
-from specheads.train.data import collate, document_attention_mask, pack_rows, shift_loss_mask
-from specheads.train.data.packing import first_fit_decreasing
+from specheads.core.target import FrozenTarget
+from specheads.data import collate, document_attention_mask, pack_rows, shift_loss_mask
+from specheads.data.packing import first_fit_decreasing
 
 from helpers import tiny_model
 

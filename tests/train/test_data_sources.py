@@ -7,7 +7,7 @@ import os
 import datasets
 import pytest
 
-from specheads.train.data import BadRowsError, DataSourceError, load_rows, normalise_row
+from specheads.data import BadRowsError, DataSourceError, load_rows, normalise_row
 
 CHAT = [
     {"role": "system", "content": "Be brief."},
@@ -212,7 +212,7 @@ def mixed_file(tmp_path, good=20):
 
 def test_bad_rows_are_skipped_and_reported_with_line_numbers(tmp_path, load, caplog):
     path = mixed_file(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="specheads.train.data.readers"):
+    with caplog.at_level(logging.WARNING, logger="specheads.data.readers"):
         ds = load(path, max_bad_rows=3)
     assert len(ds) == 17 and ds.column_names == ["messages"]
     log = caplog.text

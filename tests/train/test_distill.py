@@ -7,10 +7,10 @@ import datasets
 import pytest
 import torch
 
-from specheads.heads import FrozenTarget
-from specheads.train.data import BadRowsError, load_rows, tokenize_rows
-from specheads.train.data import distillation as distill_mod
-from specheads.train.data.distillation import DistillConfig, distill, is_complete
+from specheads.core.target import FrozenTarget
+from specheads.data import BadRowsError, load_rows, tokenize_rows
+from specheads.data import distillation as distill_mod
+from specheads.data.distillation import DistillConfig, distill, is_complete
 
 from data_templates import family_tokenizer
 from helpers import command, tiny_model

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from specheads.train.data import distillation as distill_mod
+from specheads.data import distillation as distill_mod
 
 from helpers import command
 
@@ -107,7 +107,7 @@ def test_allow_eval_prompts_distils_them_with_a_warning(tiny_target_dirs, tmp_pa
 
 def test_a_named_set_that_cannot_be_found_names_the_flag_and_the_fix(tiny_target_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECHEADS_DATA", str(tmp_path / "nowhere"))
-    monkeypatch.setattr("specheads.heads.question_sets.data_roots", lambda: [tmp_path / "nowhere"])
+    monkeypatch.setattr("specheads.core.question_sets.data_roots", lambda: [tmp_path / "nowhere"])
     with pytest.raises(
         FileNotFoundError, match="--source spec-bench: spec_bench_question.jsonl is in none of"
     ):
@@ -163,7 +163,7 @@ def test_skip_long_leaves_them_out_and_counts_them(tiny_target_dirs, tmp_path, m
 
 def test_the_new_settings_are_recorded_only_where_they_change_the_output():
     """Folders and stdlib-distilled caches made before max_length / long_prompts existed stay resumable."""
-    from specheads.train.data.distillation import DistillConfig, settings_of
+    from specheads.data.distillation import DistillConfig, settings_of
 
     plain = settings_of(DistillConfig())
     assert "max_length" not in plain and "long_prompts" not in plain
@@ -181,9 +181,9 @@ def test_the_new_settings_are_recorded_only_where_they_change_the_output():
 def test_capped_answers_are_marked_counted_and_left_out_of_training_by_default(
     tiny_target_dirs, tmp_path, monkeypatch, capsys
 ):
+    from specheads.data import load_rows
     from specheads.train.config import load_config
-    from specheads.train.data import load_rows
-    from specheads.train.data.sources import rows_for
+    from specheads.train.sources import rows_for
 
     real = distill_mod.generate_batch
 

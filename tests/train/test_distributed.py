@@ -24,7 +24,8 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from specheads.cli import main as cli_main
-from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads
+from specheads.core.target import FrozenTarget
+from specheads.heads import MedusaConfig, MedusaHeads
 from specheads.methods import MEDUSA
 from specheads.train.distributed import fill_deepspeed_config
 from specheads.train.losses import medusa_loss

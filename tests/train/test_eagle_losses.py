@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from specheads.data.packing import collate, shift_loss_mask
 from specheads.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, layer_config_from
-from specheads.train.data.packing import collate, shift_loss_mask
 from specheads.train.eagle_losses import (
     DraftMetrics,
     count_label_tokens,

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specheads.cli import main as cli_main
-from specheads.heads import Eagle3Head, EagleHead, FrozenTarget, draft_vocab_from_counts, load_heads
+from specheads.core.target import FrozenTarget
+from specheads.heads import Eagle3Head, EagleHead, draft_vocab_from_counts, load_heads
 from specheads.heads.checkpoint import read_label_counts
 from specheads.train import eagle_losses
 from specheads.train.config import load_config

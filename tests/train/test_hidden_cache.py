@@ -11,10 +11,10 @@ import torch
 from safetensors import safe_open
 from torch.utils.data import DataLoader
 
-from specheads.heads import FrozenTarget, TargetMismatchError
+from specheads.core.target import FrozenTarget, TargetMismatchError
+from specheads.data import collate, load_rows, tokenize_rows
 from specheads.train import loop
 from specheads.train.config import load_config
-from specheads.train.data import collate, load_rows, tokenize_rows
 from specheads.train.eagle_losses import eagle3_loss, eagle_loss
 from specheads.train.hidden_cache import (
     CacheCorruptError,

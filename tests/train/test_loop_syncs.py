@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from specheads.data.packing import label_positions, shift_loss_mask
 from specheads.train import loop
 from specheads.train.config import load_config
-from specheads.train.data.packing import label_positions, shift_loss_mask
 from specheads.train.distributed import make_accelerator
 from specheads.train.hidden_cache import target_output
 

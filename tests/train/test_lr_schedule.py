@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specheads.heads import FrozenTarget
+from specheads.core.target import FrozenTarget
 from specheads.heads.methods import methods
 from specheads.train.config import TrainConfig, load_config
 from specheads.train.loop import build_objective, lr_lambda, train_batches

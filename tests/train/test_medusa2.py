@@ -13,8 +13,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads
-from specheads.train.data import collate, load_rows, tokenize_rows
+from specheads.core.target import FrozenTarget
+from specheads.data import collate, load_rows, tokenize_rows
+from specheads.heads import MedusaConfig, MedusaHeads
 from specheads.train.medusa2 import (
     Medusa2WithLoss,
     adapter_parameters,
@@ -412,8 +413,8 @@ QUESTIONS = [
 def test_eval_decodes_medusa2_heads_with_their_adapter_merged(cli_run, tmp_path, monkeypatch):
     """`specheads eval` on a Medusa-2 run decodes (and runs generate() on) the adapted target: the
     base with adapter/ merged in, which is the model the heads were trained to read."""
+    from specheads.cli import eval as evaluate  # the command builds the decoder
     from specheads.cli import main as cli_main
-    from specheads.commands import eval as evaluate  # the command builds the decoder
 
     out, _, target_dir = cli_run
     seen = []

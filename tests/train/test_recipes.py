@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specheads.builders.tiny_target import TinyTargetConfig
 from specheads.heads.methods import methods
-from specheads.train.builders.tiny_target import TinyTargetConfig
 from specheads.train.config import load_config
 
 METHODS = tuple(methods())  # the built-in methods: a recipe each per real target family

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from specheads.cli import main as cli_main
-from specheads.heads import FrozenTarget, MedusaConfig, MedusaHeads, save_heads
-from specheads.heads.run_folder import LOCK_FILE, clean_stale_tmp, hold_folder
+from specheads.core.run_folder import LOCK_FILE, clean_stale_tmp, hold_folder
+from specheads.core.target import FrozenTarget
+from specheads.heads import MedusaConfig, MedusaHeads, save_heads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 REPO = Path(__file__).resolve().parents[2]

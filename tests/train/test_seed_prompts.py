@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from specheads.evaluate.conversations import prompt_set_path
-from specheads.train.data import load_rows
-from specheads.train.data.seed_prompts import (
+from specheads.data import load_rows
+from specheads.data.seed_prompts import (
     EVAL_NGRAMS,
     fingerprint,
     question_texts,
@@ -17,7 +16,8 @@ from specheads.train.data.seed_prompts import (
     touches_evaluation,
     words,
 )
-from specheads.train.data.seed_prompts import evaluation_fingerprint as shipped_fingerprint
+from specheads.data.seed_prompts import evaluation_fingerprint as shipped_fingerprint
+from specheads.evaluate.conversations import prompt_set_path
 
 from helpers import command
 
@@ -86,7 +86,7 @@ def test_written_file_is_read_back_as_user_turns(tmp_path):
 def test_stdlib_chats_share_no_6_word_sequence_with_the_evaluation_sets(tmp_path, monkeypatch):
     # `stdlib-chats`, the labelled-text route's training rows (train/data/sources.py): both turns
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path))
-    from specheads.train.data.sources import stdlib_chat_rows
+    from specheads.train.sources import stdlib_chat_rows
 
     rows = stdlib_chat_rows(heldout=False)
     assert len(rows) > 2000

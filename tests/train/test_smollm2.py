@@ -14,9 +14,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from specheads.heads import FrozenTarget
-from specheads.heads.named_targets import MANIFEST_FILE, resolve_target
-from specheads.train.builders import smollm2
+from specheads.builders import smollm2
+from specheads.builders.named_targets import resolve_target
+from specheads.core.manifest import MANIFEST_FILE
+from specheads.core.target import FrozenTarget
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 as in SmolLM2
 MERGES = ["Ġ t", "h e", "Ġt he"]

@@ -9,10 +9,11 @@ import pytest
 import yaml
 
 from specheads.cli import main as cli_main
+from specheads.data import chat_masks, stdlib_corpus, tokenize_rows
+from specheads.data import distillation as distill
+from specheads.data.distillation import DistillConfig
+from specheads.train import sources
 from specheads.train.config import load_config
-from specheads.train.data import chat_masks, sources, stdlib_corpus, tokenize_rows
-from specheads.train.data import distillation as distill
-from specheads.train.data.distillation import DistillConfig
 
 from helpers import tiny_tokenizer
 
@@ -126,7 +127,7 @@ def test_the_distilled_recipes_train(method, fake_stdlib, tiny_target_dirs, tmp_
 def test_max_bad_rows_is_a_recipe_key_for_reading_and_for_masking(tmp_path):
     """A row that cannot be read (bad JSON) and one whose mask is empty (no assistant turn) each count
     against the recipe's max_bad_rows: at 0 the run stops naming the row, at 1 it skips it."""
-    from specheads.train.data import BadRowsError
+    from specheads.data import BadRowsError
     from specheads.train.loop import make_data
 
     good = json.dumps(

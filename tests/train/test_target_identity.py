@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from specheads.cli import main as cli_main
-from specheads.heads import FrozenTarget
-from specheads.heads.fingerprint import weights_fingerprint
+from specheads.core.fingerprint import weights_fingerprint
+from specheads.core.target import FrozenTarget
 
 from helpers import save_tiny_target
 

@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from specheads.heads import vocab_hash
-from specheads.train.builders import tiny_draft
-from specheads.train.builders.tiny_draft import (
+from specheads.builders import tiny_draft
+from specheads.builders.tiny_draft import (
     META_FILE,
     TinyDraftConfig,
     build,
     ensure_tiny_draft,
     read_meta,
 )
-from specheads.train.builders.tiny_target import HELDOUT_FILE
+from specheads.builders.tiny_target import HELDOUT_FILE
+from specheads.core.target import vocab_hash
 
 from helpers import SMALL_TINY_TARGET, command
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specheads.train.builders.tiny_draft import META_FILE, DistilledDraftConfig, ensure_tiny_draft, read_meta
+from specheads.builders.tiny_draft import META_FILE, DistilledDraftConfig, ensure_tiny_draft, read_meta
 
 from helpers import command
 

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from specheads.cli import main as cli_main
-from specheads.train.builders.tiny_target import (
+from specheads.builders.tiny_target import (
     HELDOUT_FILE,
     META_FILE,
     build,
     ensure_tiny_target,
     read_meta,
 )
-from specheads.train.data import stdlib_corpus
+from specheads.cli import main as cli_main
+from specheads.data import stdlib_corpus
 
 from helpers import SMALL_TINY_TARGET
 
@@ -137,7 +137,7 @@ def test_valid_build_is_reused_and_others_are_not_overwritten(small_target, tmp_
 
 
 def test_default_output_is_cached_under_the_user_cache(monkeypatch, tmp_path):
-    from specheads.train.builders.tiny_target import default_output_dir
+    from specheads.builders.tiny_target import default_output_dir
 
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
     assert (

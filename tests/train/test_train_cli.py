@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from specheads.cli import main as cli_main
-from specheads.heads import FrozenTarget, load_heads
+from specheads.core.target import FrozenTarget
+from specheads.heads import load_heads
 from specheads.heads.checkpoint import draft_vocab_ids, read_label_counts
 from specheads.train.provenance import PACKAGES
 from specheads.version import __version__

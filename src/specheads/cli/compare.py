@@ -1,0 +1,119 @@
+"""`specheads compare --target DIR --heads DIR ... --prompts FILE --out DIR`: heads beside generate(), prompt
+lookup and assisted generation (evaluate/compare.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from specheads.cli.threads import add_threads_argument
+from specheads.core.target import DTYPES
+from specheads.evaluate.answers import ANSWERS_DIR
+from specheads.evaluate.compare import CompareOptions, compare_heads
+from specheads.evaluate.eval_drafters import (
+    add_draft_vocab_argument,
+    add_recalibrate_argument,
+    add_tree_argument,
+)
+from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE
+from specheads.evaluate.peers import BASELINE, PEERS
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target",
+        required=True,
+        help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")',
+    )
+    p.add_argument(
+        "--heads", nargs="*", default=[], help="native head checkpoint directories (any methods, any number)"
+    )
+    p.add_argument(
+        "--prompts",
+        required=True,
+        help="mt-bench, spec-bench, a .jsonl of such questions, heldout (the target's heldout_files.json), "
+        "or a .json file list in that format",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the results --out holds (refused without it)"
+    )
+    p.add_argument("--out", required=True, type=Path, help="directory for results, report, plots, answers")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from the conversations a stopped run kept in --out's progress.jsonl (a re-run with the "
+        "same settings on a folder holding only that file resumes too; other settings are refused)",
+    )
+    p.add_argument(
+        "--peers",
+        default=None,
+        help=f"comma-separated, from {', '.join(PEERS)} (default: generate,prompt-lookup, and assisted "
+        f"when --draft-model is given); {BASELINE} always runs: speedups and identity are against it",
+    )
+    p.add_argument("--draft-model", default=None, help="HF directory of the assistant model (same tokenizer)")
+    p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: all)")
+    p.add_argument("--category", default=None, help="only questions of this category")
+    p.add_argument("--max-turns", type=int, default=None, help="ask at most N turns of each question")
+    p.add_argument("--skip-long", action="store_true", help="skip prompts that outrun the target's positions")
+    p.add_argument("--no-chat-template", action="store_true", help="questions as raw text, not chat turns")
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=CompareOptions.prompt_tokens,
+        help="tokens taken from the start of each file",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=CompareOptions.max_new_tokens, help="per turn")
+    add_tree_argument(p, per_heads=True, auto=True)
+    p.add_argument(
+        "--calibration-prompts",
+        type=int,
+        default=None,
+        help="--tree auto: calibrate on the first turns of the last K prompts of --prompts, which are then "
+        "not compared (default 4); --num-prompts counts the rest",
+    )
+    add_recalibrate_argument(p)
+    add_draft_vocab_argument(p)
+    p.add_argument(
+        "--prompt-lookup-tokens",
+        type=int,
+        default=CompareOptions.prompt_lookup_tokens,
+        help="prompt-lookup draft length N",
+    )
+    p.add_argument("--prompt-lookup-ngram", type=int, default=None, help="n-gram matched (transformers: 2)")
+    p.add_argument(
+        "--assistant-tokens",
+        type=int,
+        default=CompareOptions.assistant_tokens,
+        help="assisted draft length (transformers' default 20)",
+    )
+    p.add_argument(
+        "--assistant-confidence",
+        type=float,
+        default=CompareOptions.assistant_confidence,
+        help="the assistant stops a draft early below this top probability (transformers' default 0.4; 0: never)",
+    )
+    p.add_argument(
+        "--warmup", type=int, default=CompareOptions.warmup, help="untimed prompts every method decodes first"
+    )
+    p.add_argument("--dtype", default=CompareOptions.dtype, choices=[*sorted(DTYPES), "auto"])
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument(
+        "--allow-target-mismatch",
+        action="store_true",
+        help="decode heads trained against other weights of the same shapes (a warning, not an error)",
+    )
+    p.add_argument("--no-progress", action="store_true")
+    add_threads_argument(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`specheads compare`."""
+    options = CompareOptions.from_args(args)
+    compare_heads(options)
+    print((options.out / REPORT_FILE).read_text(), end="")
+    print(
+        f"wrote {options.out / RESULTS_FILE}, {options.out / REPORT_FILE}, plots and {options.out / ANSWERS_DIR}/"
+    )
+    return 0

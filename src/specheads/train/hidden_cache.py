@@ -1,0 +1,556 @@
+"""The hidden-state cache (offline mode): run the frozen target once, then train heads from its files.
+
+    build_cache(target, rows, capture_layers, "cache/train", max_length=2048)  # the target runs once
+    cached = CachedRows("cache/train", expected=rows)      # a Dataset over the shards, row i = rows[i]
+    collate_fn = partial(collate_cached, pad_token_id=0, packing=False, max_length=2048)  # as `collate`
+    target = OfflineTarget.from_pretrained(path)           # embedding, final norm, lm_head only
+    out = target_output(target, batch, capture=(-1,), logits=True)  # the TargetOutput the online one gives
+
+`rows` are the tokenised rows (`tokenize_rows`, optionally `pack_rows`), in their order; a cache row is
+one of them. Each shard holds whole consecutive rows, their tokens laid end to end (N = the shard's
+tokens, R = its rows):
+
+    tensor              shape      dtype              what
+    input_ids           (N,)       int32              the rows' tokens, checked against the dataset when read
+    loss_mask           (N,)       int8               their loss masks, checked too
+    row_offsets         (R + 1,)   int64              row r is tokens row_offsets[r] : row_offsets[r + 1]
+    position_ids        (N,)       int32              only for pre-packed rows (pack_rows)
+    hidden.{layer}      (N, H)     the cache's dtype  the target's hidden state, HF hidden_states indexing
+
+`index.json` (written atomically after every shard; `complete` once all are there):
+
+    format, version           "specheads-hidden-cache", FORMAT_VERSION
+    target                    TargetRecord of the target that ran (checked against the one training uses)
+    capture_layers            layer ids stored, FrozenTarget / HF hidden_states indexing (L = after the norm)
+    dtype                     storage dtype of hidden.* (bf16 by default; fp32 for exactness checks)
+    vocab_hash                the tokenizer's vocabulary hash (also in target)
+    dataset_fingerprint       the `datasets` fingerprint of the rows (None for plain lists)
+    tokens_sha256             sha256 over every row's input_ids and loss_mask: what the cache is of
+    num_rows, num_tokens, max_length, pad_token_id, prepacked, shard_tokens, batch_size
+    plan                      [[first row, end row], ...] per shard, fixed before any is written
+    shards                    finished shards: {file, rows: [first, end], tokens, sha256}
+
+Resuming: the shard plan depends only on the rows' lengths and `shard_tokens`, and a shard's forward
+batches depend only on its own rows, so a restarted job skips the shards whose checksum matches
+`index.json` and writes the others byte for byte as an uninterrupted job would (same machine and
+software: the kernels must be deterministic for a given batch).
+
+Equivalence: a row's hidden states do not depend on the rows it was batched with (right padding and
+document masks are exact), so a cached row laid out by `collate_cached` gives the online batch's
+states at every real token, up to the kernels' rounding for other batch shapes (none on CPU here);
+padding positions hold zeros, which no loss reads. fp32 storage reproduces the online losses; bf16
+(the default) rounds the states once. A cache serves any batch size, shuffle seed and `packing`
+setting, since rows are laid out at read time; pre-packed rows (pack_rows) are cached as packed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch.utils.data import Dataset
+from tqdm.auto import tqdm
+
+from specheads.core.atomic import write_file, write_json
+from specheads.core.target import FrozenTarget, TargetRecord, resolve_dtype
+from specheads.data.packing import collate
+from specheads.heads.checkpoint import sha256_file
+from specheads.heads.methods import methods
+from specheads.train.offline_target import OfflineTarget, target_output
+
+__all__ = [
+    "CacheCorruptError",
+    "CacheError",
+    "CachedRows",
+    "OfflineTarget",
+    "TokenMismatchError",
+    "build_cache",
+    "cache_layers",
+    "collate_cached",
+    "read_index",
+    "target_output",
+]
+
+FORMAT = "specheads-hidden-cache"
+FORMAT_VERSION = 1
+INDEX_FILE = "index.json"
+# Index fields that must agree for a restarted job to reuse the shards already written.
+RESUME_KEYS = (
+    "version",
+    "target",
+    "capture_layers",
+    "dtype",
+    "tokens_sha256",
+    "num_rows",
+    "max_length",
+    "pad_token_id",
+    "prepacked",
+    "shard_tokens",
+    "batch_size",
+    "plan",
+)
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class CacheError(ValueError):
+    """A cache that is missing, unfinished, or made for other data, layers or target."""
+
+
+class CacheCorruptError(CacheError):
+    """A shard whose bytes do not match the checksum recorded in index.json."""
+
+
+class TokenMismatchError(CacheError):
+    """A cached row whose tokens differ from the dataset's row at the same index."""
+
+
+def cache_layers(method: str, num_layers: int, eagle3_layers: Sequence[int] = ()) -> tuple[int, ...]:
+    """The layer ids a method's training reads (its `target_layers` in the method table): L (after the
+    final norm; logits are lm_head of it), plus EAGLE-3's three fused layers ((2, L//2, L-3) unless given)."""
+    entry = methods().get(method)
+    if entry is None or entry.online_only:
+        raise ValueError(
+            f"no cache layout for method {method!r}; expected one of "
+            f"{', '.join(n for n, m in methods().items() if not m.online_only)}"
+        )
+    return entry.target_layers(num_layers, eagle3_layers)
+
+
+def read_index(cache_dir: str | Path) -> dict:
+    path = Path(cache_dir) / INDEX_FILE
+    try:
+        index = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CacheError(
+            f"{cache_dir} is not a hidden-state cache (no {INDEX_FILE}); build it with `specheads cache`"
+        ) from None
+    if index.get("format") != FORMAT or index.get("version") != FORMAT_VERSION:
+        raise CacheError(
+            f"{path}: format {index.get('format')!r} v{index.get('version')}, "
+            f"expected {FORMAT!r} v{FORMAT_VERSION}"
+        )
+    return index
+
+
+# -- rows -----------------------------------------------------------------------------------------
+
+
+def _rows_slice(rows, start: int, end: int) -> list[dict]:
+    """Rows start..end-1 as dicts (a `datasets.Dataset` slice is a dict of columns)."""
+    if hasattr(rows, "column_names") and not isinstance(rows, (list, tuple)):
+        columns = rows[start:end]
+        return [dict(zip(columns, values)) for values in zip(*columns.values())]
+    return [rows[i] for i in range(start, end)]
+
+
+def scan_rows(rows, batch: int = 1024) -> tuple[np.ndarray, str, bool]:
+    """(row lengths (R,), sha256 over every row's input_ids and loss_mask, pre-packed?) in one pass."""
+    if not hasattr(rows, "__getitem__") or not hasattr(rows, "__len__"):
+        raise CacheError("the cache needs a map-style dataset (tokenize_rows over a Dataset, not streaming)")
+    digest, lengths, prepacked = hashlib.sha256(), [], None
+    for start in range(0, len(rows), batch):
+        for row in _rows_slice(rows, start, min(start + batch, len(rows))):
+            ids = np.asarray(row["input_ids"], dtype=np.int32)
+            mask = np.asarray(row["loss_mask"], dtype=np.int8)
+            if ids.shape != mask.shape or ids.ndim != 1 or len(ids) == 0:
+                raise CacheError(
+                    f"row {len(lengths)}: input_ids and loss_mask must be equal, non-empty lists"
+                )
+            packed = "position_ids" in row
+            if prepacked is not None and packed != prepacked:
+                raise CacheError(f"row {len(lengths)}: pre-packed rows (with position_ids) mixed with others")
+            prepacked = packed
+            digest.update(len(ids).to_bytes(8, "little") + ids.tobytes() + mask.tobytes())
+            lengths.append(len(ids))
+    if not lengths:
+        raise CacheError("no rows to cache")
+    return np.asarray(lengths, dtype=np.int64), digest.hexdigest(), bool(prepacked)
+
+
+def plan_shards(lengths: np.ndarray, shard_tokens: int) -> list[list[int]]:
+    """Consecutive [first, end) row ranges, each closed once it holds >= shard_tokens tokens."""
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be >= 1, got {shard_tokens}")
+    plan, start, tokens = [], 0, 0
+    for i, n in enumerate(lengths.tolist()):
+        tokens += n
+        if tokens >= shard_tokens:
+            plan.append([start, i + 1])
+            start, tokens = i + 1, 0
+    if start < len(lengths):
+        plan.append([start, len(lengths)])
+    return plan
+
+
+# -- writing --------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def shard_tensors(
+    target: FrozenTarget,
+    examples: list[dict],
+    layers: Sequence[int],
+    *,
+    dtype: torch.dtype,
+    batch_size: int,
+    pad_token_id: int,
+    max_length: int,
+    prepacked: bool,
+) -> dict[str, torch.Tensor]:
+    """One shard's tensors (module docstring): the target over `examples`, longest rows batched first."""
+    order = sorted(range(len(examples)), key=lambda i: (-len(examples[i]["input_ids"]), i))
+    states: list[dict[int, torch.Tensor]] = [{} for _ in examples]
+    for first in range(0, len(order), batch_size):
+        chunk = order[first : first + batch_size]
+        batch = collate(
+            [examples[i] for i in chunk], pad_token_id=pad_token_id, packing=prepacked, max_length=max_length
+        )
+        out = target(
+            batch["input_ids"].to(target.device),
+            attention_mask=batch["attention_mask"].to(target.device),
+            position_ids=batch["position_ids"].to(target.device),
+            capture=layers,
+            logits=False,
+        )
+        hidden = {layer: out.hidden[layer].to("cpu", dtype) for layer in layers}  # (b, T, H) each
+        for b, i in enumerate(chunk):
+            n = len(examples[i]["input_ids"])  # each example is row b of the batch, tokens 0..n-1
+            states[i] = {layer: hidden[layer][b, :n] for layer in layers}
+    lengths = torch.tensor([0] + [len(ex["input_ids"]) for ex in examples])
+    tensors = {
+        "input_ids": torch.cat([torch.as_tensor(ex["input_ids"], dtype=torch.int32) for ex in examples]),
+        "loss_mask": torch.cat([torch.as_tensor(ex["loss_mask"], dtype=torch.int8) for ex in examples]),
+        "row_offsets": torch.cumsum(lengths, 0),
+    }
+    if prepacked:
+        tensors["position_ids"] = torch.cat(
+            [torch.as_tensor(ex["position_ids"], dtype=torch.int32) for ex in examples]
+        )
+    for layer in layers:
+        tensors[f"hidden.{layer}"] = torch.cat([s[layer] for s in states]).contiguous()  # (N, H)
+    return tensors
+
+
+def _write_shard(tensors: dict[str, torch.Tensor], path: Path, rows: list[int]) -> str:
+    """Write to a temporary name, rename into place, then checksum the file: returns its sha256."""
+    write_file(path, lambda tmp: save_file(tensors, tmp, metadata={"rows": json.dumps(rows)}))  # one key:
+    return sha256_file(path)  # a byte-stable header
+
+
+def _start_index(out_dir: Path, settings: dict, overwrite: bool) -> dict:
+    """The index to continue: the existing one when its settings agree, else a fresh one."""
+    path = out_dir / INDEX_FILE
+    if path.exists() and not overwrite:
+        old = read_index(out_dir)
+        differ = [k for k in RESUME_KEYS if old.get(k) != settings.get(k)]
+        if differ:
+            shown = ", ".join(
+                f"{k}: {old.get(k)!r} vs now {settings.get(k)!r}" for k in differ if k != "plan"
+            )
+            raise CacheError(
+                f"{out_dir} holds a cache built with other settings ({shown or 'shard plan'}); "
+                "use another directory or overwrite=True (`--overwrite`)"
+            )
+        return {**settings, "shards": old.get("shards", []), "complete": False}
+    for old_shard in out_dir.glob("shard-*.safetensors"):
+        old_shard.unlink()
+    return {**settings, "shards": [], "complete": False}
+
+
+def _cache_settings(
+    target: FrozenTarget,
+    rows,
+    capture_layers: Iterable[int],
+    storage: torch.dtype,
+    max_length: int,
+    pad_token_id: int | None,
+    shard_tokens: int,
+    batch_size: int,
+) -> tuple[dict[str, Any], np.ndarray]:
+    """(the settings a cache is built with and resumed only under, the rows' lengths); checks the
+    inputs before any forward runs."""
+    layers = sorted({target.layer_id(i) for i in capture_layers})
+    if not layers:
+        raise ValueError("capture_layers is empty: name the layers the heads read (cache_layers())")
+    if pad_token_id is None:
+        if target.tokenizer is None or target.tokenizer.pad_token_id is None:
+            raise ValueError("pass pad_token_id: the target has no tokenizer with a pad token")
+        pad_token_id = target.tokenizer.pad_token_id
+    lengths, tokens_sha256, prepacked = scan_rows(rows)
+    if lengths.max() > max_length:
+        row = int(lengths.argmax())
+        raise CacheError(f"row {row} has {lengths[row]} tokens, more than max_length={max_length}")
+    record = target.record()
+    settings = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "target": record.to_dict(),
+        "capture_layers": layers,
+        "dtype": DTYPE_NAMES[storage],
+        "hidden_size": target.hidden_size,
+        "vocab_hash": record.vocab_hash,
+        "dataset_fingerprint": getattr(rows, "_fingerprint", None),
+        "tokens_sha256": tokens_sha256,
+        "num_rows": len(lengths),
+        "num_tokens": int(lengths.sum()),
+        "max_length": max_length,
+        "pad_token_id": pad_token_id,
+        "prepacked": prepacked,
+        "shard_tokens": shard_tokens,
+        "batch_size": batch_size,
+        "plan": plan_shards(lengths, shard_tokens),
+    }
+    return settings, lengths
+
+
+def build_cache(
+    target: FrozenTarget,
+    rows,
+    capture_layers: Iterable[int],
+    out_dir: str | Path,
+    *,
+    max_length: int,
+    dtype: torch.dtype | str = torch.bfloat16,
+    shard_tokens: int = 1 << 15,
+    batch_size: int = 8,
+    pad_token_id: int | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    on_shard: Callable[[int, dict], None] | None = None,
+) -> dict[str, Any]:
+    """Run the frozen target once over `rows` and store the captured layers as sharded safetensors.
+
+    Args:
+        target: the frozen target (FrozenTarget), on the device it should run on.
+        rows: tokenised rows in training order (tokenize_rows; pack_rows output too), map-style.
+        capture_layers: layer ids to store (HF hidden_states indexing, negative from the end); see
+            `cache_layers` for what each method reads.
+        out_dir: the cache directory (index.json + shard-*.safetensors); an unfinished cache of the
+            same settings there is resumed.
+        max_length: the recipe's max_length (rows longer than it are an error, as in `collate`).
+        dtype: storage dtype of the hidden states (bf16 default; fp32 to reproduce online losses).
+        shard_tokens: a shard is closed once it holds this many tokens.
+        batch_size: rows per target forward (part of the settings: it must match to resume).
+        pad_token_id: defaults to the target tokenizer's.
+        overwrite: discard a cache of other settings in `out_dir` instead of refusing.
+        on_shard: called as on_shard(shard number, its index entry) after each shard is recorded.
+
+    Returns:
+        {"dir", "shards", "written", "skipped", "tokens", "bytes"}.
+    """
+    storage = resolve_dtype(dtype)
+    if storage not in DTYPE_NAMES:
+        raise ValueError(f"cache dtype must be one of {sorted(DTYPE_NAMES.values())}, got {dtype!r}")
+    settings, lengths = _cache_settings(
+        target, rows, capture_layers, storage, max_length, pad_token_id, shard_tokens, batch_size
+    )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    index = _start_index(out_dir, settings, overwrite)
+    done = {tuple(s["rows"]): s for s in index["shards"]}
+    index["shards"] = []
+    written = skipped = 0
+    bar = tqdm(
+        total=settings["num_tokens"], desc="cache", unit="tok", disable=not progress, dynamic_ncols=True
+    )
+    for k, (start, end) in enumerate(settings["plan"]):
+        path = out_dir / f"shard-{k:05d}.safetensors"
+        entry = done.get((start, end))
+        if entry is None or not path.exists() or sha256_file(path) != entry["sha256"]:
+            examples = _rows_slice(rows, start, end)
+            tensors = shard_tensors(
+                target,
+                examples,
+                settings["capture_layers"],
+                dtype=storage,
+                batch_size=batch_size,
+                pad_token_id=settings["pad_token_id"],
+                max_length=max_length,
+                prepacked=settings["prepacked"],
+            )
+            entry = {"file": path.name, "rows": [start, end], "tokens": int(lengths[start:end].sum())}
+            entry["sha256"] = _write_shard(tensors, path, [start, end])
+            written += 1
+        else:
+            skipped += 1
+        index["shards"].append(entry)
+        index["complete"] = k == len(settings["plan"]) - 1
+        write_json(out_dir / INDEX_FILE, index)
+        bar.update(entry["tokens"])
+        if on_shard is not None:
+            on_shard(k, entry)
+    bar.close()
+    size = sum((out_dir / s["file"]).stat().st_size for s in index["shards"])
+    return {
+        "dir": str(out_dir),
+        "shards": len(index["shards"]),
+        "written": written,
+        "skipped": skipped,
+        "tokens": settings["num_tokens"],
+        "bytes": size,
+    }
+
+
+# -- reading --------------------------------------------------------------------------------------
+
+
+class CachedRows(Dataset):
+    """The cache as a map-style Dataset: item i is row i of the data it was built from.
+
+    Item: {"input_ids" (n,) long, "loss_mask" (n,) int8, ["position_ids" (n,) long], "hidden":
+    {layer: (n, H)}}; `collate_cached` turns a list of them into a batch. Built with the same
+    DataLoader arguments as the online loader (batch size, shuffle with the same seeded generator,
+    drop_last), it yields the same rows in the same batches: the sampler only sees `len`.
+
+    Args:
+        cache_dir: a finished cache (build_cache).
+        expected: the tokenised rows training would use; each row read is checked against them
+            (TokenMismatchError names the shard and row).
+        target: a TargetRecord to check the cache's against (TargetMismatchError).
+        layers: the layers to read (default: all cached); each must be cached.
+        verify: check now that `expected` is the data the cache was built from (all its tokens at
+            once, TokenMismatchError), and checksum every shard (CacheCorruptError names the shard).
+    """
+
+    def __init__(
+        self,
+        cache_dir: str | Path,
+        *,
+        expected=None,
+        target: TargetRecord | None = None,
+        layers: Iterable[int] | None = None,
+        verify: bool = True,
+    ):
+        self.dir = Path(cache_dir)
+        self.index = index = read_index(self.dir)
+        if not index.get("complete") or len(index["shards"]) != len(index["plan"]):
+            raise CacheError(
+                f"{self.dir}: unfinished cache ({len(index['shards'])} of {len(index['plan'])} shards); "
+                "run `specheads cache` again to finish it"
+            )
+        if target is not None:
+            TargetRecord.from_dict(index["target"]).check_matches(target, what="the hidden-state cache")
+        cached = index["capture_layers"]
+        self.layers = sorted(set(cached if layers is None else layers))
+        missing = [i for i in self.layers if i not in cached]
+        if missing:
+            raise CacheError(
+                f"{self.dir} holds layers {cached}, not {missing}; "
+                "rebuild it for this method (cache_layers())"
+            )
+        if expected is not None and len(expected) != index["num_rows"]:
+            raise TokenMismatchError(
+                f"{self.dir} holds {index['num_rows']} rows, the dataset has {len(expected)}: the cache was "
+                "built from other data or another tokenisation; rebuild it with `specheads cache`"
+            )
+        self.expected = expected
+        self.shards = index["shards"]
+        self.starts = [s["rows"][0] for s in self.shards]
+        if verify:
+            if expected is not None and scan_rows(expected)[1] != index["tokens_sha256"]:
+                raise TokenMismatchError(
+                    f"{self.dir} was built from other rows than the dataset's (their tokens' sha256 "
+                    "differs): other data, max_length, loss_on or tokenizer; rebuild it with `specheads cache`"
+                )
+            for shard in self.shards:
+                self.verify_shard(shard)
+        self._open: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+    def verify_shard(self, shard: dict) -> None:
+        path = self.dir / shard["file"]
+        if not path.exists():
+            raise CacheCorruptError(f"{path}: shard missing (rows {shard['rows']})")
+        if sha256_file(path) != shard["sha256"]:
+            raise CacheCorruptError(
+                f"{path}: checksum mismatch (rows {shard['rows']}); the file is corrupt or was changed. "
+                "Run `specheads cache` again: it rewrites shards whose checksum fails"
+            )
+
+    def __len__(self) -> int:
+        return self.index["num_rows"]
+
+    def __getstate__(self):  # open files stay behind when DataLoader workers are started
+        return {**self.__dict__, "_open": {}}
+
+    def _shard(self, k: int) -> tuple[Any, dict[str, Any]]:
+        if k not in self._open:
+            if len(self._open) >= 64:
+                self._open.pop(next(iter(self._open)))
+            handle = safe_open(str(self.dir / self.shards[k]["file"]), framework="pt")
+            small = ["input_ids", "loss_mask", "row_offsets"] + (
+                ["position_ids"] if self.index["prepacked"] else []
+            )
+            tensors = {name: handle.get_tensor(name) for name in small}
+            tensors["row_offsets"] = tensors["row_offsets"].tolist()
+            self._open[k] = (handle, tensors)
+        return self._open[k]
+
+    def __getitem__(self, i: int) -> dict:
+        if not 0 <= i < len(self):
+            raise IndexError(f"row {i} of a cache of {len(self)} rows")
+        k = bisect.bisect_right(self.starts, i) - 1
+        handle, small = self._shard(k)
+        r = i - self.starts[k]
+        a, b = small["row_offsets"][r], small["row_offsets"][r + 1]
+        row = {"input_ids": small["input_ids"][a:b].long(), "loss_mask": small["loss_mask"][a:b]}
+        if "position_ids" in small:
+            row["position_ids"] = small["position_ids"][a:b].long()
+        if self.expected is not None:
+            self._check_tokens(i, k, r, row)
+        row["hidden"] = {layer: handle.get_slice(f"hidden.{layer}")[a:b] for layer in self.layers}
+        return row
+
+    def _check_tokens(self, i: int, k: int, r: int, row: dict) -> None:
+        want = self.expected[i]
+        for name in ("input_ids", "loss_mask"):
+            have, expect = row[name], torch.as_tensor(want[name], dtype=row[name].dtype)
+            if have.shape != expect.shape:
+                problem = f"{len(have)} tokens cached, {len(expect)} in the dataset"
+            elif not torch.equal(have, expect):
+                j = int((have != expect).nonzero()[0])
+                problem = f"{name}[{j}] is {int(have[j])} in the cache, {int(expect[j])} in the dataset"
+            else:
+                continue
+            raise TokenMismatchError(
+                f"hidden-state cache {self.dir}: row {i} ({self.shards[k]['file']}, its row {r}) does not "
+                f"match the dataset: {problem}. The cache was built from other data or another "
+                "tokenisation; rebuild it with `specheads cache` for this recipe"
+            )
+
+
+def collate_cached(
+    examples: list[dict],
+    *,
+    pad_token_id: int,
+    packing: bool,
+    max_length: int,
+    mask_dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
+    """`collate` over CachedRows items, plus `hidden.{layer}` (B, T, H) laid out as the tokens are.
+
+    The tensors of `collate` are the online batch's exactly (same rows, same function); the hidden
+    states land where their tokens did (padding positions hold zeros).
+    """
+    tokens = [{k: v for k, v in ex.items() if k != "hidden"} for ex in examples]
+    batch = collate(
+        tokens, pad_token_id=pad_token_id, packing=packing, max_length=max_length, mask_dtype=mask_dtype
+    )
+    # Where each token landed: collate the tokens' numbers in the concatenation, with the same layout.
+    lengths = [len(t["input_ids"]) for t in tokens]
+    starts = np.cumsum([0, *lengths[:-1]]).tolist()
+    numbered = [{**t, "input_ids": torch.arange(s, s + n)} for t, s, n in zip(tokens, starts, lengths)]
+    where = collate(numbered, pad_token_id=-1, packing=packing, max_length=max_length)["input_ids"]  # (B, T)
+    real = (where >= 0)[..., None]
+    for layer in examples[0]["hidden"]:
+        flat = torch.cat([ex["hidden"][layer] for ex in examples])  # (N, H)
+        gathered = flat[where.clamp_min(0)]  # (B, T, H)
+        batch[f"hidden.{layer}"] = torch.where(real, gathered, torch.zeros((), dtype=flat.dtype))
+    return batch

@@ -1,0 +1,63 @@
+"""`specheads cache RECIPE.yaml [key=value ...]`: run the frozen target once over a recipe's data and
+store the hidden states its heads read, for offline training.
+
+    specheads cache recipes/tiny/eagle3.yaml --out cache/tiny-eagle3
+    specheads train recipes/tiny/eagle3.yaml mode=offline cache_dir=cache/tiny-eagle3
+
+The recipe decides everything the cache must agree with: target and its dtype, data, max_length,
+loss_on, packing (pre-packed rows are cached as they are), and the method, which decides the layers
+(`hidden_cache.cache_layers`). Writes `OUT/train/` and, when the recipe has evaluation rows, `OUT/eval/`
+(each an index.json + shard-*.safetensors). An interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from specheads.builders.named_targets import resolve_target
+from specheads.heads.methods import method_named
+from specheads.train import loop
+from specheads.train.hidden_cache import build_cache, cache_layers
+
+
+def cache_recipe(
+    cfg,
+    out: Path,
+    *,
+    dtype: str = "bfloat16",
+    shard_tokens: int = 1 << 15,
+    batch_size: int | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, dict]:
+    """Build the cache of each split of `cfg`'s data under `out` ({split: build_cache summary})."""
+    why = method_named(cfg.method).online_only
+    if why:
+        raise ValueError(f"method {cfg.method!r} {why}: it trains online, and has nothing to cache")
+    if getattr(cfg, "mode", "online") != "online":
+        cfg = dataclasses.replace(cfg, mode="online")  # the rows come from the data, not from a cache
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    target = loop.load_target(cfg, resolve_target(cfg.target), device)
+    layers = cache_layers(cfg.method, target.num_layers, [target.layer_id(i) for i in cfg.eagle3_layers])
+    train_rows, _, eval_loader = loop.make_data(cfg, target.tokenizer)  # the rows training tokenises
+    splits = {"train": train_rows, "eval": eval_loader.dataset if eval_loader is not None else None}
+    summaries = {}
+    for split, rows in splits.items():
+        if rows is None:
+            continue
+        summaries[split] = build_cache(
+            target,
+            rows,
+            layers,
+            out / split,
+            max_length=cfg.max_length,
+            dtype=dtype,
+            shard_tokens=shard_tokens,
+            batch_size=batch_size or cfg.batch_size,
+            overwrite=overwrite,
+            progress=progress,
+        )
+    return summaries
