@@ -66,8 +66,13 @@ def fenced_lines(path: Path) -> list[tuple[int, str]]:
     return out
 
 
+LAUNCH = re.compile(r"(^|&&|\|\||;|\|)\s*([A-Z_][A-Z0-9_]*=\S*\s+)*(specheads|python3? -m specheads|accelerate launch)\b")
+
+
 def commands_in(line: str) -> list[list[str]]:
     """The specheads invocations of one shell line, as argv lists starting at the launcher word."""
+    if not LAUNCH.search(line):
+        return []  # not a shell line that runs specheads (a TOML or text block, a diagram)
     words = shlex.split(line, comments=True)
     found, current = [], []
     for word in [*words, "&&"]:
