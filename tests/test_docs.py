@@ -66,7 +66,9 @@ def fenced_lines(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-LAUNCH = re.compile(r"(^|&&|\|\||;|\|)\s*([A-Z_][A-Z0-9_]*=\S*\s+)*(specheads|python3? -m specheads|accelerate launch)\b")
+LAUNCH = re.compile(
+    r"(^|&&|\|\||;|\|)\s*([A-Z_][A-Z0-9_]*=\S*\s+)*(specheads|python3? -m specheads|accelerate launch)\b"
+)
 
 
 def commands_in(line: str) -> list[list[str]]:
