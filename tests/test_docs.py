@@ -13,7 +13,9 @@ every relative link of README and the guides points to a file of the repository.
 """
 
 import argparse
+import ast
 import dataclasses
+import importlib
 import re
 import shlex
 from pathlib import Path
@@ -148,6 +150,35 @@ def doc_commands() -> list[tuple[str, list[str]]]:
         for number, line in fenced_lines(page)
         for argv in commands_in(line)
     ]
+
+
+def python_blocks(path: Path) -> list[tuple[int, str]]:
+    """(first line number, source) of the ```python blocks of a Markdown file."""
+    blocks, current, start = [], None, 0
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        fence = line.strip()
+        if current is None and fence == "```python":
+            current, start = [], number + 1
+        elif current is not None and fence.startswith("```"):
+            blocks.append((start, "\n".join(current)))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_python_examples_parse_and_import_what_exists(page):
+    """Every ```python block is valid Python, and every name it imports from specheads exists."""
+    for start, source in python_blocks(page):
+        tree = ast.parse(source, filename=f"{page.name}:{start}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specheads"):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    assert hasattr(module, alias.name), (
+                        f"{page.name}:{start}: {node.module} has no {alias.name}"
+                    )
 
 
 def test_the_guides_exist():
