@@ -46,7 +46,7 @@ PROCESS = re.compile(
         (
             r"\bsessions?\b",  # a work period (the code idioms are taken out first: IDIOMS)
             r"\bs(?:[5-9]|\d\d)-[a-z]",  # a work period's folder: s14-mt32, s52-init (s0-s4: seeds in run names)
-            rf"\b{ORDINAL}\s+(?:session|work\s+period|loan)s?\b",  # the sixth session, 37th round
+            rf"\b{ORDINAL}\s+(?:session|work\s+period|loan)s?\b",  # the sixth session, the 37th session
             r"\bwork\s+periods?\b",
             rf"\b(?:{TENS}-(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth)"
             r"|twentieth|thirtieth|fortieth|fiftieth|sixtieth)\b",  # "the forty-first": a count of them
@@ -92,6 +92,7 @@ def tracked_files() -> list[str]:
     names = []
     for folder, dirs, files in os.walk(ROOT):
         dirs[:] = [d for d in dirs if d not in NOT_WALKED and not d.endswith(".egg-info")]
+        files = [f for f in files if f != ".git"]  # a worktree's or submodule's pointer to its repository
         names += [(Path(folder) / f).relative_to(ROOT).as_posix() for f in files]
     return sorted(names)
 
@@ -169,7 +170,8 @@ def test_code_idioms_and_plain_words_pass(line):
 
 def test_the_walk_without_git_finds_the_same_kind_of_files(tmp_path, monkeypatch):
     """A copy without git history (a release tarball): the walk stands in for git and skips tool folders."""
-    for rel in ("src/a.py", "docs/b.md", ".git/config", ".venv/lib/c.py", "src/__pycache__/a.pyc"):
+    tool_files = (".git/config", ".venv/lib/c.py", "src/__pycache__/a.pyc", "sub/.git")
+    for rel in ("src/a.py", "docs/b.md", *tool_files):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x\n")
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repository above it either
