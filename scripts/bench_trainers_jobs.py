@@ -92,7 +92,7 @@ def chat_conversations(
     target_dir: Path, n: int, answer_tokens: int, seed: int, batch: int = 16, device: str = "cpu"
 ) -> list:
     """[(prompt text, answer text)] for a chat target: the first n of the project's seed prompts in `seed`'s
-    order (train/data/seed_prompts.py; never MT-Bench or Spec-Bench, which a test proves) and, as the answer,
+    order (data/seed_prompts.py; never MT-Bench or Spec-Bench, which a test proves) and, as the answer,
     the target's own greedy reply in its chat template (at most `answer_tokens`, up to its EOS), `batch`
     prompts at a time through the evaluation's baseline runner (left-padded, as `generate` gives each alone),
     in fp32 on `device`; kept in the specheads cache for the next run (conversations_cache)."""

@@ -45,8 +45,8 @@ def medusa_llm_changes(max_length: int, target: str = "tiny", lr: float = MEDUSA
     ]
 
 
-# Ours with one of medusa-llm's settings instead of our recipe's (issue 21 point 2: what each difference
-# buys), as recipe overrides at a budget. Under Adam a per-head loss weight barely moves independent heads
+# Ours with one of medusa-llm's settings instead of our recipe's (what each difference buys),
+# as recipe overrides at a budget. Under Adam a per-head loss weight barely moves independent heads
 # (it scales the head's gradients, which Adam divides out), so "decay 1" is expected to change little.
 MEDUSA_ABLATIONS = {
     "warmup 10%": lambda b: {"warmup_steps": warmup_like_hf(b["steps"], 0.1)},  # theirs; ours: 20 steps
@@ -55,8 +55,7 @@ MEDUSA_ABLATIONS = {
     # not theirs: ours with the target's top token as a hard label (the fix the "data labels" runs point to)
     "target top1": lambda b: {"labels": "target-top1"},
     # theirs: each head projects through a trainable copy of the target's lm_head. Every Medusa recipe's now
-    # (SmolLM2's since the forty-first session, when 32 prompts showed the shared one 2% behind medusa-llm), so
-    # a no-op on them; "shared lm_head" is the frozen shared projection SmolLM2's recipe had before
+    # (SmolLM2's since 32 prompts showed the shared one 2% behind medusa-llm), so a no-op on them; "shared lm_head" is the frozen shared projection SmolLM2's recipe had before
     "own lm_head": lambda b: {"share_lm_head": False},
     "shared lm_head": lambda b: {"share_lm_head": True},
     "lr 2e-3": lambda b: {"lr": 2e-3},  # not theirs (both 1e-3): what lifted EAGLE-3 at its budget

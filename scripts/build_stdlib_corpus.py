@@ -1,11 +1,11 @@
 """Write the pinned corpus of the embedded default target: the Python standard library's source, tests and
 installed packages left out, as a deterministic tar.xz (sorted names, zero times and owners).
 
-The archive shipped in train/ was made with CPython 3.11.7's standard library:
+The archive shipped in data/ was made with CPython 3.11.7's standard library:
 
-    python3.11 scripts/build_stdlib_corpus.py --out train/data/stdlib-corpus-cpython-3.11.7.tar.xz
+    python3.11 scripts/build_stdlib_corpus.py --out src/specheads/data/stdlib-corpus-cpython-3.11.7.tar.xz
 
-and train/data/stdlib_corpus.py pins its sha256. Another Python writes another archive: that is the point of
+and src/specheads/data/stdlib_corpus.py pins its sha256. Another Python writes another archive: that is the point of
 pinning one, since a corpus read from the running Python changes with its version.
 """
 

@@ -1,5 +1,5 @@
 """Fault injection: SIGKILL each long command at random points, run it again, and check that it ends with
-what one uninterrupted run writes (issue 20). JSON out.
+what one uninterrupted run writes. JSON out.
 
     nice -n 10 python scripts/fault_inject.py --kills 3 --seed 0 --out runs/fault-inject.json
     python scripts/fault_inject.py --commands cache distill --kills 1 --target DIR   # CI-sized
@@ -56,7 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "tiny" / "medusa.yaml"
 COMMANDS = ("tiny-target", "distill", "cache", "train", "export")
-LOCK_FILE, PROBE_PREFIX = ".specheads.lock", ".specheads-probe-"  # heads/run_folder.py
+LOCK_FILE, PROBE_PREFIX = ".specheads.lock", ".specheads-probe-"  # core/run_folder.py
 RUN_TIMEOUT_S = 900
 POLL_S = 0.01  # how often a run's output folder is looked at
 

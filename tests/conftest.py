@@ -35,7 +35,7 @@ def model(family):
 
 @pytest.fixture(scope="session")
 def tiny_target_dirs(tmp_path_factory) -> dict:
-    """One saved tiny random target per family, shared by the session."""
+    """One saved tiny random target per family, shared by every test of the run."""
     root = tmp_path_factory.mktemp("targets")
     return {f: save_tiny_target(f, root / f) for f in FAMILIES}
 

@@ -1,6 +1,6 @@
 """Errors through the real console script: one line naming the file or key, the traceback behind --debug.
 
-Each case is a mistake a new user made (issue 20): it must end the command with exit code 1 and a line
+Each case is a mistake a new user makes: it must end the command with exit code 1 and a line
 `specheads COMMAND: error: ...` that says what is wrong and where, before any expensive work where the
 mistake is visible up front.
 """

@@ -1,5 +1,5 @@
 """`--threads N` through the real console script: every command that loads or trains a model takes it, from
-one definition (commands/threads.py), and its run sees torch at N threads, given back afterwards."""
+one definition (cli/threads.py), and its run sees torch at N threads, given back afterwards."""
 
 import argparse
 

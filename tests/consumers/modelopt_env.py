@@ -56,7 +56,7 @@ def ensure_env() -> Path:
 
 def subprocess_environ(env: Path, **extra: str) -> dict[str, str]:
     """The environment of a process that runs modelopt: its directory first on the path (its transformers
-    shadows the project's), then whatever the caller's path carries (on a lent GPU: the wheels the image
+    shadows the project's), then whatever the caller's path carries (on a GPU machine: the wheels its image
     lacks, datasets among them, which modelopt's data loader imports); offline; `extra` on top."""
     path = [str(env), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "HF_HUB_OFFLINE": "1", **extra}

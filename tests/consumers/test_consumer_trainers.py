@@ -1,4 +1,4 @@
-"""Checkpoints made by the consumers' OWN trainers, imported with `import-heads` and decoded (issue 19).
+"""Checkpoints made by the consumers' OWN trainers, imported with `import-heads` and decoded.
 
 trainer_run.py runs, in the consumer env, on a tiny random Llama target:
 - eagle-llm 1.2.1: its data generator (eagle/ge_data/ge_data_all_vicuna.py) over a ShareGPT-format file,

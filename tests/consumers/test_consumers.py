@@ -1,4 +1,4 @@
-"""Our exports, loaded and run by the code that consumes them (issue 19).
+"""Our exports, loaded and run by the code that consumes them: speculators, eagle-llm, medusa-llm.
 
 Each case perturbs fresh heads of the tiny random Llama target (as training would move them), exports
 them with `specheads export`, loads the export with the consumer's own class and loader

@@ -1,4 +1,4 @@
-"""EAGLE-3 heads trained and exported by NVIDIA Model Optimizer's own code, imported and decoded (issue 19).
+"""EAGLE-3 heads trained and exported by NVIDIA Model Optimizer's own code, imported and decoded.
 
 modelopt_run.py (in the modelopt directory of modelopt_env.py: nvidia-modelopt 0.47.0 with the transformers
 5.14.1 it supports) converts the tiny random Llama target with `mtsp.convert` (EAGLE3_DEFAULT_CFG, aux

@@ -557,7 +557,7 @@ def test_sigterm_stops_as_ctrl_c_does():
 
 
 def test_named_question_sets_are_read_as_compare_reads_them(setup, tmp_path, monkeypatch):
-    # `--prompts mt-bench` is the file of that name in $SPECHEADS_DATA (or ../shared/data), for eval too
+    # `--prompts mt-bench` is the file of that name in $SPECHEADS_DATA (else the shipped copy), for eval too
     monkeypatch.setenv("SPECHEADS_DATA", str(tmp_path))
     (tmp_path / "mt_bench_question.jsonl").write_text(Path(setup["questions"]).read_text())
     named = prompt_io.read_prompts("mt-bench", "", category="writing")

@@ -1,5 +1,5 @@
-"""heads/atomic.py: what the atomic writers leave has the modes a plain write would give (issue 20's
-fault injection found the tiny target's folder 0700 and its weights 0600: unreadable to anyone else)."""
+"""core/atomic.py: what the atomic writers leave has the modes a plain write would give (fault injection
+once found the tiny target's folder 0700 and its weights 0600: unreadable to anyone else)."""
 
 import os
 import stat

@@ -1,4 +1,4 @@
-"""Defects a consumer's own loader found in our exports (issue 19), each pinned here.
+"""Defects a consumer's own loader found in our exports, each pinned here.
 
 - EAGLE-3 layer ids: engines capture each layer once, ascending; the default must give three distinct
   ascending ids even on shallow targets, and anything else is refused (recipe, head config, export).

@@ -1,4 +1,4 @@
-"""The KV cache reaches every stock module under the name its transformers release takes (heads/hf_compat.py):
+"""The KV cache reaches every stock module under the name its transformers release takes (core/hf_compat.py):
 no deprecated keyword, and a cache that is filled, not silently dropped."""
 
 import warnings

@@ -31,7 +31,7 @@ def test_tiny_is_the_embedded_build(monkeypatch, tmp_path):
 
 
 def test_every_command_resolves_through_the_one_table():
-    # The old copies (train/loop.py resolve_target, train/data/sources.py target_path) are gone; the train
+    # The old copies (train/loop.py resolve_target, train/sources.py target_path) are gone; the train
     # loop, the cache, distill, eval, compare, export and import all call this one.
     import specheads.cli.distill as distill
     import specheads.cli.eval as evaluate

@@ -22,7 +22,7 @@ def text_data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def small_tiny_target(tmp_path_factory) -> Path:
-    """The embedded tiny target at test size (helpers.SMALL_TINY_TARGET), built once for the session."""
+    """The embedded tiny target at test size (helpers.SMALL_TINY_TARGET), built once per test run."""
     path, _, _ = ensure_tiny_target(
         SMALL_TINY_TARGET, tmp_path_factory.mktemp("tiny") / "target", progress=False
     )

@@ -113,7 +113,7 @@ def test_the_verdicts_and_the_goal_carry_the_paired_comparison_where_the_runs_ke
 
 @pytest.mark.parametrize(("target", "n"), [("tiny", 12), ("smollm2", 32)])
 def test_tau_is_measured_on_32_mt_bench_prompts_on_smollm2_unless_told(target, n):
-    """8 MT-Bench prompts made level heads look 1.2%-1.7% apart (docs/bench_trainers/eagle3-smollm2/s40-eval32)."""
+    """8 MT-Bench prompts made level heads look 1.2%-1.7% apart (benchmarks/records/eagle3-smollm2/2026-12-05-eval32)."""
 
     def parsed(*argv):
         return bench.bench_trainers_args.with_target_defaults(bench.arg_parser().parse_args(argv))
@@ -196,8 +196,8 @@ def test_a_pairs_records_and_their_ratios(tmp_path):
     assert theirs["overrides"] == ["training.learning_rate=0.002"] and theirs["eval"]["per_prompt"] == {
         "81": [64, 35]
     }
-    ours = paired_mod.ours_record(tmp_path, "ours-s0", 372_350, session="s46")
-    assert ours["session"] == "s46" and ours["train_summary"] == summary and ours["wall_s"] == 3103.0
+    ours = paired_mod.ours_record(tmp_path, "ours-s0", 372_350, date="2026-12-05")
+    assert ours["date"] == "2026-12-05" and ours["train_summary"] == summary and ours["wall_s"] == 3103.0
 
     theirs, ours = paired_mod.with_speeds(theirs, 200), paired_mod.with_speeds(ours, 200)
     assert theirs["tokens_per_s"] == 100.0 and theirs["tokens_per_step_s"] == round(372_350 / 3600, 1)

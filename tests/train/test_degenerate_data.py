@@ -1,4 +1,4 @@
-"""Data that reads and still cannot train stops the run with the numbers (issue 20), through the CLI."""
+"""Data that reads and still cannot train stops the run with the numbers, through the CLI."""
 
 import json
 import sys

@@ -26,7 +26,7 @@ def write_questions(path, questions):
 
 @pytest.fixture
 def eval_data(tmp_path, monkeypatch):
-    """A stand-in for ../shared/data: the evaluation sets, found by name through $SPECHEADS_DATA."""
+    """A folder of one's own copies of the evaluation sets, found by name through $SPECHEADS_DATA."""
     root = tmp_path / "shared-data"
     root.mkdir()
     write_questions(root / "mt_bench_question.jsonl", EVAL)

@@ -1,5 +1,5 @@
 """A training step reads nothing back from the device that the target's own forward does not, except the
-one read of the label positions (train/data/packing.py, label_positions).
+one read of the label positions (data/packing.py, label_positions).
 
 On a GPU every such read (`.item()`, `float(t)`, `int(t)`, a `nonzero` or a boolean-mask index) waits for
 all the work queued before it, so the host cannot queue ahead. Before the losses kept their sums on the

@@ -1,4 +1,4 @@
-"""Output folders through the real CLI (issue 20): a run owns its folder, another run's results are never
+"""Output folders through the real CLI: a run owns its folder, another run's results are never
 mixed in or silently replaced, and an unwritable folder is found before any expensive work."""
 
 import json

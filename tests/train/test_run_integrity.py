@@ -1,5 +1,5 @@
 """Runs through the real console script (`python -m specheads`) in their own processes, as a user runs
-them (issue 20): same run, same bytes."""
+them: same run, same bytes."""
 
 import os
 import subprocess

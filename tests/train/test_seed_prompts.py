@@ -1,4 +1,4 @@
-"""Training prompts written from seed topics (train/data/seed_prompts.py) never touch the evaluation sets."""
+"""Training prompts written from seed topics (data/seed_prompts.py) never touch the evaluation sets."""
 
 from __future__ import annotations
 
@@ -34,14 +34,14 @@ MT_BENCH_81 = (
 
 
 def evaluation_fingerprint() -> set[bytes]:
-    """The shipped digests (train/data/eval-6grams.bin.gz), checked against ../shared/data when found."""
+    """The shipped digests (data/eval-6grams.bin.gz), checked against the evaluation sets when found."""
     shipped = set(shipped_fingerprint())
     try:
         paths = [prompt_set_path(name) for name in ("mt-bench", "spec-bench")]
-    except FileNotFoundError:  # a clone without ../shared/data: the shipped digests stand in
+    except FileNotFoundError:  # a set not found: the shipped digests stand in
         return shipped
     real = set().union(*(fingerprint(question_texts(path)) for path in paths))
-    assert real == shipped, f"{EVAL_NGRAMS} is stale: regenerate it from ../shared/data"
+    assert real == shipped, f"{EVAL_NGRAMS} is stale: regenerate it from {paths}"
     return real
 
 
@@ -84,7 +84,7 @@ def test_written_file_is_read_back_as_user_turns(tmp_path):
 
 
 def test_stdlib_chats_share_no_6_word_sequence_with_the_evaluation_sets(tmp_path, monkeypatch):
-    # `stdlib-chats`, the labelled-text route's training rows (train/data/sources.py): both turns
+    # `stdlib-chats`, the labelled-text route's training rows (train/sources.py): both turns
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path))
     from specheads.train.sources import stdlib_chat_rows
 

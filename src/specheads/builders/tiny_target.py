@@ -8,7 +8,7 @@ library's source (DESIGN.md, "The embedded default"). The result is an ordinary 
     heldout_files.json, heldout/                                the held-out corpus files (evaluation prompts)
     specheads_tiny_target.json                                  how it was built and its held-out loss
 
-The corpus is pinned (train/data/stdlib_corpus.py), so every machine trains on the same bytes. The budget is
+The corpus is pinned (data/stdlib_corpus.py), so every machine trains on the same bytes. The budget is
 a step count; `--minutes` turns minutes into steps at the rate this 2-core reference machine trains
 (STEPS_PER_MINUTE). A seed gives the same weights on machines whose CPU kernels round alike (the same
 build, instruction set and thread count give the same bytes; tests/train/test_tiny_target.py); on

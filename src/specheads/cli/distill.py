@@ -1,6 +1,6 @@
 """`specheads distill --source ... --target ... --out DIR`: self-distillation, the target regenerates a
-dataset's answers (train/data/distillation.py); a question file (MT-Bench / Spec-Bench's `turns` format)
-becomes conversations whose answers the target writes (train/data/questions.py)."""
+dataset's answers (data/distillation.py); a question file (MT-Bench / Spec-Bench's `turns` format)
+becomes conversations whose answers the target writes (data/questions.py)."""
 
 from __future__ import annotations
 

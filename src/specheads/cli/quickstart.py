@@ -48,7 +48,7 @@ def fixed_tree(heads_dir: Path) -> str:
 # with the CPU, the thread count and the instruction set, so τ and speedup move with them; identity with
 # generate() held on every build. Method -> (τ low, τ high, speedup low, speedup high), or None where that
 # machine has not measured the method's recipe as it is now (the tiny EAGLE and EAGLE-3 recipes train with
-# Muon since 2026-11-29; the first two machines measured them with AdamW).
+# Muon; the other two machines measured them with AdamW).
 MEASURED_SPREAD = [
     {
         "builds": 6,
@@ -56,9 +56,9 @@ MEASURED_SPREAD = [
         "short": "EPYC Zen 5",
         "settings": "twice OMP_NUM_THREADS=2; =1; =1 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2), the two =1 builds "
         "side by side; EAGLE and EAGLE-3 from the three with Muon's products in bf16; load average 1.0-2.1",
-        # 2026-12-01 and 2026-12-04: the AVX-512 builds gave one target, the AVX2 builds the AMD EPYC's below.
-        # EAGLE and EAGLE-3 from 2026-12-04's three alone (muon_dtype auto: bf16 on this CPU; 12-01's, in fp32,
-        # gave 3.71-3.89, 0.62-0.69x and 3.27-3.59, 0.53-0.58x)
+        # The AVX-512 builds gave one target, the AVX2 builds the AMD EPYC's below. EAGLE and EAGLE-3 from the
+        # three with Muon's products in bf16 (muon_dtype auto on this CPU; in fp32 they gave 3.71-3.89,
+        # 0.62-0.69x and 3.27-3.59, 0.53-0.58x)
         "ranges": {
             "generate": (1.00, 1.00, 1.00, 1.00),
             "prompt-lookup": (3.29, 4.02, 1.65, 2.13),
@@ -72,7 +72,7 @@ MEASURED_SPREAD = [
         "machine": "2-core AMD EPYC (AVX-512), Python 3.11.7, torch 2.13.0+cpu",
         "short": "EPYC earlier",
         "settings": "OMP_NUM_THREADS=2; =1; =1 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2); load average 1.5-7.7",
-        "ranges": {  # 2026-11-26, Medusa with labels: target-top1; the three builds gave the same target and tau
+        "ranges": {  # Medusa with labels: target-top1; the three builds gave the same target and tau
             "generate": (1.00, 1.00, 1.00, 1.00),
             "prompt-lookup": (4.02, 4.02, 2.57, 2.68),
             "medusa": (3.71, 3.71, 1.51, 1.58),
@@ -85,7 +85,7 @@ MEASURED_SPREAD = [
         "machine": "2-core Intel Xeon (AVX-512), Python 3.11.7, torch 2.13.0+cpu",
         "short": "Intel Xeon",
         "settings": "OMP_NUM_THREADS=2; =1; =1 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2); a benchmark on the other core",
-        "ranges": {  # 2026-11-26 (seventh session): each thread count gave a target of its own
+        "ranges": {  # each thread count gave a target of its own
             "generate": (1.00, 1.00, 1.00, 1.00),
             "prompt-lookup": (3.89, 4.51, 2.52, 3.04),
             "medusa": (2.57, 3.34, 1.13, 1.33),

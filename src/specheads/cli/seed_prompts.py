@@ -1,5 +1,5 @@
 """`specheads seed-prompts --out FILE`: chat prompts to train on, composed from seed topics and disjoint from
-MT-Bench and Spec-Bench (train/data/seed_prompts.py)."""
+MT-Bench and Spec-Bench (data/seed_prompts.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`--threads N`, the one definition of the flag: torch's CPU threads for a command that computes.
 
-Each such command's `add_arguments` ends with `add_threads_argument(p)`; cli.py sets the count around the
+Each such command's `add_arguments` ends with `add_threads_argument(p)`; cli/__init__.py sets the count around the
 command's `run` (`torch_threads`), so no command reads the flag itself.
 """
 

@@ -1,5 +1,5 @@
 """`specheads tiny-draft --target T [--data DIR]`: a small draft model in the target's tokens, for assisted
-generation (train/builders/tiny_draft.py).
+generation (builders/tiny_draft.py).
 
     specheads tiny-draft --target tiny                       trained on the tiny target's corpus
     specheads tiny-draft --target smollm2 --data DIR ...     distilled from the target's answers in DIR,

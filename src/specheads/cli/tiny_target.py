@@ -1,4 +1,4 @@
-"""`specheads tiny-target [--out DIR]`: build the embedded default target offline (train/builders/tiny_target.py)."""
+"""`specheads tiny-target [--out DIR]`: build the embedded default target offline (builders/tiny_target.py)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ questions in their `turns` format.
 
 `mt-bench` / `spec-bench` are looked up in $SPECHEADS_DATA (a folder of your own copies), then in the copies
 shipped with the package (core/prompt_sets/, Apache-2.0).
-eval and compare read them (evaluate/); distill reads a user's own file in that format (train/data/), and
+eval and compare read them (evaluate/); distill reads a user's own file in that format (data/), and
 refuses one that holds evaluation questions: evaluation prompts are never training prompts.
 """
 

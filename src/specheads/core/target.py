@@ -69,7 +69,7 @@ class TargetRecord:
     # Which weights, beyond the name: "sha256:<hex>" of a named target's safetensors (its manifest),
     # "hub:<repo>@<commit>" for a hub load; None for other directories and for older checkpoints.
     weights_id: str | None = None
-    # A hash over a fixed sample of the embedding and lm_head weights (heads/fingerprint.py): tells
+    # A hash over a fixed sample of the embedding and lm_head weights (core/fingerprint.py): tells
     # same-shape targets apart. None for older checkpoints and ZeRO-3-sharded loads.
     weights_fingerprint: str | None = None
 

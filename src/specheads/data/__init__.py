@@ -6,7 +6,7 @@
         collate, pad_token_id=tokenizer.pad_token_id, packing=True, max_length=2048))
 
 `load_rows(source, *, split="train", streaming=False, max_bad_rows=0.01, text_split="document",
-config_name=None, cache_dir=None)` -> Dataset | IterableDataset (train/data/readers.py)
+config_name=None, cache_dir=None)` -> Dataset | IterableDataset (data/readers.py)
     Plain text (.txt/.md; a document is the whole file by default, or each blank-line-separated
     paragraph, or each line), JSON/JSONL of {"text"}, ShareGPT {"conversations": [{"from", "value"}]},
     OpenAI {"messages": [{"role", "content"}]}, UltraChat ({"data": [str, ...]} or the 200k layout),
@@ -16,7 +16,7 @@ config_name=None, cache_dir=None)` -> Dataset | IterableDataset (train/data/read
     `max_bad_rows` (int: a count, float: a fraction) decides between skipping and BadRowsError.
 
 `tokenize_rows(rows, tokenizer, *, max_length, loss_on="assistant", max_bad_rows=0.01, num_proc=None)`
--> Dataset (train/data/chat_masks.py)
+-> Dataset (data/chat_masks.py)
     Columns input_ids (list[int]) and loss_mask (list[int], 1 where the token is a *label*, i.e. it
     is predicted from positions < t). loss_on: "assistant", "last_assistant", "all", or a set of roles.
     Chat rows use the target's own chat template: assistant tokens come from prefix renders of
@@ -29,7 +29,7 @@ config_name=None, cache_dir=None)` -> Dataset | IterableDataset (train/data/read
     BadRowsError).
 
 `collate(examples, *, pad_token_id, packing, max_length, mask_dtype=torch.float32)` -> dict
-(train/data/packing.py)
+(data/packing.py)
     input_ids (B, T) long, loss_mask (B, T) float (0 on padding), position_ids (B, T) long, and
     attention_mask: (B, T) 0/1 padding mask when unpacked (right padding); when packed, an additive
     (B, 1, T, T) mask (0 attend, finfo(mask_dtype).min masked), causal and block-diagonal per document,
@@ -37,7 +37,7 @@ config_name=None, cache_dir=None)` -> Dataset | IterableDataset (train/data/read
     weights by `shift_loss_mask(loss_mask, position_ids, k)`, which is loss_mask[:, t + k] limited to
     the same document.
 
-`distill(rows, target, out, DistillConfig(...))` (train/data/distillation.py, `specheads distill`)
+`distill(rows, target, out, DistillConfig(...))` (data/distillation.py, `specheads distill`)
     Self-distillation: the target regenerates every assistant turn of conversations (from the
     conversation so far, in its chat template), or continues a prompt of each max-length window of a
     text, in seeded batches of generate(). Writes `out/part-*.jsonl` (rows load_rows reads back) chunk

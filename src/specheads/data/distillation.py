@@ -116,7 +116,7 @@ class DistillConfig:
             raise ValueError(f"cache must be 'static' or 'dynamic', got {self.cache!r}")
 
 
-# The `stdlib-distilled` source (train/data/sources.py): 255-token windows, so that each row with the BOS
+# The `stdlib-distilled` source (train/sources.py): 255-token windows, so that each row with the BOS
 # that tokenize_rows adds is one 256-token row of the tiny recipes; greedy, as the decoder is measured.
 # max_rows is replaced per run by one epoch of its budget (sources.epoch_rows); 960 is that epoch for
 # the tiny recipes (120 steps x batch 8, one process), the size `specheads distill` users copy.

@@ -1,7 +1,7 @@
 """Chat prompts written by the project from seed topics: training prompts that never touch the
 evaluation sets.
 
-MT-Bench and Spec-Bench (../shared/data/) are for evaluation only, and the public chat sets people
+MT-Bench and Spec-Bench (core/prompt_sets/) are for evaluation only, and the public chat sets people
 distill from (ShareGPT, UltraChat) are neither offline nor provably disjoint from them. These prompts
 are written here: hand-picked topics crossed with hand-written task templates, plus arithmetic word
 problems and small programming tasks with seeded numbers and names, across the kinds of request
@@ -10,7 +10,8 @@ carry no answers: the target writes those (`specheads distill`), so the heads le
 words. tests/train/test_seed_prompts.py proves that no 6-word sequence of any prompt appears in
 either evaluation set.
 
-    specheads seed-prompts --out data/seed-prompts.jsonl --check-against ../shared/data/*.jsonl  # 2,108 prompts
+    specheads seed-prompts --out data/seed-prompts.jsonl \\
+        --check-against src/specheads/core/prompt_sets/*.jsonl  # 2,108 prompts
     specheads distill --source data/seed-prompts.jsonl --target smollm2 --out data/seed-sd
 """
 
@@ -190,10 +191,10 @@ def shared_ngrams(texts: Iterable[str], reference: Iterable[str], n: int = 6) ->
     return ngrams(texts, n) & ngrams(reference, n)
 
 
-# Every 6-word sequence of every turn of MT-Bench and Spec-Bench (../shared/data), as 8-byte blake2b
+# Every 6-word sequence of every turn of MT-Bench and Spec-Bench (core/prompt_sets/), as 8-byte blake2b
 # digests of the words joined by spaces, shipped so training sources can be filtered, and the
-# disjointness checked, without the evaluation sets beside the package (tests/train/test_seed_prompts.py
-# checks it against them whenever they are found).
+# disjointness checked, without reading the evaluation sets (tests/train/test_seed_prompts.py checks the
+# digests against them).
 EVAL_NGRAMS = Path(__file__).with_name("eval-6grams.bin.gz")
 
 

@@ -2,7 +2,7 @@
 
 On a CPU, fp32 `F.linear` over a handful of rows (2 to about 16: a draft tree's nodes) runs MKL's sgemm,
 which repacks the whole weight into its panel layout on every call: for SmolLM2-135M, a forward over 4
-tokens cost 1.7x one over a single token (2026-11-27, 1 thread, this repository's Intel Xeon), where the
+tokens cost 1.7x one over a single token (1 thread, a 2-core Intel Xeon), where the
 arithmetic is a small part of reading the weights. MKL can pack a weight once (`cblas_sgemm_pack`) and
 multiply against the packed copy for a fixed row count; torch exposes that as
 `torch.ops.mkl._mkl_reorder_linear_weight` / `_mkl_linear`, what Inductor's CPU freezing uses. A speculative

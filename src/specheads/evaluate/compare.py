@@ -12,8 +12,8 @@ results.json records the order. Each call is timed end to end, prefill included,
 compared with the baseline's token for token.
 
 Prompts (--prompts):
-    mt-bench, spec-bench   the question sets, found as PROMPT_SETS in $SPECHEADS_DATA or ../shared/data
-                           beside the checkout; or give the .jsonl path
+    mt-bench, spec-bench   the question sets, found as PROMPT_SETS in $SPECHEADS_DATA or in the copies
+                           shipped with the package (core/prompt_sets/); or give the .jsonl path
     *.jsonl                MT-Bench / Spec-Bench questions. Every turn is asked (--max-turns cuts them):
                            turn k goes to each method after that method's own answers to turns 1..k-1,
                            rendered with the target's chat template, as Spec-Bench does
@@ -383,7 +383,7 @@ def write_outputs(
 
 @dataclass
 class CompareOptions:
-    """What one comparison does: `specheads compare`'s flags, one field each (commands/compare.py)."""
+    """What one comparison does: `specheads compare`'s flags, one field each (cli/compare.py)."""
 
     target: str  # HF directory, hub id, or a named target ("tiny", "smollm2")
     prompts: str  # mt-bench, spec-bench, a .jsonl of such questions, heldout, or a .json file list

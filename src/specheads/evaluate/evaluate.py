@@ -1,7 +1,7 @@
 """`specheads eval`: speculative decoding measured against the target's own `generate()`.
 
     specheads eval --target runs/target --heads runs/medusa \\
-        --prompts ../shared/data/mt_bench_question.jsonl --num-prompts 20 --out runs/eval-mt-bench
+        --prompts mt-bench --num-prompts 20 --out runs/eval-mt-bench
     specheads eval --target runs/target --heads runs/medusa --prompts heldout --out runs/eval-heldout
 
 For every prompt, in one run on one machine, the speculative decoder and the baseline, the target's

@@ -18,7 +18,7 @@ import torch
 
 from specheads.core.question_sets import prompt_set_path, read_questions
 
-# Written beside the embedded target by `specheads tiny-target` (train/builders/tiny_target.py); decode/
+# Written beside the embedded target by `specheads tiny-target` (builders/tiny_target.py); decode/
 # does not import train/, so the name is repeated here.
 HELDOUT_FILE = "heldout_files.json"
 
@@ -84,7 +84,7 @@ def read_prompts(
 
 
 def _questions(path: Path) -> list[PromptText]:
-    """MT-Bench / Spec-Bench questions (checked by heads/question_sets.read_questions): the first turn of
+    """MT-Bench / Spec-Bench questions (checked by core/question_sets.read_questions): the first turn of
     each."""
     if not path.read_text(encoding="utf-8").strip():
         return []  # read_prompts says the file holds no prompts

@@ -99,8 +99,8 @@ class TrainConfig:
     # HASS's top-K distillation (Zhang et al. 2024, "harmonized objective distillation"): each position's loss
     # adds weight x -sum over the target's K most likely draft-vocabulary tokens of p log q, p the target's
     # distribution (temperature 1) over the draft vocabulary, q the draft's. 0: off (HASS's trainer's defaults are
-    # K 10, weight 1: level with the SmolLM2 recipe's loss on all 80 MT-Bench first turns, s50-hass/ under
-    # docs/bench_trainers/eagle3-smollm2/)
+    # K 10, weight 1: level with the SmolLM2 recipe's loss on all 80 MT-Bench first turns,
+    # benchmarks/records/eagle3-smollm2/2026-12-06-hass/)
     eagle3_topk_loss: int = 0
     eagle3_topk_loss_weight: float = 1.0
     # the draft's lm_head and final norm at the start: "random" (the layer's own init, as SpecForge and Model

@@ -186,8 +186,8 @@ def end_launched_process(code: int) -> None:
     (gloo) a process that went through finalization sometimes aborted there ("terminate called without an
     active exception", SIGABRT) after a run that had finished and written everything: gloo's worker
     threads still held work objects whose destruction needs the interpreter (pytorch/pytorch#179291).
-    Seen twice in one session and once in CI on a 2-process ZeRO-3 run; not in 13 back-to-back runs of that
-    launch made to reproduce it. Skipping finalization removes that window. A single process returns normally.
+    It is rare (a few 2-process ZeRO-3 runs, CI among them; none in 13 back-to-back runs of that launch
+    made to reproduce it). Skipping finalization removes that window. A single process returns normally.
     """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return

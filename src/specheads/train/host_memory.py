@@ -4,7 +4,7 @@ A CPU training step allocates and frees the same large tensors every step (the t
 logits, the draft's unrolled steps). glibc serves each allocation over its mmap threshold (at most 32 MiB)
 with a fresh mmap and unmaps it on free, and trims the heap's free top past 128 KiB, so every step faults
 all of those pages in again, zeroed by the kernel. On SmolLM2's EAGLE-3 recipe (8 steps, 1 thread, the two
-runs side by side, 2026-12-02) that was 5.99 M minor page faults over the run against 0.66 M with mmap and
+runs side by side) that was 5.99 M minor page faults over the run against 0.66 M with mmap and
 trimming off (what `keep_freed_memory` does), 17.7 s a step against 15.4 (1.15x), 32.6 s of system time
 against 8.8, the same losses to the last digit, at 3% more peak memory (3.20 GB against 3.11);
 scripts/bench_host_memory.py measures it, JSON out. It is PyTorch's CPU tuning guide's advice (a caching

@@ -584,9 +584,9 @@ def finish(
             training = {**run.training, "step": cfg.max_steps, "eval": last_eval}
             save_heads(heads, out_dir, run.record, training, label_counts=run.label_counts)
         write_json(out_dir / "train_summary.json", summary)
-    # Every process tears its process group down together, once the files are written. Twice in one
-    # session a second process that left while the main one still wrote aborted at exit ("terminate
-    # called without an active exception"; 2-process ZeRO-3 launches on CPU, gloo).
+    # Every process tears its process group down together, once the files are written: a second process
+    # that left while the main one still wrote could abort at exit ("terminate called without an active
+    # exception"; 2-process ZeRO-3 launches on CPU, gloo).
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return summary

@@ -9,7 +9,7 @@ to the RMS an AdamW update has, 0.2 * sqrt(max(rows, columns)) times the rate, s
 and `muon_lr_scale` says how much larger Muon's step is than AdamW's.
 
 Why here: at the bench's SmolLM2 EAGLE-3 budget it is the one change found that raises τ beyond the
-peers' (docs/bench_trainers/eagle3-smollm2/s22-ideas/), best near 8x the recipe's lr. Its Newton-Schulz
+peers' (benchmarks/records/eagle3-smollm2/2026-11-28-ideas/), best near 8x the recipe's lr. Its Newton-Schulz
 products run in torch's bf16 wherever bf16 products are fast, else in fp32 (`newton_schulz_dtype`).
 """
 

@@ -1,10 +1,10 @@
 """Where a recipe's rows come from: named built-in sources, or anything `data.load_rows` reads.
 
 Built-in:
-    stdlib            the pinned standard-library corpus (train/data/stdlib_corpus.py), split as the tiny target splits it: training
+    stdlib            the pinned standard-library corpus (data/stdlib_corpus.py), split as the tiny target splits it: training
                       rows from its training files, evaluation rows from its held-out files (one text row
                       a file; tokenize_rows cuts long ones into max_length windows).
-    stdlib-distilled  the recipe's target continuing stdlib text (self-distillation, train/data/distillation.py,
+    stdlib-distilled  the recipe's target continuing stdlib text (self-distillation, data/distillation.py,
                       settings `distill.STDLIB_DISTILLED`): windows of 255 tokens of the training
                       files (shuffled, seed 0), each keeping its first 32 tokens and the target's
                       greedy continuation after them; one 256-token row each once tokenize_rows adds
