@@ -3,7 +3,10 @@ writes real event files whose scalars are metrics.jsonl's records step for step 
 a tracker that is unknown or not installed stops the command before any model loads."""
 
 import json
+import os
 import re
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -172,3 +175,25 @@ def test_tensorboard_and_wandb_together(tiny_target_dirs, text_data, tmp_path, m
     assert scalars(out) == expected(records)
     (run,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
     assert run.stat().st_size > 0
+
+
+def test_two_processes_write_one_tensorboard_run(tiny_target_dirs, text_data, tmp_path):
+    """Under `accelerate launch` with 2 processes the main one alone writes events: one event file, whose
+    scalars are metrics.jsonl's."""
+    out = tmp_path / "run"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(REPO / "recipes" / "accelerate" / "ddp.yaml"),
+        "--num_processes", "2", "--main_process_port", str(port),
+        "-m", "specheads.train", *args(tiny_target_dirs["llama"], text_data, out, "report_to=tensorboard")[1:],
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    records = read_metrics(out)
+    assert [r["step"] for r in records if r["split"] == "train"] == [1, 2, 3, 4]
+    assert len(list((out / "logs" / "specheads").glob("events.out.tfevents.*"))) == 1
+    assert scalars(out) == expected(records)
