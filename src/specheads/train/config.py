@@ -159,8 +159,8 @@ class TrainConfig:
     # accelerate's trackers (train/tracking.py): "wandb" (offline without WANDB_API_KEY), "tensorboard", ...,
     # several as a list ("tensorboard,wandb" on the command line), "all" installed, or "none"
     report_to: list[str] = field(default_factory=lambda: ["wandb"])
-    wandb_project: str = "specheads"
-    run_name: str = ""  # wandb's run name; empty: wandb picks one
+    wandb_project: str = "specheads"  # the project's name in every tracker that takes one
+    run_name: str = ""  # the run's name in every tracker that takes one; empty: they pick one
 
     @property
     def warmup(self) -> int:
