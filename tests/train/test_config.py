@@ -41,7 +41,14 @@ def test_unknown_keys_are_rejected_with_a_suggestion(tmp_path):
         ("labels=gold", "labels must be one of data, target, target-top1, got 'gold'"),
         ("mode=cached", "mode must be one of .'online', 'offline'., got 'cached'"),
         ("mode=offline", "mode 'offline' reads the hidden-state cache: set cache_dir"),
-        ("report_to=tensorboard", "report_to must be one of .'wandb', 'none'."),
+        (
+            "report_to=tensorbord",
+            "report_to names an unknown tracker 'tensorbord': the trackers are .*tensorboard",
+        ),
+        (
+            "report_to=none,wandb",
+            "report_to 'none' turns tracking off and cannot be given with other trackers",
+        ),
         ("keep_checkpoints=-1", "keep_checkpoints must be >= 0"),
         ("save_every=-5", "save_every must be >= 0"),
         ("lambda0_schedule=cosine", "lambda0_schedule must be one of .'sine', 'linear', 'constant'."),
@@ -82,11 +89,16 @@ def test_run_keys_default_and_parse():
         "online",
         "",
         "",
-        "wandb",
+        ["wandb"],
         0,
     )
     cfg = load_config(None, ["mode=offline", "cache_dir=/data/cache", "resume=auto", "report_to=none"])
-    assert (cfg.mode, cfg.cache_dir, cfg.resume, cfg.report_to) == ("offline", "/data/cache", "auto", "none")
+    assert (cfg.mode, cfg.cache_dir, cfg.resume, cfg.report_to) == (
+        "offline",
+        "/data/cache",
+        "auto",
+        ["none"],
+    )
 
 
 def test_medusa2_keys_default_and_parse():

@@ -146,7 +146,7 @@ def test_wandb_offline_run_and_provenance(tiny_target_dirs, text_data, tmp_path,
     assert b"eval/head1/top1" in logged and b"offline-test" in logged
 
     (launch,) = [json.loads(line) for line in (out / "provenance.jsonl").read_text().splitlines()]
-    assert launch["config"]["max_steps"] == 2 and launch["config"]["report_to"] == "wandb"
+    assert launch["config"]["max_steps"] == 2 and launch["config"]["report_to"] == ["wandb"]
     assert launch["num_processes"] == 1 and launch["resumed_from"] is None
     assert launch["host"] == socket.gethostname() and isinstance(launch["command"], list)
     assert set(launch["packages"]) == set(PACKAGES) and launch["packages"]["specheads"] == __version__

@@ -22,11 +22,11 @@ from specheads.data.readers import check_max_bad_rows
 from specheads.heads.methods import methods
 from specheads.train.medusa2 import LORA_TARGET_MODULES
 from specheads.train.optimizers import MUON_DTYPES, OPTIMIZERS, muon_missing
+from specheads.train.tracking import report_to_problem
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
 LR_SCHEDULES = ("cosine", "linear")
 MODES = ("online", "offline")
-REPORT_TO = ("wandb", "none")
 
 
 @dataclass
@@ -156,9 +156,11 @@ class TrainConfig:
     # glibc keeps the memory torch frees, so a CPU step does not fault its pages in again (train/host_memory.py)
     keep_host_memory: bool = True
     # tracking
-    report_to: str = "wandb"  # "wandb" (offline without WANDB_API_KEY) or "none"
-    wandb_project: str = "specheads"
-    run_name: str = ""  # wandb's run name; empty: wandb picks one
+    # accelerate's trackers (train/tracking.py): "wandb" (offline without WANDB_API_KEY), "tensorboard", ...,
+    # several as a list ("tensorboard,wandb" on the command line), "all" installed, or "none"
+    report_to: list[str] = field(default_factory=lambda: ["wandb"])
+    wandb_project: str = "specheads"  # the project's name in every tracker that takes one
+    run_name: str = ""  # the run's name in every tracker that takes one; empty: they pick one
 
     @property
     def warmup(self) -> int:
@@ -202,7 +204,7 @@ class TrainConfig:
                 f"method {self.method!r} {method.online_only}, so it cannot read them from a cache: use "
                 "mode 'online'",
             ),
-            (self.report_to in REPORT_TO, f"report_to must be one of {REPORT_TO}, got {self.report_to!r}"),
+            (not (report_to := report_to_problem(self.report_to)), report_to),
             (self.save_every >= 0, f"save_every must be >= 0, got {self.save_every}"),
             (self.keep_checkpoints >= 0, f"keep_checkpoints must be >= 0, got {self.keep_checkpoints}"),
             (0 <= self.eval_fraction < 1, f"eval_fraction must be in [0, 1), got {self.eval_fraction}"),

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from specheads.train.config import TrainConfig
+from specheads.train.tracking import accelerator_kwargs
 
 
 def _no_accelerator_device() -> bool:
@@ -46,7 +47,7 @@ def make_accelerator(cfg: TrainConfig):
         gradient_accumulation_steps=cfg.grad_accum,
         # The schedule counts optimizer steps; accelerate would otherwise step it once per process.
         step_scheduler_with_optimizer=False,
-        log_with="wandb" if cfg.report_to == "wandb" else None,
+        **accelerator_kwargs(cfg.output_dir, cfg.report_to),  # the trackers; a missing package stops here
     )
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and _no_accelerator_device():
         if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":

@@ -18,7 +18,8 @@ warm-up, and the adapter is written beside the heads (`adapter/`, also in every 
 Writes to `output_dir`: the final heads (config.json + model.safetensors, so the folder itself is a head
 checkpoint; Medusa-2: and adapter/), `checkpoints/step-N/` every `save_every` steps and on SIGTERM (whole,
 resumed exactly with `resume=auto`: train/checkpointing.py), `metrics.jsonl` (one JSON object a log or
-eval), `provenance.jsonl` (one line a launch), `train_summary.json`, and a wandb run (train/tracking.py).
+eval), `provenance.jsonl` (one line a launch), `train_summary.json`, and the trackers' runs (wandb's
+under wandb/, tensorboard's under logs/, ...: train/tracking.py).
 """
 
 from __future__ import annotations
@@ -474,7 +475,7 @@ def run_training(cfg: TrainConfig, accelerator, progress: bool, stop: StopOnSign
         keep_metrics_until(out_dir / "metrics.jsonl", state["step"])
         launch = provenance(cfg.to_dict(), accelerator.num_processes, resume_from and str(resume_from))
         write_provenance(out_dir, launch)
-    start_tracking(accelerator, cfg, state["run_id"])
+    start_tracking(accelerator, cfg, state["run_id"], state["step"])
     log = partial(log_record, accelerator, out_dir / "metrics.jsonl")
 
     batches = train_batches(cfg, run.train_rows, run.collate, accelerator, start=state["global_batches"])
