@@ -83,12 +83,28 @@ def test_a_run_refused_for_the_lock_leaves_the_running_evaluations_progress(setu
         cli(eval_args(setup, out, "medusa", *FIXED))
     monkeypatch.undo()
     assert len((out / "progress.jsonl").read_text().splitlines()) == 2  # header and one prompt
-    with hold_folder(out):  # ... and going on: it holds the folder's lock
+    holder = subprocess.Popen(  # ... and another process going on with it: it holds the folder's lock
+        [sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
         before = snapshot(out)
-        with pytest.raises(FolderInUseError, match=f"in use by pid {os.getpid()}"):
+        with pytest.raises(FolderInUseError, match=f"in use by pid {holder.pid} "):
             cli(eval_args(setup, out, "medusa", *FIXED, "--overwrite"))
         assert snapshot(out) == before
+    finally:
+        holder.kill()
+        holder.wait()
     assert cli(eval_args(setup, out, "medusa", *FIXED, "--resume")) == 0  # it can still be resumed
+
+
+HOLD = """
+import sys, time
+from specheads.core.run_folder import hold_folder
+with hold_folder(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
 
 
 def test_a_dangling_out_symlink_is_refused_before_any_model_loads(setup, tmp_path, monkeypatch):
