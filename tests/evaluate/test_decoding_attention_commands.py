@@ -5,9 +5,9 @@ import pytest
 from compare_helpers import compare_args, compare_cli
 from test_tree_auto_cli import eval_args, make_setup
 
-from specheads.cli import eval as eval_command
 from specheads.cli import main as cli
 from specheads.evaluate import compare
+from specheads.evaluate import run as eval_run
 
 from helpers import record_decoding_attention
 
@@ -29,6 +29,6 @@ def setup(tiny_target_dirs, tmp_path_factory) -> dict:
 
 
 def test_eval_decodes_the_heads_and_the_baseline_under_it(setup, tmp_path, monkeypatch):
-    entered = record_decoding_attention(monkeypatch, eval_command)
+    entered = record_decoding_attention(monkeypatch, eval_run)
     assert cli(eval_args(setup, tmp_path / "out", "medusa", "--tree", "chain-4", "--num-prompts", "1")) == 0
     assert entered == ["cpu"]

@@ -34,10 +34,10 @@ def test_every_command_resolves_through_the_one_table():
     # The old copies (train/loop.py resolve_target, train/sources.py target_path) are gone; the train
     # loop, the cache, distill, eval, compare, export and import all call this one.
     import specheads.cli.distill as distill
-    import specheads.cli.eval as evaluate
     import specheads.cli.export as export
     import specheads.cli.import_heads as import_heads
     import specheads.evaluate.compare as compare
+    import specheads.evaluate.run as evaluate
     import specheads.train.loop as loop
     import specheads.train.recipe_cache as recipe_cache
     import specheads.train.sources as sources

@@ -413,8 +413,8 @@ QUESTIONS = [
 def test_eval_decodes_medusa2_heads_with_their_adapter_merged(cli_run, tmp_path, monkeypatch):
     """`specheads eval` on a Medusa-2 run decodes (and runs generate() on) the adapted target: the
     base with adapter/ merged in, which is the model the heads were trained to read."""
-    from specheads.cli import eval as evaluate  # the command builds the decoder
     from specheads.cli import main as cli_main
+    from specheads.evaluate import run as evaluate  # the library's eval run builds the decoder
 
     out, _, target_dir = cli_run
     seen = []

@@ -6,8 +6,13 @@ launch -m` uses) runs the `train` command. Every command that loads or trains a 
 (cli/threads.py; `main` sets torch's threads around its `run`).
 """
 
+import argparse
+import dataclasses
 import importlib
 from types import ModuleType
+from typing import TypeVar
+
+Options = TypeVar("Options")
 
 # (name, help, module of this package with add_arguments and run), in the order a user meets them. The
 # modules are imported by `load`, only for the command that runs: `specheads --help` imports none, and a
@@ -33,3 +38,9 @@ def load(name: str) -> ModuleType:
     if module is None:
         raise LookupError(f"no command {name!r}; the commands are {', '.join(n for n, _, _ in COMMANDS)}")
     return importlib.import_module(f"specheads.cli.{module}")
+
+
+def options_from(cls: type[Options], args: argparse.Namespace) -> Options:
+    """The typed options `cls` (a dataclass of the library, one field a flag) from parsed arguments: the
+    one place a command's Namespace becomes what the library takes."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})

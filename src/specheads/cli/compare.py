@@ -1,21 +1,24 @@
 """`specheads compare --target DIR --heads DIR ... --prompts FILE --out DIR`: heads beside generate(), prompt
-lookup and assisted generation (evaluate/compare.py)."""
+lookup and assisted generation. This module parses the flags into `CompareOptions` (evaluate/options.py);
+the run itself is the library's `compare_heads` (evaluate/compare.py)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from specheads.cli.commands import options_from
 from specheads.cli.threads import add_threads_argument
 from specheads.core.target import DTYPES
 from specheads.evaluate.answers import ANSWERS_DIR
-from specheads.evaluate.compare import CompareOptions, compare_heads
+from specheads.evaluate.compare import compare_heads
 from specheads.evaluate.eval_drafters import (
     add_draft_vocab_argument,
     add_recalibrate_argument,
     add_tree_argument,
 )
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE
+from specheads.evaluate.options import CompareOptions
 from specheads.evaluate.peers import BASELINE, PEERS
 
 
@@ -35,7 +38,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "or a .json file list in that format",
     )
     p.add_argument(
-        "--overwrite", action="store_true", help="replace the results --out holds (refused without it)"
+        "--overwrite",
+        action="store_true",
+        help="replace the results --out holds (refused without it): once every input is checked and --out "
+        "locked, they are set aside, and go when the new run has kept its first prompt (an error before "
+        "that puts them back)",
     )
     p.add_argument("--out", required=True, type=Path, help="directory for results, report, plots, answers")
     p.add_argument(
@@ -96,8 +103,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--warmup", type=int, default=CompareOptions.warmup, help="untimed prompts every method decodes first"
     )
     p.add_argument("--dtype", default=CompareOptions.dtype, choices=[*sorted(DTYPES), "auto"])
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
-    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
+    p.add_argument("--device", default=CompareOptions.device, help="cpu (default) or cuda[:i]")
+    p.add_argument(
+        "--attn", default=CompareOptions.attn, choices=["sdpa", "eager"], help="attention implementation"
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
         "--allow-target-mismatch",
@@ -109,8 +118,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`specheads compare`."""
-    options = CompareOptions.from_args(args)
+    """`specheads compare`: the flags as CompareOptions, to the library (evaluate/compare.py)."""
+    options = options_from(CompareOptions, args)
     compare_heads(options)
     print((options.out / REPORT_FILE).read_text(), end="")
     print(

@@ -20,9 +20,10 @@ from pathlib import Path
 from specheads.builders.tiny_draft import TinyDraftConfig, ensure_tiny_draft
 from specheads.builders.tiny_target import TinyTargetConfig, ensure_tiny_target
 from specheads.cli.threads import add_threads_argument
-from specheads.evaluate.compare import CompareOptions, command_line, compare_heads
+from specheads.evaluate.compare import command_line, compare_heads
 from specheads.evaluate.eval_drafters import EAGLE_TOTAL_TOKENS, default_tree_name
 from specheads.evaluate.evaluate import REPORT_FILE
+from specheads.evaluate.options import CompareOptions
 from specheads.heads.checkpoint import CONFIG_FILE, read_head_config
 from specheads.train.config import find_recipe, load_config, recipe_values
 from specheads.train.loop import train

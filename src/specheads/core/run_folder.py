@@ -7,7 +7,10 @@ them, and never mixed with another run's results.
                                  block; a second command on the same folder stops at once with an error
                                  naming the holder (pid, host, command, since when)
     refuse_results(...)          a folder that holds another run's results is an error, unless the user
-                                 overwrites (`clear`) or resumes it
+                                 overwrites (`clear`, or `replacing`) or resumes it
+    replacing(folder, ...)       under the lock: an overwriting run sets the old results aside and drops
+                                 them only once it has written its first record; a run that fails
+                                 before that (an error, or killed outright) gets them put back
     clean_stale_tmp(...)         temporary files and folders a killed writer left (their pid is gone)
 
 The lock is an advisory `flock` on the lock file: the kernel releases it when its process ends, however it
@@ -41,6 +44,11 @@ def check_writable(folder: str | Path, what: str = "output folder") -> None:
     nearest parent that does, where it will be created). Writes and removes a probe file: permission
     bits alone do not tell (root, read-only mounts)."""
     folder = Path(folder).expanduser().absolute()
+    if folder.is_symlink() and not folder.exists():
+        raise FileNotFoundError(
+            f"{what} {folder} is a symlink to {os.readlink(folder)}, which does not exist; create that "
+            "folder, or choose another"
+        )
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -174,10 +182,97 @@ def _alive(pid: int) -> bool:
 
 
 def claim_results_folder(out: str | Path, results: Iterable[str], overwrite: bool) -> None:
-    """Before an eval or compare does any work: `out` must be writable, and hold none of `results` (the
-    files it writes) unless `overwrite`, which removes them. Creates nothing: an error leaves no folder."""
+    """Before an eval or compare does any work: `out` must be writable (and not a dangling symlink), and
+    hold none of `results` (the files it writes) unless `overwrite`. Changes nothing: the old results are
+    replaced only under the folder's lock, once every input has been checked (`replacing`)."""
     check_writable(out, "--out")
-    if overwrite:
-        clear(out, results)
-    else:
+    if not overwrite:
         refuse_results(out, results, "pass --overwrite to replace them, or choose another --out")
+
+
+ASIDE = ".specheads-replaced-"  # + pid: the old results an overwriting run has set aside
+MOVING = ".specheads-moving-"  # + pid: the same while they are being moved there
+DROPPED = ".specheads-dropped-"  # + pid: the same once the new run has kept its first record
+
+
+class Replacement:
+    """The old results an overwriting run set aside (`replacing`): dropped by `commit`, or put back by
+    `restore`. Without old results (or without --overwrite) both do nothing."""
+
+    def __init__(self, folder: Path, names: tuple[str, ...], aside: Path | None):
+        self.folder, self.names, self.aside = folder, names, aside
+
+    def commit(self) -> None:
+        """The new run has written its first record: the old results go (once; later calls do nothing)."""
+        if self.aside is None:
+            return
+        dropped = self.folder / f"{DROPPED}{os.getpid()}"
+        os.rename(self.aside, dropped)  # one step: a kill after it leaves nothing to put back
+        self.aside = None
+        shutil.rmtree(dropped, ignore_errors=True)
+
+    def restore(self) -> None:
+        """Remove what the new run wrote of `names` and put the old results back where they were."""
+        if self.aside is None:
+            return
+        _put_back(self.folder, self.names, self.aside)
+        self.aside = None
+
+
+def _put_back(folder: Path, names: Iterable[str], aside: Path) -> None:
+    clear(folder, names)  # what the new run wrote of them (all the old ones were set aside)
+    for path in aside.iterdir():
+        os.rename(path, folder / path.name)
+    aside.rmdir()
+
+
+def _recover(folder: Path, names: tuple[str, ...]) -> None:
+    """What an overwriting run killed outright (its pid gone) left in `folder`: old results it had set
+    aside and not yet dropped are put back; old results it was dropping are removed."""
+    for path in sorted(folder.glob(".specheads-*-*")) if folder.is_dir() else ():
+        prefix, _, pid = path.name.rpartition("-")
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)) or not path.is_dir():
+            continue
+        if prefix + "-" == DROPPED:
+            shutil.rmtree(path, ignore_errors=True)
+        elif prefix + "-" == MOVING:  # killed while moving them: the new run had written nothing yet
+            _put_back(folder, (), path)
+        elif prefix + "-" == ASIDE:
+            _put_back(folder, names, path)
+
+
+@contextmanager
+def replacing(
+    folder: str | Path, results: Iterable[str], overwrite: bool, also: Iterable[str] = ()
+) -> Iterator[Replacement]:
+    """Inside `hold_folder`'s block, before a run writes into `folder`: without `overwrite`, refuse a
+    folder holding any of `results` (checked again under the lock); with it, set `results` and `also` (a
+    stopped run's progress) aside, in a hidden folder of `folder`. The run calls `commit()` once it has
+    written its first record: the old results go then, not before. If the block fails before that, they are
+    put back and what the run wrote of those names is removed, so the folder is as it was; a run stopped
+    by KeyboardInterrupt (Ctrl-C, SIGTERM) is a stopped new run, kept for its --resume, and the old results
+    go. A run killed outright leaves them set aside, and the next run on the folder puts them back."""
+    folder = Path(folder)
+    names = tuple(dict.fromkeys([*results, *also]))
+    _recover(folder, names)
+    if not overwrite:
+        refuse_results(folder, results, "pass --overwrite to replace them, or choose another --out")
+    old = present(folder, names) if overwrite else []
+    aside = None
+    if old:
+        moving = folder / f"{MOVING}{os.getpid()}"
+        moving.mkdir()
+        for name in old:
+            os.rename(folder / name, moving / name)
+        aside = folder / f"{ASIDE}{os.getpid()}"
+        os.rename(moving, aside)
+    replacement = Replacement(folder, names, aside)
+    try:
+        yield replacement
+    except KeyboardInterrupt:
+        replacement.commit()
+        raise
+    except BaseException:
+        replacement.restore()
+        raise
+    replacement.commit()

@@ -33,12 +33,9 @@ answers/<method>.jsonl in Spec-Bench's answer-file format, for its evaluation/sp
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +44,7 @@ from tqdm.auto import tqdm
 
 from specheads.builders.named_targets import resolve_target
 from specheads.core.atomic import write_text
-from specheads.core.run_folder import claim_results_folder, clear, hold_folder
+from specheads.core.run_folder import claim_results_folder, hold_folder, replacing
 from specheads.core.target import FrozenTarget
 from specheads.decode.decoder import timed
 from specheads.decode.step import decoding_attention
@@ -71,6 +68,7 @@ from specheads.evaluate.conversations import (
 )
 from specheads.evaluate.eval_drafters import trees_for
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, drafter_for
+from specheads.evaluate.options import CompareOptions
 from specheads.evaluate.peers import (
     BASELINE,
     PEERS,
@@ -182,88 +180,95 @@ def compare(
 # -- the command ------------------------------------------------------------------------------------
 
 
-def peers_of(args: argparse.Namespace) -> list[str]:
+def peers_of(options: CompareOptions) -> list[str]:
     """The peers to run, the baseline first; raises for unknown names or a missing --draft-model."""
-    if args.peers is None:
-        wanted = ["prompt-lookup", *(["assisted"] if args.draft_model else [])]
+    if options.peers is None:
+        wanted = ["prompt-lookup", *(["assisted"] if options.draft_model else [])]
     else:
-        wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
+        wanted = [p.strip() for p in options.peers.split(",") if p.strip()]
     unknown = sorted(set(wanted) - set(PEERS))
     if unknown:
         raise ValueError(f"--peers: unknown {unknown}; known: {', '.join(PEERS)}")
-    if "assisted" in wanted and not args.draft_model:
+    if "assisted" in wanted and not options.draft_model:
         raise ValueError("--peers assisted needs --draft-model DIR (a small model of the target's tokenizer)")
-    if args.draft_model and "assisted" not in wanted:
+    if options.draft_model and "assisted" not in wanted:
         raise ValueError(
-            f"--draft-model is only used by the assisted peer, and --peers {args.peers!r} has none"
+            f"--draft-model is only used by the assisted peer, and --peers {options.peers!r} has none"
         )
     return [BASELINE, *(p for p in PEERS if p in wanted and p != BASELINE)]
 
 
-def _check_args(args: argparse.Namespace) -> None:
+def check_options(options: CompareOptions) -> None:
     for flag in ("max_new_tokens", "prompt_tokens", "prompt_lookup_tokens", "assistant_tokens"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+        if getattr(options, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(options, flag)}")
     for flag in ("num_prompts", "max_turns", "threads", "prompt_lookup_ngram", "draft_vocab"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-    if not 0 <= args.assistant_confidence <= 1:
-        raise ValueError(f"--assistant-confidence must be in [0, 1], got {args.assistant_confidence}")
-    if args.tree is not None and len(args.tree) not in (1, len(args.heads)):
+        if getattr(options, flag) is not None and getattr(options, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(options, flag)}")
+    if options.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {options.warmup}")
+    if not 0 <= options.assistant_confidence <= 1:
+        raise ValueError(f"--assistant-confidence must be in [0, 1], got {options.assistant_confidence}")
+    if options.tree is not None and len(options.tree) not in (1, len(options.heads)):
         raise ValueError(
-            f"--tree takes one name or one per --heads directory ({len(args.heads)}), got {args.tree}"
+            f"--tree takes one name or one per --heads directory ({len(options.heads)}), got {options.tree}"
         )
-    if args.calibration_prompts is not None and (
-        args.tree and not tree_auto(args) or args.calibration_prompts < 1
+    if options.calibration_prompts is not None and (
+        options.tree and not tree_auto(options) or options.calibration_prompts < 1
     ):
         raise ValueError(
-            f"--calibration-prompts must be >= 1, with --tree auto; got {args.calibration_prompts}"
+            f"--calibration-prompts must be >= 1, with --tree auto; got {options.calibration_prompts}"
         )
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device}: no CUDA device is available here")
-    if args.out.exists() and not args.out.is_dir():
-        raise NotADirectoryError(f"--out {args.out} exists and is not a directory")
-    if not args.no_plots:
+    if options.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {options.device}: no CUDA device is available here")
+    if options.out.exists() and not options.out.is_dir():
+        raise NotADirectoryError(f"--out {options.out} exists and is not a directory")
+    if not options.no_plots:
         check_matplotlib()
 
 
 def build_methods(
-    args: argparse.Namespace, target: FrozenTarget, peers: list[str], configs: list[dict], trees: list
+    options: CompareOptions, target: FrozenTarget, peers: list[str], configs: list[dict], trees: list
 ) -> dict[str, tuple[str, Method]]:
     """name -> (method kind, method): the peers, then each heads directory with its tree (`trees_for`)."""
     methods: dict[str, tuple[str, Method]] = {BASELINE: (BASELINE, GeneratePeer(target))}
     if "prompt-lookup" in peers:
         methods["prompt-lookup"] = (
             "prompt-lookup",
-            PromptLookupPeer(target, args.prompt_lookup_tokens, args.prompt_lookup_ngram),
+            PromptLookupPeer(target, options.prompt_lookup_tokens, options.prompt_lookup_ngram),
         )
     if "assisted" in peers:
-        draft, draft_tokenizer = load_draft_model(args.draft_model, target.dtype, target.device, args.attn)
+        draft, draft_tokenizer = load_draft_model(
+            options.draft_model, target.dtype, target.device, options.attn
+        )
         peer = AssistedPeer(
-            target, draft, draft_tokenizer, args.assistant_tokens, args.assistant_confidence, args.draft_model
+            target,
+            draft,
+            draft_tokenizer,
+            options.assistant_tokens,
+            options.assistant_confidence,
+            options.draft_model,
         )
         methods["assisted"] = ("assisted", peer)
-    for name, path, tree in zip(head_names(configs, args.heads), args.heads, trees):
+    for name, path, tree in zip(head_names(configs, options.heads), options.heads, trees):
         heads, config = load_heads(
             path,
             target,
             device=target.device,
             dtype=target.dtype,
-            allow_target_mismatch=args.allow_target_mismatch,
+            allow_target_mismatch=options.allow_target_mismatch,
         )
         record = {"path": str(Path(path).resolve()), "head_config": config["head_config"]}
         if (adapter := heads_adapter(path)) is not None:
             record["adapter"] = str(adapter.resolve())  # merged into the target every method decodes
         vocab = None
-        if args.draft_vocab is not None and not method_named(config["method"]).draft_vocab:  # else its own
-            vocab = draft_vocab_ids(path, args.draft_vocab, target.vocab_size)
-            record["draft_vocab"] = args.draft_vocab
+        if options.draft_vocab is not None and not method_named(config["method"]).draft_vocab:  # else its own
+            vocab = draft_vocab_ids(path, options.draft_vocab, target.vocab_size)
+            record["draft_vocab"] = options.draft_vocab
         if tree == "auto":  # calibrated once the progress file is open (`calibrate_heads`)
-            depth = max_tree_depth(heads, config, calibration_settings(args))
+            depth = max_tree_depth(heads, config, calibration_settings(options))
             calibrated = CalibratedHeads(
-                target, heads, config, record, depth, vocab, reuse=not args.recalibrate
+                target, heads, config, record, depth, vocab, reuse=not options.recalibrate
             )
             methods[name] = (config["method"], calibrated)
         else:
@@ -272,31 +277,31 @@ def build_methods(
     return methods
 
 
-def calibration_settings(args: argparse.Namespace) -> CalibrationSettings:
+def calibration_settings(options: CompareOptions) -> CalibrationSettings:
     """How `--tree auto` calibrates: greedy continuations as long as a compared turn's."""
-    return CalibrationSettings(max_new_tokens=args.max_new_tokens)
+    return CalibrationSettings(max_new_tokens=options.max_new_tokens)
 
 
-def tree_auto(args: argparse.Namespace) -> bool:
+def tree_auto(options: CompareOptions) -> bool:
     """Whether any --heads directory's tree is `auto` (calibration prompts are then held out)."""
-    return bool(args.heads) and "auto" in (args.tree or [])
+    return bool(options.heads) and "auto" in (options.tree or [])
 
 
-def command_line(args: argparse.Namespace, peers: list[str]) -> str:
+def command_line(options: CompareOptions, peers: list[str]) -> str:
     """The command with every option spelled out, so that it reproduces this run."""
     parts = [
         "specheads",
         "compare",
         "--target",
-        args.target,
-        *(["--heads", *args.heads] if args.heads else []),
+        options.target,
+        *(["--heads", *options.heads] if options.heads else []),
     ]
-    parts += ["--prompts", args.prompts, "--out", str(args.out), "--peers", ",".join(peers)]
-    parts += ["--max-new-tokens", str(args.max_new_tokens), "--prompt-tokens", str(args.prompt_tokens)]
-    parts += ["--prompt-lookup-tokens", str(args.prompt_lookup_tokens)]
-    parts += ["--assistant-tokens", str(args.assistant_tokens)]
-    parts += ["--assistant-confidence", str(args.assistant_confidence), "--warmup", str(args.warmup)]
-    parts += ["--dtype", args.dtype, "--device", args.device, "--attn", args.attn]
+    parts += ["--prompts", options.prompts, "--out", str(options.out), "--peers", ",".join(peers)]
+    parts += ["--max-new-tokens", str(options.max_new_tokens), "--prompt-tokens", str(options.prompt_tokens)]
+    parts += ["--prompt-lookup-tokens", str(options.prompt_lookup_tokens)]
+    parts += ["--assistant-tokens", str(options.assistant_tokens)]
+    parts += ["--assistant-confidence", str(options.assistant_confidence), "--warmup", str(options.warmup)]
+    parts += ["--dtype", options.dtype, "--device", options.device, "--attn", options.attn]
     flags = (
         "draft_model",
         "num_prompts",
@@ -307,20 +312,20 @@ def command_line(args: argparse.Namespace, peers: list[str]) -> str:
         "draft_vocab",
     )
     for flag in flags:
-        if getattr(args, flag) is not None:
-            parts += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
-    if args.tree:
-        parts += ["--tree", *args.tree]
-    if args.calibration_prompts is not None:
-        parts += ["--calibration-prompts", str(args.calibration_prompts)]
+        if getattr(options, flag) is not None:
+            parts += ["--" + flag.replace("_", "-"), str(getattr(options, flag))]
+    if options.tree:
+        parts += ["--tree", *options.tree]
+    if options.calibration_prompts is not None:
+        parts += ["--calibration-prompts", str(options.calibration_prompts)]
     for flag in ("skip_long", "no_chat_template", "no_plots", "recalibrate"):
-        if getattr(args, flag, False):
+        if getattr(options, flag):
             parts.append("--" + flag.replace("_", "-"))
     return " ".join(shlex.quote(p) for p in parts)
 
 
 def build_results(
-    args: argparse.Namespace,
+    options: CompareOptions,
     peers: list[str],
     methods: dict[str, tuple[str, Method]],
     runs: dict[str, list[Run]],
@@ -346,27 +351,27 @@ def build_results(
         "baseline": BASELINE,
         "methods": entries,
         "order": [{"id": c.id, "methods": order} for c, order in zip(conversations, orders)],
-        "target": {**target.record().to_dict(), "path": args.target},
+        "target": {**target.record().to_dict(), "path": options.target},
         "prompts": {
-            "source": args.prompts,
-            "path": prompt_set_path(args.prompts),
+            "source": options.prompts,
+            "path": prompt_set_path(options.prompts),
             "chat_template": templated,
-            "prompt_tokens": args.prompt_tokens,
-            "category": args.category,
-            "max_turns": args.max_turns,
+            "prompt_tokens": options.prompt_tokens,
+            "category": options.category,
+            "max_turns": options.max_turns,
             "num_prompts": len(conversations),
             "turns": sum(len(c.turns) for c in conversations),
             "skipped": skipped,
             **({"calibration": [p.id for p in held_out]} if held_out else {}),
         },
-        "max_new_tokens": args.max_new_tokens,
+        "max_new_tokens": options.max_new_tokens,
         "temperature": 0.0,
-        "warmup": args.warmup,
-        **run_environment(target, args.attn),
-        "command": command_line(args, peers),
+        "warmup": options.warmup,
+        **run_environment(target, options.attn),
+        "command": command_line(options, peers),
         "definitions": {**DEFINITIONS, **DRAFT_DEFINITIONS},
         "answers": {name: answer_file(name) for name in methods},
-        "plots": {} if args.no_plots else dict(PLOTS),
+        "plots": {} if options.no_plots else dict(PLOTS),
     }
 
 
@@ -381,58 +386,14 @@ def write_outputs(
     write_text(out / REPORT_FILE, render_comparison(results))
 
 
-@dataclass
-class CompareOptions:
-    """What one comparison does: `specheads compare`'s flags, one field each (cli/compare.py)."""
-
-    target: str  # HF directory, hub id, or a named target ("tiny", "smollm2")
-    prompts: str  # mt-bench, spec-bench, a .jsonl of such questions, heldout, or a .json file list
-    out: Path
-    heads: list[str] = field(default_factory=list)  # native head checkpoints (any methods, any number)
-    overwrite: bool = False  # replace the results `out` holds (refused without it)
-    peers: str | None = None  # comma-separated PEERS; None: generate,prompt-lookup (+assisted with a draft)
-    draft_model: str | None = None  # the assistant's HF directory (same tokenizer)
-    num_prompts: int | None = None
-    category: str | None = None
-    max_turns: int | None = None
-    skip_long: bool = False
-    no_chat_template: bool = False
-    prompt_tokens: int = 64  # tokens taken from the start of each held-out file
-    max_new_tokens: int = 128  # per turn
-    tree: list[str] | None = None  # one name for every heads directory, or one each; auto: calibrated
-    calibration_prompts: int | None = None  # --tree auto: the last K prompts calibrate, not compared
-    recalibrate: bool = False  # --tree auto: measure afresh, not take an earlier run's choice on this machine
-    draft_vocab: int | None = None  # EAGLE-1/2 and Medusa heads propose from their N most frequent labels
-    prompt_lookup_tokens: int = 10
-    prompt_lookup_ngram: int | None = None
-    assistant_tokens: int = 20  # transformers' default
-    assistant_confidence: float = 0.4  # transformers' default; 0: never stop a draft early
-    warmup: int = 1  # untimed prompts every method decodes first
-    dtype: str = "float32"
-    device: str = "cpu"
-    attn: str = "sdpa"
-    threads: int | None = None  # CPU threads for torch (None: torch's own)
-    no_plots: bool = False
-    no_progress: bool = False
-    allow_target_mismatch: bool = False  # heads trained against other weights of the same shapes: a warning
-    resume: bool = False  # go on from the conversations a stopped run kept in out/progress.jsonl
-
-    @classmethod
-    def from_args(cls, args) -> CompareOptions:
-        return cls(**{f.name: getattr(args, f.name) for f in dataclass_fields(cls)})
-
-
 def compare_heads(options: CompareOptions) -> dict[str, Any]:
     """Check every input, decode every prompt with every method, write results, report, plots and answers
     into `options.out`; returns the results."""
-    _check_args(options)
+    check_options(options)
     if options.resume and options.overwrite:
         raise ValueError("--resume goes on from a stopped run, --overwrite starts over: give one of them")
-    claim_results_folder(
-        options.out, (RESULTS_FILE, REPORT_FILE, ANSWERS_DIR, *PLOTS.values()), options.overwrite
-    )  # before any loading
-    if options.overwrite:
-        clear(options.out, [PROGRESS_FILE])  # a stopped run's progress is replaced too
+    results_names = (RESULTS_FILE, REPORT_FILE, ANSWERS_DIR, *PLOTS.values())
+    claim_results_folder(options.out, results_names, options.overwrite)  # changes nothing
     peers = peers_of(options)
     configs = [read_head_config(path) for path in options.heads]  # a foreign checkpoint fails before loading
     head_names(configs, options.heads)
@@ -480,9 +441,18 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
     conversations, skipped = select_prompts(conversations, tokenizer, settings, options.skip_long)
     held_out = first_turns(held_out, tokenizer, settings)  # what --tree auto calibrates on
     check_prompt_lengths(held_out, target.config, options.max_new_tokens, settings.depth)
-    with hold_folder(options.out):  # a second eval or compare on the folder stops at once
+    # a second eval or compare on the folder stops at once; --overwrite's old results stay until the first record
+    with (
+        hold_folder(options.out),
+        replacing(options.out, results_names, options.overwrite, also=(PROGRESS_FILE,)) as old,
+    ):
         header = progress_settings(options, peers, methods, conversations, target, templated, held_out)
         progress = Progress(options.out, "compare", header, resume=options.resume)
+
+        def on_conversation(record: dict[str, Any]) -> None:
+            progress.append(record)
+            old.commit()  # the new run has kept a record: the old results go
+
         if progress.done:
             print(
                 f"resuming: {len(progress.done)} of {len(conversations)} prompts already done ({progress.path})"
@@ -500,7 +470,7 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
                     options.warmup,
                     progress=not options.no_progress,
                     done=progress.done,
-                    on_conversation=progress.append,
+                    on_conversation=on_conversation,
                 )
         except KeyboardInterrupt:
             command = command_line(options, peers)
@@ -515,7 +485,7 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
 
 
 def progress_settings(
-    options, peers, methods, conversations, target, templated, held_out=()
+    options: CompareOptions, peers, methods, conversations, target, templated, held_out=()
 ) -> dict[str, Any]:
     """progress.jsonl's header: every setting that decides the outputs (never timings, warmup, threads).
     A calibrated method's tree is "auto" here; the tree it chose is kept beside (`calibrate_heads`)."""

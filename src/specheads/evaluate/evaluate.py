@@ -43,10 +43,7 @@ Terms (all taken over every prompt together, never as a mean of per-prompt ratio
 
 from __future__ import annotations
 
-import argparse
-import shlex
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,14 +64,10 @@ from specheads.evaluate.eval_drafters import (  # noqa: F401 (EAGLE_TOTAL_TOKENS
 )
 from specheads.evaluate.prompts import Prompt
 from specheads.evaluate.report import (
-    DEFINITIONS,
-    per_category,
     prompt_record,
     render_report,
-    run_environment,
     summarize,
 )
-from specheads.heads.checkpoint import heads_adapter
 
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
@@ -190,121 +183,7 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-# -- writing ----------------------------------------------------------------------------------------
-
-
-def command_line(args: argparse.Namespace, tree_name: str) -> str:
-    """The `specheads eval` command with every option spelled out (the tree too), so it reproduces this run."""
-    parts = ["specheads", "eval", "--target", args.target, "--heads", args.heads, "--prompts", args.prompts]
-    parts += ["--out", str(args.out), "--max-new-tokens", str(args.max_new_tokens)]
-    parts += ["--prompt-tokens", str(args.prompt_tokens), "--warmup", str(args.warmup)]
-    parts += ["--dtype", args.dtype, "--device", args.device, "--attn", args.attn, "--tree", tree_name]
-    parts += ["--temperature", str(args.temperature), "--top-k", str(args.top_k), "--top-p", str(args.top_p)]
-    parts += ["--seed", str(args.seed), "--batch-size", str(args.batch_size)]
-    for flag, value in (
-        ("--threads", args.threads),
-        ("--num-prompts", args.num_prompts),
-        ("--category", args.category),
-        ("--calibration-prompts", args.calibration_prompts),
-        ("--draft-vocab", args.draft_vocab),
-    ):
-        if value is not None:
-            parts += [flag, str(value)]
-    if args.no_chat_template:
-        parts.append("--no-chat-template")
-    if getattr(args, "recalibrate", False):
-        parts.append("--recalibrate")
-    return " ".join(shlex.quote(p) for p in parts)
-
-
-# -- the command ------------------------------------------------------------------------------------
-
-
-def _check_args(args: argparse.Namespace) -> None:
-    for flag in ("max_new_tokens", "prompt_tokens"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.num_prompts is not None and args.num_prompts < 1:
-        raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device}: no CUDA device is available here")
-    if args.calibration_prompts is not None and (
-        args.tree not in ("auto", None) or args.calibration_prompts < 1
-    ):
-        raise ValueError(
-            f"--calibration-prompts must be >= 1, with --tree auto; got {args.calibration_prompts}"
-        )
-    if args.tree == "auto" and (args.batch_size > 1 or args.temperature > 0):
-        raise ValueError(
-            "--tree auto calibrates greedy decoding one prompt at a time: not with --batch-size > 1 "
-            "or --temperature > 0"
-        )
-    if args.out.exists() and not args.out.is_dir():
-        raise NotADirectoryError(f"--out {args.out} exists and is not a directory")
-    sampling_params(args)
-
-
-def sampling_params(args: argparse.Namespace) -> SamplingParams | None:
-    """The settings of `--temperature/--top-k/--top-p`; None for greedy (temperature 0).
-
-    Raises:
-        ValueError: for a negative temperature or a bad top-k / top-p (checked at temperature 0 too).
-    """
-    try:  # temperature 0 is greedy, not a SamplingParams; 1.0 stands in to check top-k / top-p
-        params = SamplingParams(args.temperature or 1.0, args.top_k, args.top_p)
-    except ValueError as e:
-        raise ValueError(f"--temperature / --top-k / --top-p: {e}") from e
-    return params if args.temperature > 0 else None
-
-
-def build_results(
-    args: argparse.Namespace,
-    records: list[dict[str, Any]],
-    head_config: dict[str, Any],
-    target: FrozenTarget,
-    tree: dict[str, Any],
-    templated: bool,
-    calibration: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """results.json: the headline figures first, then what produced them, then the per-prompt records."""
-    sampling = sampling_params(args)
-    return {
-        "method": head_config["method"],
-        **summarize(records, tree["depth"]),
-        "per_category": per_category(records, tree["depth"]),
-        "sampling": sampling_record(sampling, args.seed),
-        "tree": tree,
-        **({"calibration": calibration} if calibration else {}),
-        "heads": {
-            "path": str(Path(args.heads).resolve()),
-            "method": head_config["method"],
-            "head_config": head_config["head_config"],
-            "training": head_config.get("training", {}),
-            "specheads_version": head_config.get("specheads_version"),
-            "adapter": _path_or_none(heads_adapter(args.heads)),  # Medusa-2: merged into the target
-            "draft_vocab": args.draft_vocab,  # proposed from the N most frequent labels
-        },
-        "target": {**target.record().to_dict(), "path": args.target},
-        "prompts": {
-            "source": args.prompts,
-            "chat_template": templated,
-            "prompt_tokens": args.prompt_tokens,
-            "category": args.category,
-        },
-        "max_new_tokens": args.max_new_tokens,
-        "warmup": args.warmup,
-        "batch_size": args.batch_size,
-        **run_environment(target, args.attn),
-        "command": command_line(args, "auto" if calibration else tree["name"]),
-        "definitions": DEFINITIONS,
-        "per_prompt": records,
-    }
+# -- writing (the run itself, its options, checks and results.json: evaluate/run.py) -------------------
 
 
 def sampling_record(sampling: SamplingParams | None, seed: int) -> dict[str, Any]:
@@ -330,7 +209,3 @@ def report_text(results: dict[str, Any]) -> str:
         f"by chance and identical is not measured.\n"
     )
     return render_report(results).replace("\nReproduce:", note + "\nReproduce:", 1)
-
-
-def _path_or_none(path: Path | None) -> str | None:
-    return None if path is None else str(path.resolve())

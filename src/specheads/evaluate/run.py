@@ -1,0 +1,351 @@
+"""One `specheads eval` run, from its options to results.json: `run_eval(EvalOptions(...))`.
+
+    from specheads.evaluate.options import EvalOptions
+    from specheads.evaluate.run import run_eval
+
+    results = run_eval(EvalOptions(target="tiny", heads="runs/medusa", prompts="heldout", out="runs/eval"))
+
+Every input is checked, and every model loaded, before `out` is touched: the heads' config and the tree,
+the prompts, the target and the heads (which must match it), the prompt lengths, and that `out` can be
+written (not a file, not a dangling symlink). Only then is the folder locked (a second eval or compare
+on it stops at once, touching nothing), and only then, with `overwrite`, are its old results set aside:
+they go once the new run has kept its first record, and come back if it fails before that
+(core/run_folder.py: `replacing`). The decoding itself and the records: evaluate/evaluate.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specheads.builders.named_targets import resolve_target
+from specheads.core.atomic import write_text
+from specheads.core.run_folder import claim_results_folder, hold_folder, replacing
+from specheads.core.target import FrozenTarget
+from specheads.decode.batched import BatchedSpeculativeDecoder
+from specheads.decode.decoder import SpeculativeDecoder
+from specheads.decode.sampling import SamplingParams
+from specheads.decode.step import decoding_attention
+from specheads.evaluate.batched_eval import evaluate_batched
+from specheads.evaluate.calibrate import (
+    CalibrationSettings,
+    calibrated_once,
+    hold_out,
+    holds_out,
+    max_tree_depth,
+)
+from specheads.evaluate.eval_drafters import (
+    check_tree_for_method,
+    draft_vocab_mask,
+    drafter_for,
+    tree_by_default,
+)
+from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, evaluate, report_text, sampling_record
+from specheads.evaluate.options import EvalOptions
+from specheads.evaluate.progress import PROGRESS_FILE, Progress, stop_on_sigterm, stopped_message
+from specheads.evaluate.prompts import check_prompt_lengths, encode_prompts, read_prompts
+from specheads.evaluate.report import DEFINITIONS, per_category, run_environment, summarize
+from specheads.heads import load_heads, read_head_config
+from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter, target_for_heads
+from specheads.heads.methods import method_named
+
+
+def run_eval(options: EvalOptions) -> dict[str, Any]:
+    """Check every input, decode every prompt both ways, write results.json and report.md into
+    `options.out`; returns the results."""
+    check_options(options)
+    if options.resume and options.overwrite:
+        raise ValueError("--resume goes on from a stopped run, --overwrite starts over: give one of them")
+    head_config = read_head_config(options.heads)  # a missing or foreign checkpoint fails before any loading
+    calibrates = options.batch_size == 1 and options.temperature == 0
+    default_auto = options.tree is None and tree_by_default(head_config["method"], calibrates) == "auto"
+    if options.calibration_prompts is not None and options.tree is None and not default_auto:
+        raise ValueError(
+            f"--calibration-prompts must be >= 1, with --tree auto; got {options.calibration_prompts} for "
+            f"{head_config['method']} heads, whose default tree here is not auto"
+        )
+    claim_results_folder(options.out, (RESULTS_FILE, REPORT_FILE), options.overwrite)  # changes nothing
+    check_tree_for_method(head_config["method"], None if options.tree == "auto" else options.tree)
+    if options.draft_vocab is not None:
+        why = method_named(head_config["method"]).draft_vocab
+        if why or options.draft_vocab < 1:
+            raise ValueError(
+                f"--draft-vocab {options.draft_vocab}: a count >= 1, for heads whose drafter takes one "
+                f"({head_config['method']}: {why or 'it does'})"
+            )
+    target_path = resolve_target(options.target)  # a named target (tiny, smollm2) is found or built here
+    texts = read_prompts(options.prompts, target_path, options.category)
+    if default_auto and (
+        options.calibration_prompts is not None or holds_out(len(texts), None, options.num_prompts)
+    ):
+        # these heads' default (the method table's default_tree); the command records it
+        options = dataclasses.replace(options, tree="auto")
+        print(
+            f"--tree auto: the default for {head_config['method']} heads (--tree NAME decodes a fixed tree)"
+        )
+    auto = options.tree == "auto"
+    held_out, texts = hold_out(texts, options.calibration_prompts) if auto else ([], texts)
+    texts = texts[: options.num_prompts]
+
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    target = FrozenTarget.from_pretrained(target_path, dtype=options.dtype, attn_implementation=options.attn)
+    target = target_for_heads(target, options.heads)  # Medusa-2: the adapted target decodes, both ways
+    target.model.to(options.device)
+    if target.tokenizer is None:
+        raise ValueError(f"target {options.target!r} has no tokenizer; eval needs one to encode prompts")
+    heads, head_config = load_heads(
+        options.heads,
+        target,
+        device=target.device,
+        dtype=target.dtype,
+        allow_target_mismatch=options.allow_target_mismatch,
+    )
+    chat = not options.no_chat_template
+    prompts, templated = encode_prompts(texts, target.tokenizer, chat, options.prompt_tokens)
+    vocab = None
+    if options.draft_vocab is not None:
+        vocab = draft_vocab_ids(options.heads, options.draft_vocab, target.vocab_size)
+    if auto:  # evaluate/calibrate.py, once the progress file is open (a resume reuses it)
+        held_out, _ = encode_prompts(held_out, target.tokenizer, chat, options.prompt_tokens)
+        calibration_settings = CalibrationSettings(max_new_tokens=options.max_new_tokens)
+        depth = max_tree_depth(heads, head_config, calibration_settings)
+        check_prompt_lengths(prompts + held_out, target.config, options.max_new_tokens, depth)
+        tree = "auto"
+    else:
+        drafter, tree = drafter_for(heads, head_config, target, options.tree, vocab)
+        check_prompt_lengths(prompts, target.config, options.max_new_tokens, tree["depth"])
+    # a second eval or compare on --out stops at once; --overwrite's old results stay until the first record
+    with (
+        hold_folder(options.out),
+        replacing(options.out, (RESULTS_FILE, REPORT_FILE), options.overwrite, also=(PROGRESS_FILE,)) as old,
+    ):
+        sampling = sampling_params(options)
+        settings = progress_settings(options, head_config, target, tree, templated, prompts, held_out)
+        progress = Progress(options.out, "eval", settings, resume=options.resume)
+        if progress.done:
+            print(f"resuming: {len(progress.done)} of {len(prompts)} prompts already done ({progress.path})")
+
+        def on_record(record: dict[str, Any]) -> None:
+            progress.append(record)
+            old.commit()  # the new run has kept a record: the old results go
+
+        how = {"sampling": sampling, "seed": options.seed, "done": progress.done, "on_record": on_record}
+        calibration = None
+        try:
+            # SIGTERM stops as Ctrl-C does (what is finished stays in progress.jsonl); the baseline runs with
+            # the decoder's attention backends (decode/step.py)
+            with stop_on_sigterm(), decoding_attention(target.device):
+                if auto:
+                    drafter, tree, calibration = calibrated_once(
+                        progress,
+                        "calibration",
+                        heads,
+                        head_config,
+                        target,
+                        held_out,
+                        calibration_settings,
+                        vocab,
+                        reuse=not options.recalibrate,
+                    )
+                how["draft_vocab"] = draft_vocab_mask(drafter, target.vocab_size)
+                if options.batch_size > 1:
+                    decoder = BatchedSpeculativeDecoder(target, drafter)
+                    records = evaluate_batched(
+                        decoder,
+                        target,
+                        prompts,
+                        options.max_new_tokens,
+                        options.batch_size,
+                        options.warmup,
+                        not options.no_progress,
+                        **how,
+                    )
+                else:
+                    records = evaluate(
+                        SpeculativeDecoder(target, drafter),
+                        target,
+                        prompts,
+                        options.max_new_tokens,
+                        options.warmup,
+                        progress=not options.no_progress,
+                        **how,
+                    )
+        except KeyboardInterrupt:
+            command = command_line(options, "auto" if auto else tree["name"])
+            print(stopped_message(command, len(progress.done), len(prompts), options.out))
+            raise
+        results = build_results(options, records, head_config, target, tree, templated, calibration)
+        write_text(options.out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
+        write_text(options.out / REPORT_FILE, report_text(results))
+        progress.remove()
+    return results
+
+
+# -- checks -----------------------------------------------------------------------------------------
+
+
+def check_options(options: EvalOptions) -> None:
+    """Raise naming the flag for any option out of range, before anything is read or loaded."""
+    for flag in ("max_new_tokens", "prompt_tokens"):
+        if getattr(options, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(options, flag)}")
+    if options.num_prompts is not None and options.num_prompts < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {options.num_prompts}")
+    if options.threads is not None and options.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {options.threads}")
+    if options.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {options.batch_size}")
+    if options.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {options.warmup}")
+    if options.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {options.device}: no CUDA device is available here")
+    if options.calibration_prompts is not None and (
+        options.tree not in ("auto", None) or options.calibration_prompts < 1
+    ):
+        raise ValueError(
+            f"--calibration-prompts must be >= 1, with --tree auto; got {options.calibration_prompts}"
+        )
+    if options.tree == "auto" and (options.batch_size > 1 or options.temperature > 0):
+        raise ValueError(
+            "--tree auto calibrates greedy decoding one prompt at a time: not with --batch-size > 1 "
+            "or --temperature > 0"
+        )
+    if options.out.exists() and not options.out.is_dir():
+        raise NotADirectoryError(f"--out {options.out} exists and is not a directory")
+    sampling_params(options)
+
+
+def sampling_params(options: EvalOptions) -> SamplingParams | None:
+    """The settings of `--temperature/--top-k/--top-p`; None for greedy (temperature 0).
+
+    Raises:
+        ValueError: for a negative temperature or a bad top-k / top-p (checked at temperature 0 too).
+    """
+    try:  # temperature 0 is greedy, not a SamplingParams; 1.0 stands in to check top-k / top-p
+        params = SamplingParams(options.temperature or 1.0, options.top_k, options.top_p)
+    except ValueError as e:
+        raise ValueError(f"--temperature / --top-k / --top-p: {e}") from e
+    return params if options.temperature > 0 else None
+
+
+# -- what it writes ---------------------------------------------------------------------------------
+
+
+def command_line(options: EvalOptions, tree_name: str) -> str:
+    """The `specheads eval` command with every option spelled out (the tree too), so it reproduces this run."""
+    o = options
+    parts = ["specheads", "eval", "--target", o.target, "--heads", o.heads, "--prompts", o.prompts]
+    parts += ["--out", str(o.out), "--max-new-tokens", str(o.max_new_tokens)]
+    parts += ["--prompt-tokens", str(o.prompt_tokens), "--warmup", str(o.warmup)]
+    parts += ["--dtype", o.dtype, "--device", o.device, "--attn", o.attn, "--tree", tree_name]
+    parts += ["--temperature", str(o.temperature), "--top-k", str(o.top_k), "--top-p", str(o.top_p)]
+    parts += ["--seed", str(o.seed), "--batch-size", str(o.batch_size)]
+    for flag, value in (
+        ("--threads", o.threads),
+        ("--num-prompts", o.num_prompts),
+        ("--category", o.category),
+        ("--calibration-prompts", o.calibration_prompts),
+        ("--draft-vocab", o.draft_vocab),
+    ):
+        if value is not None:
+            parts += [flag, str(value)]
+    if o.no_chat_template:
+        parts.append("--no-chat-template")
+    if o.recalibrate:
+        parts.append("--recalibrate")
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def build_results(
+    options: EvalOptions,
+    records: list[dict[str, Any]],
+    head_config: dict[str, Any],
+    target: FrozenTarget,
+    tree: dict[str, Any],
+    templated: bool,
+    calibration: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """results.json: the headline figures first, then what produced them, then the per-prompt records."""
+    sampling = sampling_params(options)
+    adapter = heads_adapter(options.heads)
+    return {
+        "method": head_config["method"],
+        **summarize(records, tree["depth"]),
+        "per_category": per_category(records, tree["depth"]),
+        "sampling": sampling_record(sampling, options.seed),
+        "tree": tree,
+        **({"calibration": calibration} if calibration else {}),
+        "heads": {
+            "path": str(Path(options.heads).resolve()),
+            "method": head_config["method"],
+            "head_config": head_config["head_config"],
+            "training": head_config.get("training", {}),
+            "specheads_version": head_config.get("specheads_version"),
+            "adapter": None
+            if adapter is None
+            else str(adapter.resolve()),  # Medusa-2: merged into the target
+            "draft_vocab": options.draft_vocab,  # proposed from the N most frequent labels
+        },
+        "target": {**target.record().to_dict(), "path": options.target},
+        "prompts": {
+            "source": options.prompts,
+            "chat_template": templated,
+            "prompt_tokens": options.prompt_tokens,
+            "category": options.category,
+        },
+        "max_new_tokens": options.max_new_tokens,
+        "warmup": options.warmup,
+        "batch_size": options.batch_size,
+        **run_environment(target, options.attn),
+        "command": command_line(options, "auto" if calibration else tree["name"]),
+        "definitions": DEFINITIONS,
+        "per_prompt": records,
+    }
+
+
+def progress_settings(
+    options: EvalOptions, head_config, target, tree, templated, prompts, held_out=()
+) -> dict[str, Any]:
+    """progress.jsonl's header: every setting that decides the token outputs (never timings, warmup,
+    threads), so that a resumed run continues only the same run. `tree` is the tree's record, or "auto":
+    the calibrated tree is kept beside the settings (`calibrated_once`), on `held_out` prompts."""
+    ids = hashlib.sha256()
+    for prompt in prompts:
+        ids.update(json.dumps(prompt.input_ids[0].tolist()).encode() + b"\n")
+    settings = {
+        "target": options.target,
+        "target_weights": target.record().weights_fingerprint,
+        "heads": str(Path(options.heads).resolve()),
+        "method": head_config["method"],
+        "tree": tree,
+        "draft_vocab": options.draft_vocab,
+        "prompts": {
+            "source": options.prompts,
+            "category": options.category,
+            "num_prompts": len(prompts),
+            "chat_template": templated,
+            "prompt_tokens": options.prompt_tokens,
+            "token_ids_sha256": ids.hexdigest(),
+        },
+        "max_new_tokens": options.max_new_tokens,
+        "sampling": {
+            "temperature": options.temperature,
+            "top_k": options.top_k,
+            "top_p": options.top_p,
+            "seed": options.seed,
+        },
+        "batch_size": options.batch_size,
+        "dtype": options.dtype,
+        "device": options.device,
+        "attn": options.attn,
+    }
+    if tree == "auto":
+        settings["calibration_prompts"] = [p.id for p in held_out]
+    return settings
