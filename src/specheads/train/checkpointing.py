@@ -15,17 +15,20 @@ Exact: weights, AdamW moments, the schedule, the RNG states and the data positio
 see train/sampler.py) are what an uninterrupted run holds after step N, so the resumed run continues
 bit for bit. It needs the same number of processes (each has its own RNG state).
 
-SIGTERM (a scheduler's preemption, torchrun passing on a kill) sets a flag; the loop finishes its
-step, saves a checkpoint and returns; `specheads train` then exits with INTERRUPTED_EXIT_CODE (143, what a
-shell reports for a process SIGTERM ended), never 0: the run is not finished.
+SIGTERM (a scheduler's preemption, torchrun passing on a kill) and SIGINT (Ctrl-C) set a flag; the loop
+finishes its step, saves a checkpoint and returns; `specheads train` then prints how to resume and exits
+with the code a shell reports for a process that signal ended (143 for SIGTERM, INTERRUPTED_EXIT_CODE; 130
+for SIGINT), never 0: the run is not finished. A second Ctrl-C quits at once (the last checkpoint stays).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +49,7 @@ CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
 ACCELERATE_STATE = "accelerate"
 INTERRUPTED_EXIT_CODE = 128 + signal.SIGTERM  # 143
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _STEP_DIR = re.compile(r"step-(\d+)")
 # Recipe keys a resumed run may change: they decide what is logged or kept, or where, not the numbers.
 # (max_steps moves the end, and with it the cosine schedule from the resumed step on.)
@@ -131,13 +135,21 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return steps[-1][1] if steps else None
 
 
-def resolve_resume(cfg: TrainConfig) -> Path | None:
-    """The checkpoint `cfg.resume` names: "" none, "auto" the latest whole one (none on a fresh output_dir),
-    or a checkpoint directory, which must be whole."""
+def resolve_resume(cfg: TrainConfig, announce: bool = False) -> Path | None:
+    """The checkpoint `cfg.resume` names: "" none, "auto" the latest whole one (none on a fresh output_dir:
+    `announce` says so on stderr), or a checkpoint directory, which must be whole."""
     if not cfg.resume:
         return None
     if cfg.resume == "auto":
-        return latest_checkpoint(cfg.output_dir)
+        found = latest_checkpoint(cfg.output_dir)
+        if found is None and announce:
+            print(
+                f"resume=auto: no checkpoint in {Path(cfg.output_dir) / CHECKPOINTS} to resume; "
+                "starting from step 0",
+                file=sys.stderr,
+                flush=True,
+            )
+        return found
     path = Path(cfg.resume)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"resume={cfg.resume!r} is not a whole checkpoint (no {STATE_FILE} in it)")
@@ -278,20 +290,35 @@ def prune_checkpoints(output_dir: str | Path, keep: int) -> None:
             shutil.rmtree(path)
 
 
-# -- stopping on SIGTERM ----------------------------------------------------------------------------
+# -- stopping on SIGTERM and SIGINT -----------------------------------------------------------------
 
 
 class StopOnSignal:
-    """Within `with`, SIGTERM only sets `requested`; the loop saves and stops at the end of its step.
+    """Within `with`, SIGTERM and SIGINT only set `requested` (and `signal_name`, the first one's); the loop
+    saves and stops at the end of its step. A second SIGINT raises KeyboardInterrupt at once: Ctrl-C twice
+    quits without waiting for the step and its save.
 
     Only the main thread can take signals; elsewhere this does nothing.
     """
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS):
         self.signals, self.requested, self._previous = signals, False, {}
+        self.signal_name: str | None = None
 
     def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt
+        if not self.requested:
+            self.signal_name = signal.Signals(signum).name
         self.requested = True
+        if signum == signal.SIGINT:  # os.write: a print here could land inside another write to stderr
+            os.write(
+                2, b"\nCtrl-C: stopping after this step to save a checkpoint (Ctrl-C again quits at once)\n"
+            )
+
+    def exit_code(self) -> int:
+        """What a shell reports for a process the first signal ended (128 + its number)."""
+        return 128 + signal.Signals[self.signal_name] if self.signal_name else INTERRUPTED_EXIT_CODE
 
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
