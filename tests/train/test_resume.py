@@ -211,6 +211,29 @@ def test_a_kill_mid_save_leaves_nothing_that_resume_takes(
     assert not list((out / "checkpoints").glob(".tmp-*"))
 
 
+@pytest.mark.parametrize("recorded", [True, False], ids=["hashed", "older-checkpoint"])
+def test_a_damaged_checkpoint_is_refused_naming_the_file(
+    uninterrupted, tiny_target_dirs, text_data, tmp_path, recorded
+):
+    """accelerate skips RNG states it cannot load: a resume from a checkpoint whose random_states_0.pkl was
+    damaged exited 0 with other weights. Every file is checked against the sha256 its trainer state
+    recorded (a checkpoint from before that: the RNG states must load), and the file is named."""
+    step, path = checkpoint_steps(uninterrupted)[-1]
+    out = tmp_path / "run"
+    shutil.copytree(path, out / "checkpoints" / path.name)
+    state_file = out / "checkpoints" / path.name / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    assert set(state["files"]) >= {"model.safetensors", "accelerate/random_states_0.pkl"}
+    if not recorded:
+        state_file.write_text(json.dumps({k: v for k, v in state.items() if k != "files"}))
+    rng = out / "checkpoints" / path.name / "accelerate" / "random_states_0.pkl"
+    rng.write_bytes(rng.read_bytes()[:40])
+    before = sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file())
+    with pytest.raises(ValueError, match=f"{rng}.*(damaged|cannot be read)"):
+        train(*sigterm_args(tiny_target_dirs, text_data, out, "resume=auto"))
+    assert sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file()) == before
+
+
 def test_resume_refuses_a_different_run(uninterrupted, tiny_target_dirs, text_data):
     path = latest_checkpoint(uninterrupted)
     state = read_state(path)

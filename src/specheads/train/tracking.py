@@ -14,7 +14,7 @@ import os
 import uuid
 from pathlib import Path
 
-from specheads.core.atomic import write_text
+from specheads.core.atomic import naming_a_full_disk, write_text
 from specheads.train.config import TrainConfig
 
 
@@ -44,7 +44,7 @@ def track(accelerator, split: str, record: dict, step: int) -> None:
 def log_record(accelerator, path: Path, record: dict) -> None:
     """Append `record` to metrics.jsonl (main process) and send it to the tracker."""
     if accelerator.is_main_process:
-        with path.open("a") as f:
+        with naming_a_full_disk(path), path.open("a") as f:
             f.write(json.dumps(record) + "\n")
     track(accelerator, record["split"], record, record["step"])
 
