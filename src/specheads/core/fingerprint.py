@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from specheads.core.confined import confined
+
 SAMPLES = 4096  # values a tensor
 
 
@@ -59,7 +61,9 @@ def weights_files(directory: str | Path) -> list[Path]:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{index}: not a safetensors index ({e})") from None
-        return [directory / shard for shard in shards]
+        return [
+            confined(directory, shard, index, '"weight_map" entry', follow_links=False) for shard in shards
+        ]
     single = directory / SINGLE_FILE
     return [single] if single.is_file() else []
 

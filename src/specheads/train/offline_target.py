@@ -24,6 +24,7 @@ from huggingface_hub.errors import EntryNotFoundError
 from safetensors import safe_open
 from torch import nn
 
+from specheads.core.confined import confined
 from specheads.core.fingerprint import files_sha256, weights_files
 from specheads.core.target import FrozenTarget, TargetOutput, resolve_dtype
 
@@ -158,6 +159,13 @@ class OfflineTarget:
 
         def open_file(file: str):
             if file not in handles:
+                confined(
+                    name_or_path,
+                    file,
+                    Path(name_or_path) / SHARDED_INDEX,
+                    '"weight_map" entry',
+                    follow_links=False,
+                )
                 handles[file] = safe_open(str(_checkpoint_file(name_or_path, file)), framework="pt")
             return handles[file]
 
