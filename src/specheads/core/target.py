@@ -140,7 +140,7 @@ class TargetRecord:
         if problems:
             raise TargetMismatchError(
                 f"{what} were trained against {self.name_or_path!r} but the target is "
-                f"{actual.name_or_path!r}:\n  " + "\n  ".join(problems)
+                f"{actual.name_or_path!r}: " + "; ".join(problems)  # one line, as every error is
             )
 
 
