@@ -232,3 +232,73 @@ def test_a_bad_input_is_one_line_naming_it_and_changes_nothing(name, world, tmp_
         assert unwanted not in lines[0], lines[0]
     assert tree(root) == before, "the failed command changed files that were there"
     assert not (root / "owned.txt").exists()
+
+
+def test_a_folder_names_nothing_outside_it(tmp_path):
+    """core/confined.py: a name that climbs out, an absolute one, and a link inside that points out are
+    refused naming the file and key; a hub cache's linked weights pass when links are not followed."""
+    from specheads.core.confined import confined
+
+    folder, source = tmp_path / "target", tmp_path / "target" / "list.json"
+    (folder / "heldout").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (folder / "heldout" / "link").symlink_to(tmp_path / "outside")
+    assert confined(folder, "heldout/a.py", source, '"files"') == folder / "heldout" / "a.py"
+    for name in ("../outside/a.py", str(tmp_path / "outside" / "a.py"), "heldout/link/a.py"):
+        with pytest.raises(ValueError, match=rf'{source}: "files" .* leads outside {folder}'):
+            confined(folder, name, source, '"files"')
+    assert confined(folder, "heldout/link/a.py", source, '"files"', follow_links=False)
+
+
+@pytest.mark.parametrize("writer", ["train metrics", "eval progress"])
+def test_a_full_disk_names_the_file_being_written(tmp_path, monkeypatch, writer):
+    """The kernel's ENOSPC names no file: the appends of a run (metrics.jsonl, progress.jsonl) say which."""
+    import errno
+
+    from specheads.cli import error_line
+    from specheads.core.atomic import DiskFullError
+
+    class Full(OSError):
+        pass
+
+    if writer == "train metrics":
+        from specheads.train import tracking
+
+        class FullFile:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def write(self, text):
+                raise Full(errno.ENOSPC, "No space left on device")
+
+        class OnAFullDisk(type(tmp_path)):
+            def open(self, *args, **kwargs):
+                return FullFile()
+
+        class Main:
+            is_main_process = True
+
+            def log(self, *args, **kwargs):
+                pass
+
+        path = OnAFullDisk(tmp_path / "metrics.jsonl")
+        write = lambda: tracking.log_record(Main(), path, {"split": "train", "step": 1, "loss": 1.0})  # noqa: E731
+    else:
+        from specheads.evaluate import progress
+
+        path = tmp_path / "progress.jsonl"
+        path.write_text('{"progress": "eval", "settings": {}}\n')
+        log = progress.Progress.__new__(progress.Progress)
+        log.path, log.done = path, []
+
+        def full_write(fd, data):
+            raise Full(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(progress.os, "write", full_write)
+        write = lambda: log.append({"id": 1})  # noqa: E731
+    with pytest.raises(DiskFullError) as caught:
+        write()
+    assert error_line(caught.value).startswith(f"{path}: the disk is full")
