@@ -54,6 +54,8 @@ _files_cache: dict[tuple, str] = {}
 def weights_files(directory: str | Path) -> list[Path]:
     """The safetensors files a HF directory's weights load from: the shards its index names, else its
     model.safetensors; [] when it has neither (other formats, a hub id)."""
+    if not str(directory):
+        return []
     directory = Path(os.path.expanduser(str(directory)))
     index = directory / INDEX_FILE
     if index.is_file():

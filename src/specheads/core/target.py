@@ -177,6 +177,18 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
     return DTYPES[dtype]
 
 
+def _hub_snapshot(repo: str, config) -> str:
+    """The local snapshot folder a hub model was loaded from ("" when it cannot be found): its weights
+    are hashed from there rather than from memory."""
+    from huggingface_hub import try_to_load_from_cache  # lazy: only hub loads need it
+
+    try:
+        found = try_to_load_from_cache(repo, "config.json", revision=getattr(config, "_commit_hash", None))
+    except Exception:  # noqa: BLE001 - any failure: hash the weights in memory instead
+        return ""
+    return os.path.dirname(found) if isinstance(found, str) else ""
+
+
 def _looks_local(name_or_path: str) -> bool:
     """A path rather than a hub id: it exists, or it is written as a path (hub ids are `org/name`)."""
     return (
@@ -309,7 +321,7 @@ class FrozenTarget:
             else None
         )
         target = cls(model, tokenizer, name_or_path=name_or_path)
-        target.weights_files = weights_files(path) if os.path.isdir(path) else []
+        target.weights_files = weights_files(path if os.path.isdir(path) else _hub_snapshot(path, config))
         return target
 
     def with_adapter(self, adapter_dir: str | Path, *, merge: bool = True) -> FrozenTarget:
