@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import try_to_load_from_cache
 from packaging.version import Version
 from torch import nn
 
@@ -180,8 +181,6 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
 def _hub_snapshot(repo: str, config) -> str:
     """The local snapshot folder a hub model was loaded from ("" when it cannot be found): its weights
     are hashed from there rather than from memory."""
-    from huggingface_hub import try_to_load_from_cache  # lazy: only hub loads need it
-
     try:
         found = try_to_load_from_cache(repo, "config.json", revision=getattr(config, "_commit_hash", None))
     except Exception:  # noqa: BLE001 - any failure: hash the weights in memory instead
