@@ -3,6 +3,7 @@ what one uninterrupted run writes. JSON out.
 
     nice -n 10 python scripts/fault_inject.py --kills 3 --seed 0 --out runs/fault-inject.json
     python scripts/fault_inject.py --commands cache distill --kills 1 --target DIR   # CI-sized
+    python scripts/fault_inject.py --kills 1 --small --rows 128 --target DIR          # the suite's
 
 Commands, on tiny sizes (the tiny-target command's own output is the target of the others, unless
 --target names one):
@@ -74,6 +75,28 @@ RECIPE_ARGS = (
     "report_to=none"
 ).split()
 TRAIN_ARGS = "max_steps=800 save_every=20 eval_every=200 eval_batches=1 log_every=20 resume=auto".split()
+# --small (the suite's): each command a second or two of work, the interpreter's start-up most of a run
+SMALL = {
+    "tiny-target": {"--steps": "20"},
+    "distill": {"--max-rows": "16", "--chunk-rows": "4", "--max-new-tokens": "16"},
+    "train": {"max_steps": "60", "save_every": "10", "eval_every": "60", "log_every": "10"},
+}
+
+
+def sized(name: str, args: list[str], small: bool) -> list[str]:
+    """`args` of command `name`, with --small's values in place of the full-size ones."""
+    if not small or name not in SMALL:
+        return list(args)
+    values, out = SMALL[name], []
+    for i, a in enumerate(args):
+        key = a.split("=", 1)[0]
+        if "=" in a and key in values:
+            out.append(f"{key}={values[key]}")
+        elif i and args[i - 1] in values:
+            out.append(values[args[i - 1]])
+        else:
+            out.append(a)
+    return out
 
 
 @dataclass
@@ -86,6 +109,7 @@ class Setup:
     target: Path | None = None
     data: Path | None = None
     references: dict[str, Path] = field(default_factory=dict)
+    small: bool = False  # --small: the suite's sizes (SMALL)
 
 
 @dataclass
@@ -109,13 +133,14 @@ def recipe(s: Setup) -> list[str]:
 COMMAND_TABLE = {
     "tiny-target": Command(
         "tiny-target",
-        lambda s, out: ["tiny-target", "--out", str(out), *TINY_TARGET_ARGS],
+        lambda s, out: ["tiny-target", "--out", str(out), *sized("tiny-target", TINY_TARGET_ARGS, s.small)],
         lambda out: ["model.safetensors"],
     ),
     "distill": Command(
         "distill",
         lambda s, out: (
-            ["distill", "--source", str(s.data), "--target", str(s.target), "--out", str(out)] + DISTILL_ARGS
+            ["distill", "--source", str(s.data), "--target", str(s.target), "--out", str(out)]
+            + sized("distill", DISTILL_ARGS, s.small)
         ),
         lambda out: all_files(out, skip=("_summary.json",)),
     ),
@@ -126,7 +151,13 @@ COMMAND_TABLE = {
     ),
     "train": Command(
         "train",
-        lambda s, out: ["train", *recipe(s), f"output_dir={out}", *TRAIN_ARGS, "--no-progress"],
+        lambda s, out: [
+            "train",
+            *recipe(s),
+            f"output_dir={out}",
+            *sized("train", TRAIN_ARGS, s.small),
+            "--no-progress",
+        ],
         lambda out: ["model.safetensors"],
     ),
     "export": Command(
@@ -312,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--work", type=Path, default=None, help="work folder (default: a temporary one, removed)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
+    p.add_argument("--small", action="store_true", help="the suite's sizes: a few seconds a run")
     args = p.parse_args(argv)
     if args.kills < 1:
         p.error("--kills must be at least 1")
@@ -333,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         env,
         target=args.target,
         data=write_data(work / "data" / "rows.jsonl", args.rows),
+        small=args.small,
     )
     # what each command needs first: the target (tiny-target's reference, without --target); export: heads
     needs = {c: ["train"] if c == "export" else [] for c in COMMANDS}

@@ -183,12 +183,13 @@ def stop_at_call(monkeypatch, owner, name: str, n: int) -> None:
 
 def target_with_heldout(source: Path, root: Path, sources: dict[str, str], **heldout) -> Path:
     """A copy of the saved target `source` as root/target whose held-out files (`--prompts heldout`) are
-    `sources` (name -> text), written under root/sources; `heldout` adds keys to its heldout_files.json."""
+    `sources` (name -> text), written under root/target/sources (inside the folder, as a target's paths
+    must be); `heldout` adds keys to its heldout_files.json."""
     target_dir = root / "target"
     shutil.copytree(source, target_dir)
     for name, text in sources.items():
-        (root / "sources" / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / "sources" / name).write_text(text)
-    listing = {"stdlib": str(root / "sources"), **heldout, "files": sorted(sources)}
+        (target_dir / "sources" / name).parent.mkdir(parents=True, exist_ok=True)
+        (target_dir / "sources" / name).write_text(text)
+    listing = {"stdlib": "sources", **heldout, "files": sorted(sources)}
     (target_dir / HELDOUT_FILE).write_text(json.dumps(listing))
     return target_dir

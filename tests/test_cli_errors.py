@@ -36,8 +36,8 @@ def error_of(monkeypatch, capsys, *argv: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 1, err
     assert "Traceback" not in err
-    # export and import-heads print their own `error: ...` line
-    assert lines and lines[-1].startswith((f"specheads {argv[0]}: error: ", "error: ")), err
+    # one format for every command (export and import-heads used to print a bare `error: ...`)
+    assert lines and lines[-1].startswith(f"specheads {argv[0]}: error: "), err
     return lines[-1]
 
 

@@ -1,5 +1,5 @@
-"""Long runs survive interruption: a resumed run ends with bit-identical heads, a SIGTERM saves and stops
-cleanly, and a kill in the middle of a save never leaves a checkpoint that resume would pick up."""
+"""Long runs survive interruption: a resumed run ends with bit-identical heads, a SIGTERM or Ctrl-C saves
+and stops cleanly, and a kill in the middle of a save never leaves a checkpoint that resume would pick up."""
 
 import json
 import os
@@ -113,8 +113,13 @@ def sigterm_args(tiny_target_dirs, text_data, out: Path, *extra: str) -> list[st
     )  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "signum, code",
+    [(signal.SIGTERM, 143), (signal.SIGINT, 130)],  # Ctrl-C used to save nothing and exit 130 at once
+    ids=["sigterm", "sigint"],
+)
 def test_sigterm_saves_stops_and_resume_auto_finishes_identically(
-    uninterrupted, tiny_target_dirs, text_data, tmp_path
+    uninterrupted, tiny_target_dirs, text_data, tmp_path, signum, code
 ):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
@@ -130,13 +135,15 @@ def test_sigterm_saves_stops_and_resume_auto_finishes_identically(
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):  # training is under way
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 143, stderr[-3000:]  # unfinished, not 0: the run did not complete
+    assert proc.returncode == code, stderr[-3000:]  # unfinished, not 0: the run did not complete
     summary = json.loads((out / "train_summary.json").read_text())
     stopped = summary["last_step"]
     assert not summary["completed"] and 3 <= stopped < 120, summary
-    assert f"stopped by SIGTERM after step {stopped}" in stdout
+    name = signal.Signals(signum).name
+    assert summary["stopped_by"] == name and summary["exit_code"] == code
+    assert f"stopped by {name} after step {stopped}" in stdout and "resume=auto" in stdout
     assert latest_checkpoint(out).name == f"step-{stopped}"
     assert not (out / "model.safetensors").exists()  # an unfinished run writes no final heads
 
@@ -204,6 +211,29 @@ def test_a_kill_mid_save_leaves_nothing_that_resume_takes(
     assert not list((out / "checkpoints").glob(".tmp-*"))
 
 
+@pytest.mark.parametrize("recorded", [True, False], ids=["hashed", "older-checkpoint"])
+def test_a_damaged_checkpoint_is_refused_naming_the_file(
+    uninterrupted, tiny_target_dirs, text_data, tmp_path, recorded
+):
+    """accelerate skips RNG states it cannot load: a resume from a checkpoint whose random_states_0.pkl was
+    damaged exited 0 with other weights. Every file is checked against the sha256 its trainer state
+    recorded (a checkpoint from before that: the RNG states must load), and the file is named."""
+    step, path = checkpoint_steps(uninterrupted)[-1]
+    out = tmp_path / "run"
+    shutil.copytree(path, out / "checkpoints" / path.name)
+    state_file = out / "checkpoints" / path.name / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    assert set(state["files"]) >= {"model.safetensors", "accelerate/random_states_0.pkl"}
+    if not recorded:
+        state_file.write_text(json.dumps({k: v for k, v in state.items() if k != "files"}))
+    rng = out / "checkpoints" / path.name / "accelerate" / "random_states_0.pkl"
+    rng.write_bytes(rng.read_bytes()[:40])
+    before = sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file())
+    with pytest.raises(ValueError, match=f"{rng}.*(damaged|cannot be read)"):
+        train(*sigterm_args(tiny_target_dirs, text_data, out, "resume=auto"))
+    assert sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file()) == before
+
+
 def test_resume_refuses_a_different_run(uninterrupted, tiny_target_dirs, text_data):
     path = latest_checkpoint(uninterrupted)
     state = read_state(path)
@@ -235,10 +265,26 @@ def test_a_resume_may_change_the_label_floors_and_is_checked_against_its_own(
     assert_bit_identical(uninterrupted, out)
 
 
-def test_resume_names_a_missing_checkpoint(tmp_path):
+def test_a_second_ctrl_c_quits_at_once(capfd):
+    """The first SIGINT asks for a save after the step (and says so); the second raises at once."""
+    with checkpointing.StopOnSignal() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested and stop.signal_name == "SIGINT" and stop.exit_code() == 130
+        assert "Ctrl-C again quits at once" in capfd.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler runs between bytecodes: at once
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handed back
+
+
+def test_resume_names_a_missing_checkpoint(tmp_path, capsys):
     from specheads.train.checkpointing import resolve_resume
 
     assert resolve_resume(load_config(None, {"resume": "auto", "output_dir": str(tmp_path)})) is None
+    # a run told to resume that finds nothing says so, naming the folder (it used to start from 0 silently)
+    cfg = load_config(None, {"resume": "auto", "output_dir": str(tmp_path)})
+    assert resolve_resume(cfg, announce=True) is None
+    assert f"resume=auto: no checkpoint in {tmp_path / 'checkpoints'}" in capsys.readouterr().err
     (tmp_path / "checkpoints" / "step-7").mkdir(parents=True)  # no trainer_state.json: not whole
     with pytest.raises(FileNotFoundError, match="is not a whole checkpoint"):
         resolve_resume(load_config(None, {"resume": str(tmp_path / "checkpoints" / "step-7")}))

@@ -9,9 +9,9 @@ import pytest
 
 from specheads.cli import main as cli_main
 from specheads.core.fingerprint import weights_fingerprint
-from specheads.core.target import FrozenTarget
+from specheads.core.target import FrozenTarget, TargetMismatchError, TargetRecord
 
-from helpers import save_tiny_target
+from helpers import edit_weights, save_tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 REPO = Path(__file__).resolve().parents[2]
@@ -109,3 +109,37 @@ def test_resume_refuses_another_targets_weights(monkeypatch, capsys, run):
     code, line = console(monkeypatch, capsys, *argv)
     assert code == 1 and "same shapes, other weights" in line, line
     assert json.loads((run["out"] / "train_summary.json").read_text())["last_step"] == 4  # untouched
+
+
+def test_a_weight_the_sample_does_not_see_is_caught(monkeypatch, capsys, run, tmp_path):
+    """The sampled fingerprint reads 4,096 values of the embedding and lm_head: a changed decoder weight
+    passed it. The record's hash of the whole safetensors catches it; an older record, with the sample
+    alone, is still compared on the sample."""
+    changed = copy_target(run["target"], tmp_path / "changed")
+    edit_weights(changed, lambda t: t["model.layers.0.mlp.down_proj.weight"][3, 5].add_(0.5))
+    edited = FrozenTarget.from_pretrained(str(changed)).record()
+    mine = FrozenTarget.from_pretrained(str(run["target"])).record()
+    assert edited.weights_fingerprint == mine.weights_fingerprint  # the sample does not see it
+    recorded = json.loads((run["out"] / "config.json").read_text())["target"]
+    assert recorded["weights_sha256"] == mine.weights_sha256 != edited.weights_sha256
+    assert recorded["weights_sha256"].startswith("files-sha256:")
+
+    argv = ["export", "--heads", run["out"], "--format", "medusa", "--target", changed]
+    code, line = console(monkeypatch, capsys, *argv, "--out", tmp_path / "x")
+    assert code == 1 and "same shapes, other weights" in line and "weights hash files-sha256:" in line, line
+    assert not (tmp_path / "x").exists()
+
+    older = {k: v for k, v in recorded.items() if k != "weights_sha256"}  # a checkpoint from before it
+    TargetRecord.from_dict(older).check_matches(edited)  # loads: the sample is all it can compare
+    with pytest.raises(TargetMismatchError, match="weights hash"):
+        TargetRecord.from_dict(recorded).check_matches(edited)
+    # a model built in memory is hashed from its parameters: compared with its like only
+    in_memory = FrozenTarget(FrozenTarget.from_pretrained(str(changed)).model).record()
+    assert in_memory.weights_sha256.startswith("params-float32-sha256:")
+    TargetRecord.from_dict(recorded).check_matches(in_memory)  # another kind: the sample decides
+
+
+def copy_target(source: Path, dest: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(source, dest))

@@ -34,6 +34,7 @@ from filelock import FileLock
 from huggingface_hub import snapshot_download
 
 from specheads.core.atomic import replace_dir
+from specheads.core.confined import confined
 from specheads.core.manifest import MANIFEST_FILE, cache_root, read_manifest
 from specheads.heads.checkpoint import sha256_file
 from specheads.version import __version__
@@ -204,7 +205,7 @@ def verify_build(out: str | Path) -> dict | None:
     if manifest is None:
         return None
     for file, want in manifest["files"].items():
-        path = Path(out) / file
+        path = confined(out, file, Path(out) / MANIFEST_FILE, '"files" entry')
         got = sha256_file(path) if path.is_file() else "missing"
         if got != want:
             raise TargetChecksumError(

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from specheads.core.atomic import replace_dir
+from specheads.core.confined import confined
 from specheads.core.manifest import cache_root
 from specheads.data import stdlib_corpus
 from specheads.version import __version__
@@ -355,7 +356,9 @@ def greedy_sample(path: Path, prompt_tokens: int = 48, new_tokens: int = 48) -> 
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     heldout = json.loads((Path(path) / HELDOUT_FILE).read_text())
-    root = Path(path) / heldout["root"]
+    root = confined(path, heldout["root"], Path(path) / HELDOUT_FILE, '"root"')
+    for f in heldout["files"]:
+        confined(root, f, Path(path) / HELDOUT_FILE, f'"files" entry {f!r}')
     # The first held-out module of ordinary size (the largest held-out files are generated tables).
     sizes = {f: (root / f).stat().st_size for f in heldout["files"]}
     name = next((f for f in heldout["files"] if 4_000 <= sizes[f] <= 100_000), max(sizes, key=sizes.get))

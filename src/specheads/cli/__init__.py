@@ -64,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
 def error_line(e: BaseException) -> str:
     """What the user reads of an error: the message of the errors the toolkit raises on purpose (bad
     input, missing or corrupt files), the exception's type as well for anything else (a bug's clue)."""
+    from specheads.core.atomic import DiskFullError, is_disk_full  # lazy: --help starts without it
+
     message = str(e).strip() or repr(e)
+    if is_disk_full(e) and not isinstance(e, DiskFullError):  # not written through core/atomic
+        where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
+        return f"the disk is full (no space left on device{where}): free space or write elsewhere ({message})"
     if isinstance(e, (ValueError, OSError, LookupError, TypeError)):
         return message
     return f"{type(e).__name__}: {message} (run with --debug for the traceback)"

@@ -30,7 +30,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.recipe, args.overrides)
     out = args.out or getattr(cfg, "cache_dir", None)
     if not out:
-        raise SystemExit("error: no cache directory: pass --out DIR or set cache_dir in the recipe")
+        raise SystemExit(
+            "specheads cache: error: no cache directory: pass --out DIR or set cache_dir in the recipe"
+        )
     check_writable(out, "cache folder")  # before the target loads
     # a second cache into the folder stops at once, naming this one; the target's forwards free and allocate
     # the same large activations every batch, so glibc keeps them as in training (the recipe's keep_host_memory)

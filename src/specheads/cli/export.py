@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from specheads.builders.named_targets import resolve_target
+from specheads.cli import error_line
 from specheads.cli.threads import add_threads_argument
 from specheads.core.run_folder import check_writable
 from specheads.core.target import FrozenTarget, TargetMismatchError, resolve_dtype
@@ -74,10 +75,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """`specheads export`."""
     if args.num_speculative_tokens is not None and args.format != "speculators":
-        print("error: --num-speculative-tokens applies to --format speculators only", file=sys.stderr)
+        print(
+            "specheads export: error: --num-speculative-tokens applies to --format speculators only",
+            file=sys.stderr,
+        )
         return 2
     if args.fc_bias is not None and args.format != "eagle":
-        print("error: --fc-bias applies to --format eagle only", file=sys.stderr)
+        print("specheads export: error: --fc-bias applies to --format eagle only", file=sys.stderr)
         return 2
     try:
         check_writable(args.out, "--out")  # before the target loads
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             allow_target_mismatch=args.allow_target_mismatch,
         )
     except _ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"specheads export: error: {error_line(e)}", file=sys.stderr)
         return 1
     for note in export.notes:
         print(f"note: {note}")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from specheads.builders.named_targets import resolve_target
+from specheads.cli import error_line
 from specheads.cli.export import _ERRORS
 from specheads.cli.threads import add_threads_argument
 from specheads.core.run_folder import check_writable
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         target = FrozenTarget.from_pretrained(resolve_target(args.target), dtype="float32")
         heads = import_heads(args.checkpoint, args.format, target, args.out)
     except _ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"specheads import-heads: error: {error_line(e)}", file=sys.stderr)
         return 1
     print(f"imported {args.format} {heads.method} heads from {args.checkpoint} into {args.out}")
     return 0

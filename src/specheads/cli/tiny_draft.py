@@ -76,7 +76,7 @@ def draft_config(args: argparse.Namespace) -> TinyDraftConfig | DistilledDraftCo
     if stray := sorted(set(given) - ours):
         flags = ", ".join("--" + n.replace("_", "-") for n in stray)
         raise SystemExit(
-            f"error: {flags} {'is' if len(stray) == 1 else 'are'} not a setting of a "
+            f"specheads tiny-draft: error: {flags} {'is' if len(stray) == 1 else 'are'} not a setting of a "
             f"{'corpus' if args.data is None else 'distilled'} draft"
         )
     return kind(**given)
@@ -84,18 +84,18 @@ def draft_config(args: argparse.Namespace) -> TinyDraftConfig | DistilledDraftCo
 
 def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
-        raise SystemExit(f"error: --steps must be >= 1, got {args.steps}")
+        raise SystemExit(f"specheads tiny-draft: error: --steps must be >= 1, got {args.steps}")
     cfg = draft_config(args)
     if args.partial and args.data is None:
-        raise SystemExit("error: --partial is for --data, a `specheads distill` folder")
+        raise SystemExit("specheads tiny-draft: error: --partial is for --data, a `specheads distill` folder")
     if args.device != "cpu" and args.data is None:
         raise SystemExit(
-            "error: --device is for a distilled draft (--data); the corpus draft trains on the cpu"
+            "specheads tiny-draft: error: --device is for a distilled draft (--data); the corpus draft trains on the cpu"
         )
     target = Path(resolve_target(args.target, progress=args.progress)).expanduser()
     if args.data is None and target.is_dir() and read_target_meta(target) is None:
         raise SystemExit(
-            f"error: --target {args.target} is not the tiny target (no tiny-target build record in {target}); "
+            f"specheads tiny-draft: error: --target {args.target} is not the tiny target (no tiny-target build record in {target}); "
             "its draft is distilled from its own answers: pass --data DIR, a `specheads distill "
             f"--target {args.target} --out DIR` output"
         )

@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.minutes <= 0 or (args.steps is not None and args.steps <= 0):
-        raise SystemExit("error: --minutes and --steps must be positive")
+        raise SystemExit("specheads tiny-target: error: --minutes and --steps must be positive")
     cfg = TinyTargetConfig(**{f.name: getattr(args, f.name) for f in fields(TinyTargetConfig)})
     check_writable(
         args.out if args.out is not None else default_output_dir(cfg)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from specheads.cli.threads import add_threads_argument
 from specheads.heads.methods import method_named
-from specheads.train.checkpointing import INTERRUPTED_EXIT_CODE
 from specheads.train.config import load_config
 from specheads.train.distributed import end_launched_process
 from specheads.train.loop import train
@@ -44,14 +43,16 @@ def train_and_report(args: argparse.Namespace) -> int:
     cfg = load_config(args.recipe, args.overrides)
     cfg.allow_target_mismatch |= args.allow_target_mismatch
     summary = train(cfg, progress=not args.no_progress, overwrite=args.overwrite)
+    stopped = summary["exit_code"]  # 0, or 128 + the signal that stopped it
     if not PartialState().is_main_process:
-        return 0 if summary["completed"] else INTERRUPTED_EXIT_CODE
+        return stopped
     if not summary["completed"]:
         print(
-            f"stopped by SIGTERM after step {summary['last_step']} of {cfg.max_steps}; checkpoint written to "
-            f"{cfg.output_dir}/checkpoints; continue with: specheads train {args.recipe} ... resume=auto"
+            f"stopped by {summary['stopped_by']} after step {summary['last_step']} of "
+            f"{cfg.max_steps}; checkpoint written to {cfg.output_dir}/checkpoints; continue with: "
+            f"specheads train {args.recipe} ... resume=auto"
         )
-        return INTERRUPTED_EXIT_CODE  # unfinished: a scheduler or script must not take it for done
+        return stopped  # unfinished: a scheduler or script must not take it for done
     ev = summary["eval"]
     if ev:
         accs = " ".join(f"{value:.3f}" for key, value in ev.items() if key.endswith("/top1"))

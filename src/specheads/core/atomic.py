@@ -10,6 +10,7 @@ private to their owner, 0600 and 0700: a shared target, cache or checkpoint woul
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -20,6 +21,35 @@ from pathlib import Path
 from typing import Any
 
 from specheads.core.run_folder import clean_stale_tmp, tmp_prefix
+
+
+class DiskFullError(OSError):
+    """No space was left on the device while writing a file the message names."""
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether `e` says the device is full: an OSError with ENOSPC, or a Rust writer's (safetensors')
+    "os error 28"."""
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "(os error 28)" in str(e)
+
+
+@contextmanager
+def naming_a_full_disk(path: str | Path) -> Iterator[None]:
+    """Within `with`, an error saying the device is full becomes DiskFullError naming `path`, what was
+    being written (the errors themselves name no file)."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        full = DiskFullError(
+            f"{path}: the disk is full (no space left on device while writing it); free space there or "
+            "write elsewhere"
+        )
+        full.errno = errno.ENOSPC
+        raise full from e
 
 
 def write_file(dest: str | Path, write: Callable[[str], Any]) -> Path:
@@ -35,7 +65,8 @@ def write_file(dest: str | Path, write: Callable[[str], Any]) -> Path:
     folder = Path(tempfile.mkdtemp(prefix=tmp_prefix(dest), dir=dest.parent))
     tmp = folder / dest.name
     try:
-        write(str(tmp))
+        with naming_a_full_disk(dest):
+            write(str(tmp))
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, dest)
     finally:
@@ -67,7 +98,8 @@ def replace_dir(out: str | Path, *, keep_existing: bool = False) -> Iterator[Pat
     tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(out), dir=out.parent))
     os.chmod(tmp, 0o777 & ~_umask())
     try:
-        yield tmp
+        with naming_a_full_disk(out):
+            yield tmp
         if out.exists():
             if keep_existing:
                 return

@@ -45,7 +45,7 @@ def read_questions(path: str | Path) -> list[dict]:
     """
     path = Path(path)
     questions = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(utf8_lines(path), 1):
         if not line.strip():
             continue
         try:
@@ -61,6 +61,13 @@ def read_questions(path: str | Path) -> list[dict]:
         for k, turn in enumerate(turns, 1):
             if not isinstance(turn, str) or not turn.strip():
                 raise ValueError(f"{path}, line {n}: turn {k} must be a non-empty string, got {turn!r}")
+            try:
+                turn.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate, "\ud800" in the JSON: no text encodes it
+                raise ValueError(
+                    f"{path}, line {n}: turn {k} holds a lone surrogate ({turn[e.start : e.end]!r} at character "
+                    f"{e.start}), which is not text: fix or drop the line"
+                ) from None
         questions.append(
             {
                 "question_id": question.get("question_id", n),
@@ -73,13 +80,29 @@ def read_questions(path: str | Path) -> list[dict]:
     return questions
 
 
+def utf8_lines(path: str | Path) -> list[str]:
+    """The lines of a text file; bytes that are not UTF-8 are an error naming the file and line."""
+    path = Path(path)
+    lines = path.read_bytes().split(b"\n")
+    out = []
+    for n, raw in enumerate(lines, 1):
+        try:
+            out.append(raw.decode("utf-8").removesuffix("\r"))
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"{path}, line {n}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the "
+                "line): save the file as UTF-8"
+            ) from None
+    return out[:-1] if out and out[-1] == "" else out
+
+
 def is_question_file(path: str | Path) -> bool:
     """Whether `path` is a .jsonl whose first row is a question (has "turns" and none of the keys of
     conversation or text rows)."""
     path = Path(path)
     if path.suffix not in (".jsonl", ".json") or not path.is_file():
         return False
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8", errors="replace") as f:  # a bad byte: the reader names its line
         first = next((line for line in f if line.strip()), "")
     try:
         row = json.loads(first)

@@ -28,10 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import try_to_load_from_cache
 from packaging.version import Version
 from torch import nn
 
-from specheads.core.fingerprint import weights_fingerprint
+from specheads.core.fingerprint import (
+    files_sha256,
+    same_kind,
+    tensors_sha256,
+    weights_files,
+    weights_fingerprint,
+)
 from specheads.core.hf_compat import cache_kwargs, output_cache
 from specheads.core.manifest import weights_id
 
@@ -72,13 +79,22 @@ class TargetRecord:
     # A hash over a fixed sample of the embedding and lm_head weights (core/fingerprint.py): tells
     # same-shape targets apart. None for older checkpoints and ZeRO-3-sharded loads.
     weights_fingerprint: str | None = None
+    # A sha256 of every weight (core/fingerprint.py): of the safetensors files a local directory loads,
+    # or of the parameters in memory. None for older checkpoints (the sample alone is compared then).
+    # Not part of `==`: one model's records can hold hashes of either kind; check_matches compares like
+    # with like.
+    weights_sha256: str | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TargetRecord:
-        optional = {"weights_id", "weights_fingerprint"}  # absent from checkpoints written before them
+        optional = {
+            "weights_id",
+            "weights_fingerprint",
+            "weights_sha256",
+        }  # absent from checkpoints written before them
         missing = [k for k in cls.__dataclass_fields__ if k not in d and k not in optional]
         if missing:
             raise ValueError(f"target record is missing fields {missing}: {d}")
@@ -94,10 +110,15 @@ class TargetRecord:
         """
         problems = []
         mine, theirs = self.weights_fingerprint, actual.weights_fingerprint
+        said = (f"weights fingerprint {mine}", str(theirs))
+        whole, whole_now = self.weights_sha256, actual.weights_sha256
+        if whole and whole_now and same_kind(whole, whole_now):  # every weight, not a sample
+            mine, theirs = whole, whole_now
+            said = (f"weights hash {whole} ({said[0]})", f"{whole_now} ({actual.weights_fingerprint})")
         if mine and theirs and mine != theirs:
             message = (
-                f"weights: {what} were trained against {self.name_or_path!r} with weights fingerprint {mine}, "
-                f"the target {actual.name_or_path!r} has {theirs}: same shapes, other weights"
+                f"weights: {what} were trained against {self.name_or_path!r} with {said[0]}, "
+                f"the target {actual.name_or_path!r} has {said[1]}: same shapes, other weights"
             )
             if allow_weights:
                 warnings.warn(f"{message} (allowed by --allow-target-mismatch)", stacklevel=2)
@@ -122,7 +143,7 @@ class TargetRecord:
         if problems:
             raise TargetMismatchError(
                 f"{what} were trained against {self.name_or_path!r} but the target is "
-                f"{actual.name_or_path!r}:\n  " + "\n  ".join(problems)
+                f"{actual.name_or_path!r}: " + "; ".join(problems)  # one line, as every error is
             )
 
 
@@ -157,6 +178,16 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)} or 'auto'")
     return DTYPES[dtype]
+
+
+def _hub_snapshot(repo: str, config) -> str:
+    """The local snapshot folder a hub model was loaded from ("" when it cannot be found): its weights
+    are hashed from there rather than from memory."""
+    try:
+        found = try_to_load_from_cache(repo, "config.json", revision=getattr(config, "_commit_hash", None))
+    except Exception:  # noqa: BLE001 - any failure: hash the weights in memory instead
+        return ""
+    return os.path.dirname(found) if isinstance(found, str) else ""
 
 
 def _looks_local(name_or_path: str) -> bool:
@@ -199,6 +230,7 @@ class FrozenTarget:
         self.layers = self._find(self.decoder, _LAYER_ATTRS, nn.ModuleList, "decoder layers")
         self.norm = self._find(self.decoder, _NORM_ATTRS, nn.Module, "final norm")
         self.num_layers = len(self.layers)
+        self.weights_files: list[Path] = []  # the safetensors it was loaded from (from_pretrained sets them)
         self.freeze()
 
     def _find(self, base: nn.Module, names: Iterable[str], kind: type, what: str) -> nn.Module:
@@ -289,7 +321,9 @@ class FrozenTarget:
             if load_tokenizer
             else None
         )
-        return cls(model, tokenizer, name_or_path=name_or_path)
+        target = cls(model, tokenizer, name_or_path=name_or_path)
+        target.weights_files = weights_files(path if os.path.isdir(path) else _hub_snapshot(path, config))
+        return target
 
     def with_adapter(self, adapter_dir: str | Path, *, merge: bool = True) -> FrozenTarget:
         """A new FrozenTarget: this one's model with a saved peft adapter applied (it wraps this
@@ -349,7 +383,14 @@ class FrozenTarget:
             weights_fingerprint=weights_fingerprint(
                 {"embed_tokens": self.embed_tokens.weight, "lm_head": self.lm_head.weight}
             ),
+            weights_sha256=self.weights_sha256(),
         )
+
+    def weights_sha256(self) -> str | None:
+        """A sha256 of every weight: of the safetensors files the model was loaded from, else of its
+        parameters in memory (core/fingerprint.py)."""
+        files = getattr(self, "weights_files", None)
+        return files_sha256(files) if files else tensors_sha256(self.model)
 
     def layer_id(self, layer: int) -> int:
         """Normalise a layer id (negative counts from the end) and check it exists."""

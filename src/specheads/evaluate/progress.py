@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from specheads.core.atomic import write_text
+from specheads.core.atomic import naming_a_full_disk, write_text
 
 PROGRESS_FILE = "progress.jsonl"
 
@@ -76,8 +76,9 @@ class Progress:
         line = (json.dumps(record, default=str) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
-            os.write(fd, line)
-            os.fsync(fd)
+            with naming_a_full_disk(self.path):
+                os.write(fd, line)
+                os.fsync(fd)
         finally:
             os.close(fd)
         self.done.append(record)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from specheads.core.confined import confined
 from specheads.core.question_sets import prompt_set_path, read_questions
 
 # Written beside the embedded target by `specheads tiny-target` (builders/tiny_target.py); decode/
@@ -66,8 +67,8 @@ def read_prompts(
             raise FileNotFoundError(f"prompts file {source!r} does not exist")
     if path.suffix == ".jsonl":
         prompts = _questions(path)
-    elif path.suffix == ".json":
-        prompts = _file_list(path)
+    elif path.suffix == ".json":  # the target folder's own list may name nothing outside it
+        prompts = _file_list(path, confine=source == "heldout")
     else:
         raise ValueError(
             f"prompts file {source!r} has an unknown format: expected a .jsonl of MT-Bench / Spec-Bench "
@@ -86,7 +87,7 @@ def read_prompts(
 def _questions(path: Path) -> list[PromptText]:
     """MT-Bench / Spec-Bench questions (checked by core/question_sets.read_questions): the first turn of
     each."""
-    if not path.read_text(encoding="utf-8").strip():
+    if not path.read_bytes().strip():
         return []  # read_prompts says the file holds no prompts
     return [
         PromptText(str(q["question_id"]), q["category"], q["turns"][0], chat=True)
@@ -94,15 +95,21 @@ def _questions(path: Path) -> list[PromptText]:
     ]
 
 
-def _file_list(path: Path) -> list[PromptText]:
+def _file_list(path: Path, confine: bool = False) -> list[PromptText]:
     """A held-out file list, {"root": folder, "files": [paths relative to it]}: each file's text.
 
     A relative root is taken from the list's own folder (a tiny target's `heldout/`); "stdlib" is the
-    older name of "root"."""
+    older name of "root". `confine`: the list is a target folder's, whose root and files must stay inside
+    that folder (core/confined.py)."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        root = path.parent / record.get("root", record.get("stdlib", "."))
+        key = "root" if "root" in record else "stdlib"
+        root = path.parent / record.get(key, ".")
         files = record["files"]
+        if confine:
+            root = confined(path.parent, record.get(key, "."), path, f'"{key}"')
+            for name in files:
+                confined(path.parent, Path(record.get(key, ".")) / name, path, f'"files" entry {name!r}')
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(
             f'{path}: expected a file list like {{"root": "heldout", "files": ["a.py"]}} ({e!r})'

@@ -16,6 +16,7 @@ Loading against a target checks the record first: heads trained for another targ
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -156,6 +157,35 @@ def read_head_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
+def head_config_of(path: str | Path, config: dict[str, Any]):
+    """The method's head config built from a checkpoint's config.json (`config`, read from `path`); keys of
+    another method's config, or missing ones, are an error naming the file, not the dataclass's TypeError."""
+    method, name, fields = methods()[config["method"]], config["method"], config.get("head_config")
+    where = Path(path) / CONFIG_FILE
+    if not isinstance(fields, dict):
+        raise ValueError(
+            f"{where}: head_config is {type(fields).__name__}, not a mapping: a damaged checkpoint"
+        )
+    known = {f.name: f for f in dataclasses.fields(method.config_class)}
+    unexpected = sorted(set(fields) - set(known))
+    required = [
+        k
+        for k, f in known.items()
+        if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    missing = [k for k in required if k not in fields]
+    if unexpected or missing:
+        keys = [f"unexpected key{'s' * (len(unexpected) > 1)} {', '.join(map(repr, unexpected))}"] * bool(
+            unexpected
+        )
+        keys += [f"missing key{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}"] * bool(missing)
+        raise ValueError(f"{where}: head_config does not fit method {name!r} ({'; '.join(keys)})")
+    try:
+        return method.config_class(**fields)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: head_config does not fit method {name!r} ({e})") from None
+
+
 def heads_adapter(path: str | Path) -> Path | None:
     """The Medusa-2 adapter saved beside the heads in `path` (`adapter/`), or None."""
     adapter = Path(path) / ADAPTER_DIR
@@ -189,7 +219,7 @@ def load_heads(
             actual, what=f"heads in {path}", allow_weights=allow_target_mismatch
         )
     method = methods()[config["method"]]
-    heads = method.head_class(method.config_class(**config["head_config"]))
+    heads = method.head_class(head_config_of(path, config))
     state = read_weights(Path(path) / WEIGHTS_FILE)
     missing, unexpected = heads.load_state_dict(state, strict=False)
     if missing or unexpected:

@@ -15,17 +15,21 @@ Exact: weights, AdamW moments, the schedule, the RNG states and the data positio
 see train/sampler.py) are what an uninterrupted run holds after step N, so the resumed run continues
 bit for bit. It needs the same number of processes (each has its own RNG state).
 
-SIGTERM (a scheduler's preemption, torchrun passing on a kill) sets a flag; the loop finishes its
-step, saves a checkpoint and returns; `specheads train` then exits with INTERRUPTED_EXIT_CODE (143, what a
-shell reports for a process SIGTERM ended), never 0: the run is not finished.
+SIGTERM (a scheduler's preemption, torchrun passing on a kill) and SIGINT (Ctrl-C) set a flag; the loop
+finishes its step, saves a checkpoint and returns; `specheads train` then prints how to resume and exits
+with the code a shell reports for a process that signal ended (143 for SIGTERM, INTERRUPTED_EXIT_CODE; 130
+for SIGINT), never 0: the run is not finished. A second Ctrl-C quits at once (the last checkpoint stays).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import re
 import shutil
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,10 +39,12 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from specheads.core.atomic import naming_a_full_disk
+from specheads.core.confined import confined
 from specheads.core.run_folder import clear, hold_folder, refuse_results
 from specheads.core.target import TargetRecord
 from specheads.heads import read_head_config, save_heads
-from specheads.heads.checkpoint import ADAPTER_DIR, CONFIG_FILE, WEIGHTS_FILE
+from specheads.heads.checkpoint import ADAPTER_DIR, CONFIG_FILE, WEIGHTS_FILE, read_weights, sha256_file
 from specheads.train.config import TrainConfig
 from specheads.train.distributed import zero_stage
 
@@ -46,6 +52,7 @@ CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
 ACCELERATE_STATE = "accelerate"
 INTERRUPTED_EXIT_CODE = 128 + signal.SIGTERM  # 143
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _STEP_DIR = re.compile(r"step-(\d+)")
 # Recipe keys a resumed run may change: they decide what is logged or kept, or where, not the numbers.
 # (max_steps moves the end, and with it the cosine schedule from the resumed step on.)
@@ -131,13 +138,21 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return steps[-1][1] if steps else None
 
 
-def resolve_resume(cfg: TrainConfig) -> Path | None:
-    """The checkpoint `cfg.resume` names: "" none, "auto" the latest whole one (none on a fresh output_dir),
-    or a checkpoint directory, which must be whole."""
+def resolve_resume(cfg: TrainConfig, announce: bool = False) -> Path | None:
+    """The checkpoint `cfg.resume` names: "" none, "auto" the latest whole one (none on a fresh output_dir:
+    `announce` says so on stderr), or a checkpoint directory, which must be whole."""
     if not cfg.resume:
         return None
     if cfg.resume == "auto":
-        return latest_checkpoint(cfg.output_dir)
+        found = latest_checkpoint(cfg.output_dir)
+        if found is None and announce:
+            print(
+                f"resume=auto: no checkpoint in {Path(cfg.output_dir) / CHECKPOINTS} to resume; "
+                "starting from step 0",
+                file=sys.stderr,
+                flush=True,
+            )
+        return found
     path = Path(cfg.resume)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"resume={cfg.resume!r} is not a whole checkpoint (no {STATE_FILE} in it)")
@@ -145,8 +160,69 @@ def resolve_resume(cfg: TrainConfig) -> Path | None:
 
 
 def read_state(path: Path) -> dict:
-    """A checkpoint's trainer_state.json."""
-    return json.loads((Path(path) / STATE_FILE).read_text())
+    """A checkpoint's trainer_state.json; a damaged one is an error naming it."""
+    file = Path(path) / STATE_FILE
+    try:
+        state = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} is not valid JSON ({e}): a damaged checkpoint; {_ANOTHER}") from None
+    if not isinstance(state, dict) or not {"step", "config", "num_processes"} <= set(state):
+        raise ValueError(f"{file} is not a trainer state (no step, config or num_processes); {_ANOTHER}")
+    return state
+
+
+_ANOTHER = "resume from another checkpoint (resume=DIR), or delete this one"
+
+
+def checkpoint_files(path: Path) -> dict[str, str]:
+    """sha256 of every file of a checkpoint folder but its trainer state (which records them), by path
+    relative to the folder."""
+    return {
+        f.relative_to(path).as_posix(): sha256_file(f)
+        for f in sorted(Path(path).rglob("*"))
+        if f.is_file() and f.name != STATE_FILE
+    }
+
+
+def verify_checkpoint(path: Path, state: dict, process_index: int) -> None:
+    """Refuse a checkpoint any part of which is missing or damaged, naming the file: each file against the
+    sha256 its trainer state recorded (checkpoints written before that record: the heads' weights and this
+    process's RNG states must read, which accelerate's load_state would skip silently)."""
+    path = Path(path)
+    recorded = state.get("files")
+    if isinstance(recorded, dict):
+        for name, want in sorted(recorded.items()):
+            file = confined(path, name, path / STATE_FILE, '"files" entry', follow_links=False)
+            if not file.is_file():
+                raise ValueError(
+                    f"{file} is missing from the checkpoint (its {STATE_FILE} lists it); {_ANOTHER}"
+                )
+            got = sha256_file(file)
+            if got != want:
+                raise ValueError(
+                    f"{file} is damaged (sha256 {got[:12]}…, written as {want[:12]}…): the checkpoint cannot "
+                    f"resume exactly; {_ANOTHER}"
+                )
+        return
+    read_weights(path / WEIGHTS_FILE)
+    rng = path / ACCELERATE_STATE / f"random_states_{process_index}.pkl"
+    try:
+        from accelerate.utils.other import load  # lazy: accelerate is only needed once a run starts
+
+        states = load(rng)
+        if not isinstance(states, dict) or not {"random_state", "torch_manual_seed"} <= set(states):
+            raise ValueError("not the RNG states accelerate writes")
+    except Exception as e:  # noqa: BLE001 - whatever it is, the run would not continue exactly
+        raise ValueError(
+            f"{rng} cannot be read ({_brief(e)}): the random states of a damaged checkpoint; {_ANOTHER}"
+        ) from None
+
+
+def _brief(e: BaseException) -> str:
+    """An error's first line, without torch's advice to unpickle untrusted objects."""
+    if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e):
+        return "it holds objects specheads will not load: only tensors and plain values are read"
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def check_resumable(
@@ -241,11 +317,15 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp / ACCELERATE_STATE), **_save_state_options(accelerator))
+    with naming_a_full_disk(tmp / ACCELERATE_STATE):
+        accelerator.save_state(str(tmp / ACCELERATE_STATE), **_save_state_options(accelerator))
     heads = heads_for_saving(accelerator, model)
+    accelerator.wait_for_everyone()  # every process's files are whole before the main one hashes them
     if accelerator.is_main_process:
         save_heads(heads, tmp, record, training, label_counts=label_counts)
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+        with naming_a_full_disk(tmp / STATE_FILE):
+            state = {**state, "files": checkpoint_files(tmp)}
+            (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if final.exists():
@@ -258,7 +338,13 @@ def save_checkpoint(
 def load_checkpoint(accelerator, model, path: Path) -> dict:
     """Restore a checkpoint into the prepared model, optimizer, schedule and RNGs; returns its trainer state."""
     state = read_state(path)
-    accelerator.load_state(str(path / ACCELERATE_STATE))
+    verify_checkpoint(path, state, accelerator.process_index)
+    try:
+        accelerator.load_state(str(path / ACCELERATE_STATE))
+    except Exception as e:  # noqa: BLE001 - one that the files' hashes did not catch (an older checkpoint)
+        raise ValueError(
+            f"{path / ACCELERATE_STATE}: cannot restore the optimizer and schedule ({_brief(e)}); {_ANOTHER}"
+        ) from None
     if not _engine_owns_weights(accelerator):
         heads = accelerator.unwrap_model(model).heads
         heads.load_state_dict(load_file(str(path / WEIGHTS_FILE)))  # copied onto the weights' device
@@ -278,20 +364,35 @@ def prune_checkpoints(output_dir: str | Path, keep: int) -> None:
             shutil.rmtree(path)
 
 
-# -- stopping on SIGTERM ----------------------------------------------------------------------------
+# -- stopping on SIGTERM and SIGINT -----------------------------------------------------------------
 
 
 class StopOnSignal:
-    """Within `with`, SIGTERM only sets `requested`; the loop saves and stops at the end of its step.
+    """Within `with`, SIGTERM and SIGINT only set `requested` (and `signal_name`, the first one's); the loop
+    saves and stops at the end of its step. A second SIGINT raises KeyboardInterrupt at once: Ctrl-C twice
+    quits without waiting for the step and its save.
 
     Only the main thread can take signals; elsewhere this does nothing.
     """
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS):
         self.signals, self.requested, self._previous = signals, False, {}
+        self.signal_name: str | None = None
 
     def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt
+        if not self.requested:
+            self.signal_name = signal.Signals(signum).name
         self.requested = True
+        if signum == signal.SIGINT:  # os.write: a print here could land inside another write to stderr
+            os.write(
+                2, b"\nCtrl-C: stopping after this step to save a checkpoint (Ctrl-C again quits at once)\n"
+            )
+
+    def exit_code(self) -> int:
+        """What a shell reports for a process the first signal ended (128 + its number)."""
+        return 128 + signal.Signals[self.signal_name] if self.signal_name else INTERRUPTED_EXIT_CODE
 
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():

@@ -16,10 +16,10 @@ train/hidden_cache.py) in place of its forward, and loads only its embedding, fi
 warm-up, and the adapter is written beside the heads (`adapter/`, also in every step checkpoint).
 
 Writes to `output_dir`: the final heads (config.json + model.safetensors, so the folder itself is a head
-checkpoint; Medusa-2: and adapter/), `checkpoints/step-N/` every `save_every` steps and on SIGTERM (whole,
-resumed exactly with `resume=auto`: train/checkpointing.py), `metrics.jsonl` (one JSON object a log or
-eval), `provenance.jsonl` (one line a launch), `train_summary.json`, and the trackers' runs (wandb's
-under wandb/, tensorboard's under logs/, ...: train/tracking.py).
+checkpoint; Medusa-2: and adapter/), `checkpoints/step-N/` every `save_every` steps and on SIGTERM or
+Ctrl-C (whole, resumed exactly with `resume=auto`: train/checkpointing.py), `metrics.jsonl` (one JSON object
+a log or eval), `provenance.jsonl` (one line a launch), `train_summary.json`, and the trackers' runs
+(wandb's under wandb/, tensorboard's under logs/, ...: train/tracking.py).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from specheads.data.checks import check_label_tokens
 from specheads.heads import save_heads
 from specheads.heads.methods import Method, method_named
 from specheads.train.checkpointing import (
+    INTERRUPTED_EXIT_CODE,
     StopOnSignal,
     check_resumable,
     claim_output_dir,
@@ -346,7 +347,7 @@ def train_record(
 
 
 def stop_requested(accelerator, stop: StopOnSignal) -> bool:
-    """Whether any process got SIGTERM: then all of them save and stop after the same step. (One process
+    """Whether any process got SIGTERM or SIGINT: then all of them save and stop after the same step. (One process
     reads its own flag: the reduce's read on the host would make a GPU wait every step.)"""
     if accelerator.num_processes == 1:
         return stop.requested
@@ -450,9 +451,9 @@ def train(cfg: TrainConfig, progress: bool = True, overwrite: bool = False) -> d
     `overwrite`: delete another run's results in output_dir first (refused otherwise, unless resumed)."""
     accelerator = make_accelerator(cfg)
     with claim_output_dir(cfg, accelerator.is_main_process, overwrite):  # before any expensive work
-        # SIGTERM is taken from here on, set-up included (loading the target can take minutes): it only
-        # asks the loop to save and stop after its next step, so a run stopped at any point exits 143 with
-        # a checkpoint, never killed half-way with metrics.jsonl already started
+        # SIGTERM and SIGINT are taken from here on, set-up included (loading the target can take minutes):
+        # they only ask the loop to save and stop after its next step, so a run stopped at any point exits
+        # 143 (130) with a checkpoint, never killed half-way with metrics.jsonl already started
         with StopOnSignal() as stop, keep_freed_memory(cfg.keep_host_memory):
             return run_training(cfg, accelerator, progress, stop)
 
@@ -462,7 +463,7 @@ def run_training(cfg: TrainConfig, accelerator, progress: bool, stop: StopOnSign
 
     set_seed(cfg.seed)
     out_dir, main = Path(cfg.output_dir), accelerator.is_main_process
-    resume_from = resolve_resume(cfg)
+    resume_from = resolve_resume(cfg, announce=main)
     run = set_up(cfg, accelerator)
     state = {"step": 0, "global_batches": 0, "window": None, "run_id": new_run_id()}
     if resume_from is not None:
@@ -530,7 +531,7 @@ def run_training(cfg: TrainConfig, accelerator, progress: bool, stop: StopOnSign
         if stopping:
             break
     bar.close()
-    return finish(cfg, accelerator, run, step - first, step, timing, last_eval, resume_from)
+    return finish(cfg, accelerator, run, step - first, step, timing, last_eval, resume_from, stop)
 
 
 def finish(
@@ -542,6 +543,7 @@ def finish(
     timing: dict,
     last_eval: dict,
     resume_from,
+    stop: StopOnSignal | None = None,
 ) -> dict:
     """Write the final heads (a whole run) and train_summary.json; returns the summary."""
     accelerator.wait_for_everyone()
@@ -560,8 +562,12 @@ def finish(
     muon_dtype = newton_schulz_dtype(accelerator.device, cfg.muon_dtype) if cfg.optimizer == "muon" else None
     summary = {
         "steps": cfg.max_steps,
-        "completed": completed,  # False: stopped by SIGTERM after `last_step`; resume=auto continues
+        "completed": completed,  # False: stopped by SIGTERM or SIGINT after `last_step`; resume=auto continues
         "last_step": step,
+        # which signal stopped an unfinished run (a process it did not reach stopped with the others: SIGTERM),
+        # and the exit code `specheads train` gives it (128 + the signal's number)
+        "stopped_by": None if completed else (stop and stop.signal_name) or "SIGTERM",
+        "exit_code": 0 if completed else stop.exit_code() if stop else INTERRUPTED_EXIT_CODE,
         "resumed_from": resume_from and str(resume_from),
         "wall_seconds": round(time.perf_counter() - timing["started"], 2),
         "step_seconds": timing["step"] / steps_run,

@@ -24,6 +24,8 @@ from huggingface_hub.errors import EntryNotFoundError
 from safetensors import safe_open
 from torch import nn
 
+from specheads.core.confined import confined
+from specheads.core.fingerprint import files_sha256, weights_files
 from specheads.core.target import FrozenTarget, TargetOutput, resolve_dtype
 
 SINGLE_FILE = "model.safetensors"
@@ -109,6 +111,7 @@ class OfflineTarget:
         self.tokenizer = tokenizer
         self.name_or_path = name_or_path or getattr(config, "_name_or_path", "")
         self.loaded_keys = loaded_keys  # the checkpoint keys read, and nothing else
+        self.weights_files: list[Path] = []  # the target's safetensors, when read from a local directory
 
     # The parts of FrozenTarget that only read config, num_layers, lm_head and tokenizer.
     hidden_size = FrozenTarget.hidden_size
@@ -117,6 +120,11 @@ class OfflineTarget:
     dtype = FrozenTarget.dtype
     layer_id = FrozenTarget.layer_id
     record = FrozenTarget.record
+
+    def weights_sha256(self) -> str | None:
+        """The sha256 of the safetensors files it read from (the whole target's, as FrozenTarget's record
+        holds it); None when they are not local (it holds too few weights to hash them in memory)."""
+        return files_sha256(self.weights_files) if self.weights_files else None
 
     @classmethod
     def from_pretrained(
@@ -151,6 +159,13 @@ class OfflineTarget:
 
         def open_file(file: str):
             if file not in handles:
+                confined(
+                    name_or_path,
+                    file,
+                    Path(name_or_path) / SHARDED_INDEX,
+                    '"weight_map" entry',
+                    follow_links=False,
+                )
                 handles[file] = safe_open(str(_checkpoint_file(name_or_path, file)), framework="pt")
             return handles[file]
 
@@ -178,7 +193,7 @@ class OfflineTarget:
             if load_tokenizer
             else None
         )
-        return cls(
+        target = cls(
             config,
             parts["embed_tokens"],
             parts["norm"],
@@ -188,6 +203,9 @@ class OfflineTarget:
             name_or_path=name_or_path,
             loaded_keys=tuple(loaded),
         )
+        local = os.path.expanduser(str(name_or_path))
+        target.weights_files = weights_files(local) if os.path.isdir(local) else []
+        return target
 
     @property
     def embed_tokens(self) -> nn.Module:

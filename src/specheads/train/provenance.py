@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from specheads.core.atomic import naming_a_full_disk
+
 PACKAGES = (
     "specheads",
     "torch",
@@ -79,6 +81,6 @@ def provenance(config: dict, num_processes: int, resumed_from: str | None = None
 
 def write_provenance(output_dir: str | Path, record: dict) -> Path:
     path = Path(output_dir) / PROVENANCE_FILE
-    with path.open("a") as f:
+    with naming_a_full_disk(path), path.open("a") as f:
         f.write(json.dumps(record, default=str) + "\n")
     return path

@@ -28,7 +28,7 @@ import os
 import uuid
 from pathlib import Path
 
-from specheads.core.atomic import write_text
+from specheads.core.atomic import naming_a_full_disk, write_text
 
 NONE, ALL = "none", "all"
 LOGS = "logs"  # accelerate's logging_dir under output_dir: tensorboard's and aim's
@@ -157,7 +157,7 @@ def track(accelerator, split: str, record: dict, step: int) -> None:
 def log_record(accelerator, path: Path, record: dict) -> None:
     """Append `record` to metrics.jsonl (main process) and send it to the trackers."""
     if accelerator.is_main_process:
-        with path.open("a") as f:
+        with naming_a_full_disk(path), path.open("a") as f:
             f.write(json.dumps(record) + "\n")
     track(accelerator, record["split"], record, record["step"])
 

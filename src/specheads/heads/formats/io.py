@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import pickle
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -203,11 +205,7 @@ def read_weights(path: Path, names: tuple[str, ...]) -> tuple[dict[str, torch.Te
             continue
         tensors: dict[str, torch.Tensor] = {}
         for f in files:
-            part = (
-                load_file(str(f))
-                if f.suffix == ".safetensors"
-                else torch.load(f, map_location="cpu", weights_only=True)
-            )
+            part = _load_tensors(f)
             if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
                 raise FormatError(f"{f} does not hold a flat dict of tensors")
             clash = sorted(set(tensors) & set(part))
@@ -216,6 +214,32 @@ def read_weights(path: Path, names: tuple[str, ...]) -> tuple[dict[str, torch.Te
             tensors.update(part)
         return tensors, files[0]
     raise FileNotFoundError(f"{path} has none of the weights files {list(names)}")
+
+
+def _load_tensors(f: Path) -> Any:
+    """What a weights file holds; a truncated or damaged file, or a pickle holding more than tensors, is a
+    FormatError naming it (the libraries' own messages name no file, and torch's suggests unpickling
+    anything with weights_only=False, which specheads never does)."""
+    if f.suffix == ".safetensors":
+        try:
+            return load_file(str(f))
+        except Exception as e:
+            if type(e).__name__ != "SafetensorError":
+                raise
+            raise FormatError(f"{f} cannot be read ({e}): truncated or corrupt") from None
+    try:
+        with warnings.catch_warnings():  # torch's note on the pickle protocol: the error below says it all
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(f, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise FormatError(
+            f"{f} holds objects specheads will not load (a pickle of more than tensors, which could run "
+            "code): convert it to safetensors from a source you trust"
+        ) from None
+    except (RuntimeError, EOFError, ValueError, OSError) as e:
+        raise FormatError(
+            f"{f} cannot be read ({str(e).splitlines()[0] if str(e) else e!r}): truncated or corrupt"
+        ) from None
 
 
 # -- provenance ------------------------------------------------------------------------------------
