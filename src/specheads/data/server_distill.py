@@ -27,8 +27,11 @@ Each server is probed once, and speaks one of:
                 tokens and the sampling settings go in `generation_config` where the server takes it
                 (transformers serve), else the server stops at its own end token. The answer is the
                 server's text decoded without special tokens, as the in-process path decodes; its
-                tokens are counted by the server (`usage`), not re-tokenized (a model may write a
-                token sequence that is not the tokenizer's own encoding of its text).
+                tokens are counted by the server (`usage`, less the end token), not re-tokenized (a
+                model may write a token sequence that is not the tokenizer's own encoding of its text).
+                Text rows (windows of a text) join the prompt's decoded text and the answer's, where
+                the in-process path decodes both tokens at once. One thing text cannot tell: an answer
+                whose end token is its max_new_tokens-th token reads as cut off ("capped").
 
 Every request's `usage.prompt_tokens` must equal the prompt's token count here: a server whose tokenizer
 differs fails its probe. A server is refused before anything is generated when `/v1/models` names no
@@ -38,8 +41,12 @@ with the target's tokenizer; the message names the server and the model it serve
 
 Sampling: temperature, top_p and max_new_tokens as in-process; top_k, min_p, repetition penalties off;
 each request is seeded from (seed, its batch, its place in the batch), so the same folder comes out
-of a rerun where the server's sampling is deterministic (always at temperature 0). A batch here is a
-whole chunk (`chunk_rows` prompts): its requests go out at once, `concurrency` in flight on each server.
+of a rerun where the server's sampling is deterministic: always at temperature 0 (greedy answers are
+the in-process path's, token for token, where the server computes as generate() does: the tests show it
+for transformers serve), and above it only where a request's random numbers are its own (vLLM's
+per-request seeds; not transformers serve's continuous batching, whose requests share them). A batch
+here is a whole chunk (`chunk_rows` prompts): its requests go out at once, `concurrency` in flight on
+each server; --batch-size is the in-process path's only.
 
 A server that stops answering (connection refused or reset, after `retries` tries with backoff) is
 left out, its requests go to the others; when none is left the run stops with ServerUnavailable before
@@ -231,7 +238,7 @@ class ServerTarget:
             generation_config = GenerationConfig.from_pretrained(name_or_path)
         except OSError:  # no generation_config.json: the model config's end token
             generation_config = _GenerationConfig(getattr(config, "eos_token_id", None))
-        servers = [Server(url) for url in dict.fromkeys(urls)]
+        servers = [Server(url) for url in urls]  # one URL twice: twice the requests in flight there
         pool = ServerPool(servers, concurrency, retries=retries, timeout=timeout)
         target = cls(name_or_path, tokenizer, config, generation_config, pool)
         for server in servers:
