@@ -226,7 +226,7 @@ class ServerTarget:
     ) -> ServerTarget:
         """Read the target's tokenizer and configs from `name_or_path` (a directory or hub id), and check
         that every server serves it (ServerMismatchError, naming the server and what it serves)."""
-        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig  # lazy: seconds to import
 
         if not urls:
             raise ValueError("need at least one server URL")
