@@ -264,6 +264,31 @@ def _distill_until_the_server_dies(doomed, small_tiny_target, rows, tmp_path, mo
     return tmp_path / "out"
 
 
+def test_a_server_that_dies_beside_another_leaves_its_prompts_to_it(
+    tiny_server, small_tiny_target, in_process, tmp_path, monkeypatch
+):
+    real, answered = ServerTarget._read, []
+    with served(small_tiny_target, tmp_path / "doomed.log") as doomed:
+
+        def kill_after_two(self, server, response, ids):
+            answered.append(server.url)
+            if server.url == doomed.url and answered.count(doomed.url) == 2:
+                doomed.kill()
+            return real(self, server, response, ids)
+
+        target = ServerTarget.connect(str(small_tiny_target), [doomed.url, tiny_server.url], concurrency=1)
+        target.pool.backoff = 0.05
+        monkeypatch.setattr(ServerTarget, "_read", kill_after_two)
+        try:
+            summary = distill(chat_rows(tmp_path), target, tmp_path / "out", GREEDY, progress=False)
+        finally:
+            target.close()
+    assert answered.count(doomed.url) == 2 and target.pool.servers[0].dead is not None
+    assert target.pool.servers[1].dead is None and answered.count(tiny_server.url) == len(answered) - 2
+    assert summary["read"] == summary["written"] + summary["failed"] == len(CHATS)
+    assert parts(tmp_path / "out") == parts(in_process[0])
+
+
 def test_a_server_serving_another_model_is_refused(tiny_server, small_tiny_target, tmp_path):
     with served(save_tiny_target("llama", tmp_path / "other-model"), tmp_path / "other.log") as other:
         _refused(tiny_server, other, small_tiny_target)
