@@ -14,6 +14,7 @@ from specheads.core.run_folder import LOCK_FILE, check_writable, clear, hold_fol
 from specheads.core.target import FrozenTarget
 from specheads.data.distillation import SUMMARY_FILE, DistillConfig, distill
 from specheads.data.questions import question_rows, question_source
+from specheads.data.server_distill import DEFAULT_CONCURRENCY, ServerTarget
 from specheads.train import host_memory
 from specheads.train.sources import stdlib_rows
 
@@ -73,6 +74,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d.max_bad_rows,
         help="failures allowed: a count (>= 1) or a fraction",
     )
+    p.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an OpenAI-compatible server serving the target (vLLM, SGLang, transformers serve, ...), e.g. "
+        "http://127.0.0.1:8000; repeat it to share the prompts between servers. The target is then not "
+        "loaded here, only its tokenizer and configs (data/server_distill.py)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help="--server: requests in flight on each server",
+    )
+    p.add_argument(
+        "--served-model",
+        default=None,
+        help="--server: the name the servers serve the target under, where it is not the target's "
+        "path or hub id (a server serving another name is refused)",
+    )
+    p.add_argument(
+        "--request-timeout", type=float, default=600.0, help="--server: seconds to wait for one answer"
+    )
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
     p.add_argument("--overwrite", action="store_true", help="start over, deleting what --out holds")
@@ -117,10 +142,23 @@ def run(args: argparse.Namespace) -> int:
     with hold_folder(args.out), host_memory.keep_freed_memory(args.keep_host_memory):
         if args.overwrite:
             clear(args.out, [p.name for p in args.out.iterdir() if p.name != LOCK_FILE])
-        target = FrozenTarget.from_pretrained(resolve_target(args.target), dtype=args.dtype)
-        target.model.to(args.device)
         source = f"{args.source}{' (shuffled)' if args.shuffle else ''}"
-        s = distill(rows, target, args.out, cfg, source=source, progress=not args.no_progress)
+        if args.server:
+            target = ServerTarget.connect(
+                str(resolve_target(args.target)),
+                args.server,
+                concurrency=args.concurrency,
+                served_model=args.served_model,
+                timeout=args.request_timeout,
+            )
+            try:
+                s = distill(rows, target, args.out, cfg, source=source, progress=not args.no_progress)
+            finally:
+                target.close()
+        else:
+            target = FrozenTarget.from_pretrained(resolve_target(args.target), dtype=args.dtype)
+            target.model.to(args.device)
+            s = distill(rows, target, args.out, cfg, source=source, progress=not args.no_progress)
     print(
         f"read {s['read']} prompts = written {s['written']} + skipped {s['skipped']} (done before) "
         f"+ failed {s['failed']}; {s['new_tokens']} new tokens in {s['seconds']} s"

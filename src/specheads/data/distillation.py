@@ -59,6 +59,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +285,32 @@ def generate_batch(model, prompts: list[list[int]], cfg: DistillConfig, *, pad_i
     return results
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One answer a server wrote: its text (decoded without special tokens, as the in-process path decodes
+    its tokens), how many tokens it took, and whether an end token stopped it (else max_new_tokens)."""
+
+    text: str
+    tokens: int
+    ended: bool
+
+
+@dataclass(frozen=True)
+class FailedAnswer:
+    """A request for one answer that failed (the server refused it, or kept failing): the prompt fails."""
+
+    why: str
+
+
+def read_answer(tokenizer, result) -> tuple[str, int, bool]:
+    """(text, new tokens, ended) of one generated answer: a (tokens, ended) pair of generate_batch, or an
+    Answer whose text a server decoded."""
+    if isinstance(result, Answer):
+        return result.text, result.tokens, result.ended
+    tokens, ended = result
+    return tokenizer.decode(tokens, skip_special_tokens=True), len(tokens), ended
+
+
 @dataclass
 class ChunkResult:
     rows: list[dict[str, Any]]
@@ -329,14 +356,15 @@ def _regenerate_conversations(tokenizer, batch: list[Prompt], cfg, gen, context,
             prompts.append(list(ids))
         if not todo:
             continue
-        for (c, slot), (tokens, ended) in zip(
-            todo, gen(prompts, seed=batch_seed(cfg.seed, batch[0].index, wave))
-        ):
-            out.new_tokens += len(tokens)
+        for (c, slot), result in zip(todo, gen(prompts, seed=batch_seed(cfg.seed, batch[0].index, wave))):
+            if isinstance(result, FailedAnswer):
+                failed[c] = f"turn {slot}: {result.why}"
+                continue
+            content, new_tokens, ended = read_answer(tokenizer, result)
+            out.new_tokens += new_tokens
             out.unfinished += not ended
             if not ended:
                 capped.add(c)
-            content = tokenizer.decode(tokens, skip_special_tokens=True)
             if not content:
                 failed[c] = f"turn {slot}: the target wrote an empty answer"
             turns[c][slot] = {"role": "assistant", "content": content}
@@ -351,15 +379,21 @@ def _regenerate_conversations(tokenizer, batch: list[Prompt], cfg, gen, context,
 
 def _continue_texts(tokenizer, batch: list[Prompt], cfg, gen, out: ChunkResult):
     results = gen([p.ids for p in batch], seed=batch_seed(cfg.seed, batch[0].index, 0))
-    for p, (tokens, ended) in zip(batch, results):
-        out.new_tokens += len(tokens)
+    for p, result in zip(batch, results):
+        if isinstance(result, FailedAnswer):
+            out.failures.append({"index": p.index, "where": p.where, "why": result.why})
+            continue
+        answer, new_tokens, ended = read_answer(tokenizer, result)
+        out.new_tokens += new_tokens
         out.unfinished += not ended
-        if not tokenizer.decode(tokens, skip_special_tokens=True):
+        if not answer:
             out.failures.append({"index": p.index, "where": p.where, "why": "the target wrote nothing"})
             continue
-        out.rows.append(
-            {"text": tokenizer.decode(p.ids + tokens, skip_special_tokens=True), "index": p.index}
-        )
+        if isinstance(result, Answer):  # a server's text: the prompt's text, then the answer's
+            text = tokenizer.decode(p.ids, skip_special_tokens=True) + answer
+        else:
+            text = tokenizer.decode(p.ids + result[0], skip_special_tokens=True)
+        out.rows.append({"text": text, "index": p.index})
 
 
 def distill_chunk(target, chunk: list[Prompt], cfg: DistillConfig, on_batch=None) -> ChunkResult:
@@ -375,9 +409,15 @@ def distill_chunk(target, chunk: list[Prompt], cfg: DistillConfig, on_batch=None
     def gen(prompts, seed):
         return generate_batch(model, prompts, cfg, pad_id=pad_id, end_ids=end_ids, seed=seed)
 
+    return answer_chunk(tokenizer, chunk, cfg, gen, context, cfg.batch_size, on_batch)
+
+
+def answer_chunk(tokenizer, chunk, cfg: DistillConfig, gen, context: int, batch_size: int, on_batch=None):
+    """The rows (and failures) of one chunk, `gen(prompts, seed)` writing the answers of a batch of
+    `batch_size` prompts: [(tokens, ended)] (generate_batch), or an Answer or FailedAnswer each (a server)."""
     out = ChunkResult([], [])
-    for start in range(0, len(chunk), cfg.batch_size):
-        batch = chunk[start : start + cfg.batch_size]
+    for start in range(0, len(chunk), batch_size):
+        batch = chunk[start : start + batch_size]
         if batch[0].messages is not None:
             _regenerate_conversations(tokenizer, batch, cfg, gen, context, out)
         else:
@@ -508,8 +548,11 @@ def distill(rows, target, out: Path, cfg: DistillConfig, *, source: str = "", pr
             f"prompt_tokens + max_new_tokens = {cfg.prompt_tokens + cfg.max_new_tokens} exceeds max_length="
             f"{cfg.max_length}"
         )
-    record = target.record().to_dict()
-    record.pop("name_or_path")  # the same model copied elsewhere is the same model
+    if hasattr(target, "settings_record"):  # a target served elsewhere (data/server_distill.py)
+        record = target.settings_record()
+    else:
+        record = target.record().to_dict()
+        record.pop("name_or_path")  # the same model copied elsewhere is the same model
     settings = {
         "source": source,
         "source_fingerprint": content_fingerprint(rows),
@@ -546,7 +589,8 @@ def distill(rows, target, out: Path, cfg: DistillConfig, *, source: str = "", pr
             counts["skipped"] += len(chunk)
             bar.update(len(chunk))
         else:
-            done = commit_chunk(out, k, chunk, distill_chunk(target, chunk, cfg, on_batch=bar.update))
+            chunk_of = getattr(target, "distill_chunk", None) or partial(distill_chunk, target)
+            done = commit_chunk(out, k, chunk, chunk_of(chunk, cfg, on_batch=bar.update))
             for key in ("written", "failed", "new_tokens", "unfinished"):
                 counts[key] += done[key]
         counts["read"] += len(chunk)
