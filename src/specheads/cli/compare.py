@@ -97,7 +97,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dtype", default=CompareOptions.dtype, choices=[*sorted(DTYPES), "auto"])
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
-    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
+    p.add_argument(
+        "--attn",
+        default="auto",
+        choices=["auto", "sdpa", "eager"],
+        help="attention implementation; auto: sdpa, or eager where transformers refuses sdpa",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
         "--allow-target-mismatch",

@@ -123,7 +123,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=[*sorted(DTYPES), "auto"])
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
     p.add_argument(
-        "--attn", default="sdpa", choices=["sdpa", "eager"], help="the target's attention implementation"
+        "--attn",
+        default="auto",
+        choices=["auto", "sdpa", "eager"],
+        help="the target's attention implementation; auto: sdpa, or eager where transformers refuses sdpa",
     )
     p.add_argument("--no-progress", action="store_true")
     add_threads_argument(p)

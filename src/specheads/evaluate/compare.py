@@ -410,7 +410,7 @@ class CompareOptions:
     warmup: int = 1  # untimed prompts every method decodes first
     dtype: str = "float32"
     device: str = "cpu"
-    attn: str = "sdpa"
+    attn: str = "auto"
     threads: int | None = None  # CPU threads for torch (None: torch's own)
     no_plots: bool = False
     no_progress: bool = False
