@@ -8,6 +8,8 @@ gpt-oss adds attention sinks), Gemma-3 with sdpa. The EAGLE heads here have a Ll
 the target, as the engines' draft layer is.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from test_batched import PAD, Inject, continuation, generate_rows
@@ -91,6 +93,13 @@ def test_layer_types_other_than_full_and_sliding_are_refused():
     config.layer_types = ["sliding_attention", "chunked_attention", "full_attention", "full_attention"]
     with pytest.raises(ValueError, match=r"\['chunked_attention'\] layers.*cannot mask"):
         attention_window(config)
+    # configs from before layer_types (older transformers) say which layers slide some other way
+    for older in (dict(cache_implementation="hybrid"), dict(sliding_window_pattern=6)):
+        config = SimpleNamespace(model_type="gemma2", sliding_window=4, **older)
+        with pytest.raises(
+            ValueError, match="gemma2 target alternates.*no layer_types.*upgrade transformers"
+        ):
+            attention_window(config)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -54,12 +54,15 @@ def check_attention_implementation(config) -> None:
         raise ValueError(
             f"the tree decoder needs an attention implementation that honours a custom 4D mask "
             f"({' or '.join(SUPPORTED_ATTENTION)}), but the target uses {impl!r}; load it with "
-            f"attn_implementation='sdpa'"
+            f"attn_implementation='auto' (sdpa, or eager where transformers refuses sdpa)"
         )
 
 
 # Layer types a tree forward can mask; others (chunked or linear attention, recurrent layers) are refused.
 FULL, SLIDING = "full_attention", "sliding_attention"
+
+# How configs written before `layer_types` said which layers slide (Gemma-2 by cache_implementation "hybrid").
+_PATTERN_KEYS = ("sliding_window_pattern", "_sliding_window_pattern")
 
 # One window for every layer (None: full attention), or one per layer type for targets that mix them.
 Window = int | None | dict[str, int | None]
@@ -89,6 +92,14 @@ def attention_window(config) -> Window:
         if kinds == {SLIDING}:
             return window
         return {FULL: None, SLIDING: window}
+    if (
+        any(hasattr(config, key) for key in _PATTERN_KEYS)
+        or getattr(config, "cache_implementation", None) == "hybrid"
+    ):
+        raise ValueError(
+            f"the {config.model_type} target alternates sliding-window and full attention layers, but its config "
+            f"has no layer_types to say which is which (older transformers): upgrade transformers"
+        )
     if window is not None and not getattr(config, "use_sliding_window", True):
         return None
     return window
