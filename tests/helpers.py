@@ -84,6 +84,25 @@ def tiny_config(family: str, vocab_size: int = 264, **overrides):
     return AutoConfig.for_model(family, **kwargs)
 
 
+# Families whose layers mix sliding-window and full attention, with the attention each supports (transformers
+# refuses sdpa for Gemma-2, whose eager attention softcaps the scores, and for gpt-oss, whose eager attention
+# adds the sinks) and a tiny config: layers alternate sliding (window 8 by default) and full attention.
+MIXED_LAYERS = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+MIXED_FAMILIES = {
+    "gemma2": ("eager", dict(head_dim=16)),
+    "gemma3_text": ("sdpa", dict(head_dim=16)),
+    "gpt_oss": ("eager", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2)),
+}
+
+
+def tiny_mixed_model(family: str, window: int = 8, seed: int = 0, **overrides):
+    """A tiny random `family` model (MIXED_FAMILIES) whose layers alternate sliding (`window`) and full
+    attention, in fp32 with the attention implementation the family supports."""
+    attn, defaults = MIXED_FAMILIES[family]
+    kwargs = {**defaults, "sliding_window": window, "layer_types": MIXED_LAYERS, **overrides}
+    return tiny_model(family, seed=seed, attn_implementation=attn, **kwargs)
+
+
 def tiny_model(family: str, seed: int = 0, attn_implementation: str = "sdpa", **overrides):
     from transformers import AutoModelForCausalLM
 

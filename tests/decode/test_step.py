@@ -38,12 +38,21 @@ def small_tree() -> DraftTree:
     return DraftTree(tokens=torch.tensor([[5, 6, 7, 8, 9]]), parents=torch.tensor([[-1, 0, 0, 1, 1]]))
 
 
-@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("window", [None, 4, {"full_attention": None, "sliding_attention": 4}])
 def test_the_contiguous_layout_gives_the_batch_one_tree_inputs(window):
     tree, past = small_tree(), 7
     one = tree_inputs(tree, past, torch.float32, window)
     rows = batched_tree_inputs(tree, Layout.contiguous(past), past, torch.float32, window)
-    assert torch.equal(one.attention_mask, rows.attention_mask)
+    if isinstance(window, dict):  # one mask per layer type, each that of its window alone
+        assert sorted(one.attention_mask) == sorted(rows.attention_mask) == sorted(window)
+        for kind, w in window.items():
+            assert torch.equal(
+                one.attention_mask[kind], tree_inputs(tree, past, torch.float32, w).attention_mask
+            )
+            assert torch.equal(one.attention_mask[kind], rows.attention_mask[kind])
+        assert not torch.equal(one.attention_mask["full_attention"], one.attention_mask["sliding_attention"])
+    else:
+        assert torch.equal(one.attention_mask, rows.attention_mask)
     assert torch.equal(one.position_ids, rows.position_ids)
     assert torch.equal(one.input_ids, rows.input_ids)
 

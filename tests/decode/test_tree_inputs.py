@@ -107,13 +107,17 @@ def test_sliding_window_targets_get_the_window_in_the_tree_mask(family, override
     assert_tree_matches_paths(model, prompt, draft, logits)  # the reference uses the model's own window mask
 
 
-def test_targets_mixing_full_and_sliding_layers_are_refused():
+def test_targets_mixing_full_and_sliding_layers_get_a_window_per_layer_type():
+    """No longer refused: one mask per layer type (tests/decode/test_mixed_attention.py decodes them)."""
     model = tiny_model(
         "qwen2", vocab_size=VOCAB, use_sliding_window=True, sliding_window=4, max_window_layers=2
     )
-    with pytest.raises(ValueError, match="mixes.*full_attention.*sliding_attention"):
-        attention_window(model.config)
+    assert attention_window(model.config) == {"full_attention": None, "sliding_attention": 4}
     assert attention_window(tiny_model("llama", vocab_size=VOCAB).config) is None
+    prompt = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(2))
+    draft = random_draft("medusa-31")
+    logits, _ = forward_tree(model, prompt, draft, window=attention_window(model.config))
+    assert_tree_matches_paths(model, prompt, draft, logits)
 
 
 # -- the traps (DESIGN.md: tree attention on stock HF models) ------------------------------------------

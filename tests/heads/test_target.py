@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from specheads.core.target import FrozenTarget, TargetMismatchError, TargetRecord
+from specheads.core.target import FrozenTarget, TargetMismatchError, TargetRecord, choose_attention
 
-from helpers import FAMILIES, tiny_model
+from helpers import FAMILIES, tiny_config, tiny_mixed_model, tiny_model, tiny_tokenizer
 
 
 def ids(batch=2, length=9, seed=0):
@@ -124,6 +124,48 @@ def test_from_pretrained_honours_dtype_and_attention(tiny_target_dirs):
     )
     assert target.dtype == torch.bfloat16
     assert target.model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize(
+    "family, chosen",
+    [
+        ("llama", "sdpa"),
+        ("qwen3", "sdpa"),
+        ("gemma3_text", "sdpa"),
+        ("gemma2", "eager"),
+        ("gpt_oss", "eager"),
+    ],
+)
+def test_auto_attention_is_sdpa_unless_the_family_refuses_it(family, chosen):
+    config = tiny_config(family, head_dim=16)
+    implementation, why = choose_attention(config)
+    assert implementation == chosen
+    if chosen == "eager":  # transformers refuses sdpa: Gemma-2 softcaps its scores, gpt-oss adds sinks
+        assert "refuses sdpa" in why and "ForCausalLM" in why
+        with pytest.raises(ValueError, match=f"refuses sdpa.*{family}.*'eager', or 'auto'"):
+            choose_attention(config, "sdpa")
+    assert choose_attention(config, "eager") == ("eager", "eager: as asked")
+
+
+def test_a_gemma2_target_loads_eager_by_itself_and_decodes_as_generate(tmp_path):
+    """A family transformers refuses sdpa for, saved as a plain HF directory: the default load picks eager
+    and says so, and the tree decoder's masks read right under it (greedy output equals generate)."""
+    from specheads.decode import MedusaDrafter, SpeculativeDecoder, default_tree
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    tokenizer = tiny_tokenizer()
+    tiny_mixed_model("gemma2", vocab_size=len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    target = FrozenTarget.from_pretrained(str(tmp_path), dtype="float32")
+    assert target.attn_implementation == "eager"
+    assert target.attention_choice == "auto: eager, as transformers refuses sdpa for Gemma2ForCausalLM"
+    with pytest.raises(ValueError, match="refuses sdpa.*Gemma2ForCausalLM.*'eager'"):
+        FrozenTarget.from_pretrained(str(tmp_path), attn_implementation="sdpa")
+    heads = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=2))
+    decoder = SpeculativeDecoder(target, MedusaDrafter(heads.eval(), default_tree("chain-4", num_heads=2)))
+    prompt = ids(batch=1, length=12)  # longer than the window (8) with what it generates
+    expected = target.model.generate(prompt, max_new_tokens=12, do_sample=False)[:, 12:]
+    assert torch.equal(decoder.generate(prompt, 12).tokens, expected)
 
 
 def test_wrong_path_is_a_clear_error(tmp_path):

@@ -19,6 +19,8 @@ from specheads.heads.checkpoint import draft_vocab_ids, read_label_counts
 from specheads.train.provenance import PACKAGES
 from specheads.version import __version__
 
+from helpers import tiny_mixed_model, tiny_tokenizer
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "tiny" / "medusa.yaml"
 
@@ -47,6 +49,23 @@ def args(target: Path, data: Path, out: Path, *extra: str) -> list[str]:
 
 def read_metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_target_refusing_sdpa_trains_with_the_attention_it_supports(text_data, tmp_path):
+    """transformers refuses sdpa for Gemma-2 (its eager attention softcaps the scores): the recipe's default
+    attn_implementation, auto, loads it eager, and Medusa heads train on it."""
+    target_dir, out = tmp_path / "gemma2", tmp_path / "run"
+    tokenizer = tiny_tokenizer()
+    tiny_mixed_model("gemma2", vocab_size=len(tokenizer)).save_pretrained(target_dir)
+    tokenizer.save_pretrained(target_dir)
+    steps = ["max_steps=20", "eval_every=20", "log_every=10"]
+    assert cli_main(["train", *args(target_dir, text_data, out, *steps), "--no-progress"]) == 0
+    train = [m for m in read_metrics(out) if m["split"] == "train"]
+    assert [m["step"] for m in train] == [10, 20] and train[-1]["loss"] < train[0]["loss"]
+    target = FrozenTarget.from_pretrained(str(target_dir))
+    assert target.attention_choice == "auto: eager, as transformers refuses sdpa for Gemma2ForCausalLM"
+    heads, config = load_heads(out, target)
+    assert heads.num_heads == 3 and config["training"]["attn_implementation"] == "auto"
 
 
 def test_train_cli_learns_and_writes_a_whole_checkpoint(tiny_target_dirs, text_data, tmp_path, capsys):

@@ -105,7 +105,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=CompareOptions.dtype, choices=[*sorted(DTYPES), "auto"])
     p.add_argument("--device", default=CompareOptions.device, help="cpu (default) or cuda[:i]")
     p.add_argument(
-        "--attn", default=CompareOptions.attn, choices=["sdpa", "eager"], help="attention implementation"
+        "--attn",
+        default=CompareOptions.attn,
+        choices=["auto", "sdpa", "eager"],
+        help="attention implementation; auto: sdpa, or eager where transformers refuses sdpa",
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(

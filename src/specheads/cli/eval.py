@@ -108,7 +108,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=D.dtype, choices=[*sorted(DTYPES), "auto"])
     p.add_argument("--device", default=D.device, help="cpu (default) or cuda[:i]")
     p.add_argument(
-        "--attn", default=D.attn, choices=["sdpa", "eager"], help="the target's attention implementation"
+        "--attn",
+        default=D.attn,
+        choices=["auto", "sdpa", "eager"],
+        help="the target's attention implementation; auto: sdpa, or eager where transformers refuses sdpa",
     )
     p.add_argument("--no-progress", action="store_true")
     add_threads_argument(p)

@@ -42,10 +42,18 @@ from specheads.core.fingerprint import (
 from specheads.core.hf_compat import cache_kwargs, output_cache
 from specheads.core.manifest import weights_id
 
-# Attention back-ends a target may be loaded with. The tree decoder needs one that honours a custom
-# additive mask (sdpa or eager); flash attention ignores custom masks.
 ADAPTER_CONFIG = "adapter_config.json"  # what marks a directory as a saved peft adapter
-ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
+# Attention back-ends a target may be loaded with. The tree decoder needs one that honours a custom
+# additive mask (sdpa or eager); flash attention ignores custom masks. "auto" picks sdpa where the
+# family's transformers class supports it, else eager (`choose_attention`).
+ATTENTION_IMPLEMENTATIONS = (
+    "auto",
+    "sdpa",
+    "eager",
+    "flex_attention",
+    "flash_attention_2",
+    "flash_attention_3",
+)
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -205,6 +213,48 @@ def _transformers_at_least(version: str) -> bool:
     return Version(transformers.__version__) >= Version(version)
 
 
+def causal_lm_class(config, trust_remote_code: bool = False) -> type | None:
+    """The transformers class `AutoModelForCausalLM` builds for `config`, or None when it knows none."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING  # lazy: as above
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        pass
+    reference = (getattr(config, "auto_map", None) or {}).get("AutoModelForCausalLM")
+    if reference is None or not trust_remote_code:
+        return None
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module  # lazy: as above
+
+    return get_class_from_dynamic_module(reference, config._name_or_path)
+
+
+def choose_attention(config, requested: str = "auto", trust_remote_code: bool = False) -> tuple[str, str]:
+    """The attention implementation to load a target with, and why.
+
+    "auto" takes sdpa where the family's class supports it and eager where transformers refuses sdpa
+    (Gemma-2, whose eager attention softcaps the scores; gpt-oss, whose eager attention adds the sinks).
+    Both honour the decoder's additive masks. Any other request is kept, except sdpa for a class that
+    refuses it, which raises here rather than deep inside transformers.
+
+    Raises:
+        ValueError: sdpa asked of a class without it.
+    """
+    cls = causal_lm_class(config, trust_remote_code)
+    supports_sdpa = cls is None or bool(getattr(cls, "_supports_sdpa", False))
+    name = cls.__name__ if cls is not None else config.model_type
+    if requested == "auto":
+        if supports_sdpa:
+            return "sdpa", "auto: sdpa"
+        return "eager", f"auto: eager, as transformers refuses sdpa for {name}"
+    if requested == "sdpa" and not supports_sdpa:
+        raise ValueError(
+            f"transformers refuses sdpa attention for {name} (model_type {config.model_type!r}): load the "
+            f"target with attn_implementation 'eager', or 'auto', which picks what the family supports"
+        )
+    return requested, f"{requested}: as asked"
+
+
 class FrozenTarget:
     """A frozen causal LM: no gradients, always in eval mode, with hidden-state capture.
 
@@ -231,6 +281,8 @@ class FrozenTarget:
         self.norm = self._find(self.decoder, _NORM_ATTRS, nn.Module, "final norm")
         self.num_layers = len(self.layers)
         self.weights_files: list[Path] = []  # the safetensors it was loaded from (from_pretrained sets them)
+        # how the attention implementation was picked (from_pretrained sets it; see choose_attention)
+        self.attention_choice = f"{self.attn_implementation}: as built"
         self.freeze()
 
     def _find(self, base: nn.Module, names: Iterable[str], kind: type, what: str) -> nn.Module:
@@ -252,7 +304,7 @@ class FrozenTarget:
         *,
         dtype: str | torch.dtype | None = "auto",
         device_map: str | dict | None = None,
-        attn_implementation: str = "sdpa",
+        attn_implementation: str = "auto",
         load_tokenizer: bool = True,
         trust_remote_code: bool = False,
     ) -> FrozenTarget:
@@ -262,7 +314,8 @@ class FrozenTarget:
             name_or_path: a hub id (`meta-llama/Llama-3.1-8B`) or a local HF directory.
             dtype: "auto" (the checkpoint's), a name in DTYPES, or a torch dtype.
             device_map: passed to transformers (e.g. "auto" to spread over GPUs).
-            attn_implementation: one of ATTENTION_IMPLEMENTATIONS.
+            attn_implementation: one of ATTENTION_IMPLEMENTATIONS; "auto" picks sdpa, or eager for the
+                families transformers refuses sdpa for (`choose_attention`; `attention_choice` records it).
             load_tokenizer: also load the tokenizer (needed for the vocabulary hash).
         """
         from transformers import (  # lazy: transformers adds seconds to every command's start
@@ -291,6 +344,9 @@ class FrozenTarget:
             raise FileNotFoundError(
                 f"cannot load target {name_or_path!r}: not a local directory, and not reachable on the hub ({e})"
             ) from e
+        attn_implementation, attention_choice = choose_attention(
+            config, attn_implementation, trust_remote_code
+        )
         # transformers renamed `torch_dtype` to `dtype` in 4.56.
         dtype_kw = "dtype" if _transformers_at_least("4.56") else "torch_dtype"
         try:
@@ -323,6 +379,7 @@ class FrozenTarget:
         )
         target = cls(model, tokenizer, name_or_path=name_or_path)
         target.weights_files = weights_files(path if os.path.isdir(path) else _hub_snapshot(path, config))
+        target.attention_choice = attention_choice
         return target
 
     def with_adapter(self, adapter_dir: str | Path, *, merge: bool = True) -> FrozenTarget:
@@ -336,7 +393,9 @@ class FrozenTarget:
         model = PeftModel.from_pretrained(self.model, str(adapter_dir))
         if merge:
             model = model.merge_and_unload()
-        return FrozenTarget(model, self.tokenizer, name_or_path=self.name_or_path)
+        target = FrozenTarget(model, self.tokenizer, name_or_path=self.name_or_path)
+        target.attention_choice = self.attention_choice
+        return target
 
     def freeze(self) -> FrozenTarget:
         for p in self.model.parameters():
@@ -370,6 +429,11 @@ class FrozenTarget:
     @property
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
+
+    @property
+    def attn_implementation(self) -> str:
+        """The attention implementation the model runs (transformers' default, eager, when unset)."""
+        return getattr(self.config, "_attn_implementation", None) or "eager"
 
     def record(self) -> TargetRecord:
         return TargetRecord(

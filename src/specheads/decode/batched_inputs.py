@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from specheads.decode.kv_cache import compact_cache, position_tensors
-from specheads.decode.tree_inputs import TreeInputs, additive_mask
+from specheads.decode.tree_inputs import Mask, TreeInputs, Window, additive_mask, per_layer_type
 from specheads.decode.trees import DraftTree
 
 
@@ -150,14 +150,14 @@ def block_attention(
 
 
 def prefill_inputs(
-    attention_mask: torch.Tensor, dtype: torch.dtype, window: int | None = None
-) -> tuple[Layout, torch.Tensor, torch.Tensor]:
+    attention_mask: torch.Tensor, dtype: torch.dtype, window: Window = None
+) -> tuple[Layout, Mask, torch.Tensor]:
     """The layout after prefilling left-padded prompts, and the prefill's mask and positions.
 
     Returns:
         layout: pad_b = the row's padding, length_b = T.
         mask: (B, 1, T, T) additive; causal over the row's real tokens (a padding query sees itself,
-            so that no softmax row is empty).
+            so that no softmax row is empty); one per layer type when `window` is a dict.
         position_ids: (B, T) slot - pad_b (0 on padding).
     """
     pad = left_padding(attention_mask)
@@ -170,29 +170,45 @@ def prefill_inputs(
     real = columns[None, :] >= pad[:, None]  # (B, T) keys that are real tokens
     block = (causal & real[:, None, :]) | torch.eye(t, dtype=torch.bool, device=device)
     empty = Layout(pad=pad, length=torch.zeros_like(pad))
-    allowed = block_attention(empty, 0, block, positions, window)
-    return layout, additive_mask(allowed, dtype), positions
+    mask = per_layer_type(
+        window, lambda w: additive_mask(block_attention(empty, 0, block, positions, w), dtype)
+    )
+    return layout, mask, positions
 
 
 def batched_tree_inputs(
-    tree: DraftTree, layout: Layout, past: int, dtype: torch.dtype, window: int | None = None
+    tree: DraftTree, layout: Layout, past: int, dtype: torch.dtype, window: Window = None
 ) -> TreeInputs:
     """Inputs for one target forward over B trees (one per row, N nodes each) after `past` slots.
 
     Node i of row b sits at position root_positions_b + depth_i and sees the row's real slots and its
-    own ancestors: mask (B, 1, N, past + N).
+    own ancestors: mask (B, 1, N, past + N), one per layer type when `window` is a dict.
     """
     positions = layout.root_positions[:, None] + tree.depths  # (B, N)
-    if window is not None:
-        mask = additive_mask(block_attention(layout, past, tree.ancestors, positions, window), dtype)
-    else:  # the same mask from its two parts: each row's real slots, the same for every node; the tree
-        b, n = tree.tokens.shape
-        mask = torch.zeros(b, 1, n, past + n, dtype=dtype, device=tree.tokens.device)
-        if b > 1 or int(layout.pad[0]) > 0 or int(layout.length[0]) < past:  # some slots hold no token
-            hidden_slots = ~layout.real_slots(past)[:, None, None]  # (B, 1, 1, past)
-            mask[..., :past].masked_fill_(hidden_slots.to(mask.device), torch.finfo(dtype).min)
-        mask[..., past:] = tree_block_mask(tree, dtype)
+    mask = per_layer_type(window, lambda w: tree_mask(tree, layout, past, positions, dtype, w))
     return TreeInputs(input_ids=tree.tokens, attention_mask=mask, position_ids=positions)
+
+
+def tree_mask(
+    tree: DraftTree,
+    layout: Layout,
+    past: int,
+    positions: torch.Tensor,
+    dtype: torch.dtype,
+    window: int | None,
+) -> torch.Tensor:
+    """(B, 1, N, past + N) additive: each node sees its row's real slots (those fewer than `window` positions
+    behind it, with a window) and its ancestors."""
+    if window is not None:
+        return additive_mask(block_attention(layout, past, tree.ancestors, positions, window), dtype)
+    # the same mask from its two parts: each row's real slots, the same for every node; the tree
+    b, n = tree.tokens.shape
+    mask = torch.zeros(b, 1, n, past + n, dtype=dtype, device=tree.tokens.device)
+    if b > 1 or int(layout.pad[0]) > 0 or int(layout.length[0]) < past:  # some slots hold no token
+        hidden_slots = ~layout.real_slots(past)[:, None, None]  # (B, 1, 1, past)
+        mask[..., :past].masked_fill_(hidden_slots.to(mask.device), torch.finfo(dtype).min)
+    mask[..., past:] = tree_block_mask(tree, dtype)
+    return mask
 
 
 def tree_block_mask(tree: DraftTree, dtype: torch.dtype) -> torch.Tensor:

@@ -36,7 +36,12 @@ from specheads.decode.drafters import SampledTree
 from specheads.decode.grouped_attention import forced_grouped_attention, grouped_attention_for
 from specheads.decode.packed_linear import PackedLinears
 from specheads.decode.sampling import SamplingParams, check_generator, sample, sampling_probs
-from specheads.decode.tree_inputs import TreeInputs, attention_window, check_attention_implementation
+from specheads.decode.tree_inputs import (
+    TreeInputs,
+    attention_window,
+    check_attention_implementation,
+    mask_key_lengths,
+)
 from specheads.decode.trees import DraftTree
 from specheads.decode.verify import (
     Acceptance,
@@ -202,14 +207,14 @@ class TreeDecoder:
 
         Raises:
             ValueError: for an attention implementation that ignores custom masks (flash attention)
-                or a target mixing full and sliding-window layers.
+                or layers other than full and sliding-window attention.
         """
         check_attention_implementation(target.config)
         self.target, self.drafter = target, drafter
         # the lm_head, for the device every step checks: `target.device` looks it up through transformers (10
         # µs a step on the CPU); the module stays itself when the model moves (its weight may not)
         self._lm_head = target.lm_head
-        self.window = attention_window(target.config)
+        self.window = attention_window(target.config)  # one per layer type for a target mixing them
         # sdpa wants a float mask in the dtype of the queries, i.e. of the hidden states.
         self.mask_dtype = target.embed_tokens.weight.dtype
         self.packed = PackedLinears.for_target(target)  # fp32 on the CPU: weights packed per tree size
@@ -224,9 +229,10 @@ class TreeDecoder:
     def tree_forward(self, tree: DraftTree, inputs: TreeInputs, cache) -> TargetOutput:
         """One target forward over the trees on top of the cache; logits (B, N, V)."""
         kv_length = cache.get_seq_length() + tree.num_nodes
-        if inputs.attention_mask.shape[-1] != kv_length:
+        covered = mask_key_lengths(inputs.attention_mask)
+        if covered != {kv_length}:
             raise ValueError(
-                f"tree mask covers {inputs.attention_mask.shape[-1]} keys but the cache will hold {kv_length} "
+                f"tree mask covers {' or '.join(map(str, sorted(covered)))} keys but the cache will hold {kv_length} "
                 f"({cache.get_seq_length()} cached + {tree.num_nodes} nodes): the last mask dimension must be "
                 f"the real KV length"
             )

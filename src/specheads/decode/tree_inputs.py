@@ -26,10 +26,17 @@ What transformers does with them (read in the 5.23 sources and pinned by tests/d
   mask it builds itself, which a 4D mask replaces: `attention_window` reads the window from the config,
   and `tree_attention_mask` applies it (key at position k is seen from position q iff q - k < window,
   as in `masking_utils.sliding_window_overlay`).
+- A target whose layers mix full and sliding-window attention (Gemma-2, Gemma-3, gpt-oss, Cohere2, Qwen2
+  with `max_window_layers`) reads one mask per layer type: its model takes `attention_mask` as a dict
+  `{"full_attention": mask, "sliding_attention": mask}` (what `generate` hands it) and gives each layer
+  the mask of its `config.layer_types` entry. `attention_window` then returns the window of each type,
+  and `per_layer_type` builds one mask per window; a target with a single kind gets one tensor, as before.
+  The cache keeps every position on every layer (kv_cache.new_cache), so both masks cover the same keys.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -47,31 +54,68 @@ def check_attention_implementation(config) -> None:
         raise ValueError(
             f"the tree decoder needs an attention implementation that honours a custom 4D mask "
             f"({' or '.join(SUPPORTED_ATTENTION)}), but the target uses {impl!r}; load it with "
-            f"attn_implementation='sdpa'"
+            f"attn_implementation='auto' (sdpa, or eager where transformers refuses sdpa)"
         )
 
 
-def attention_window(config) -> int | None:
-    """The sliding window every layer of the target attends with, or None for full attention.
+# Layer types a tree forward can mask; others (chunked or linear attention, recurrent layers) are refused.
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+# How configs written before `layer_types` said which layers slide (Gemma-2 by cache_implementation "hybrid").
+_PATTERN_KEYS = ("sliding_window_pattern", "_sliding_window_pattern")
+
+# One window for every layer (None: full attention), or one per layer type for targets that mix them.
+Window = int | None | dict[str, int | None]
+# One mask for every layer, or one per layer type (the dict a mixed target's model takes).
+Mask = torch.Tensor | dict[str, torch.Tensor]
+
+
+def attention_window(config) -> Window:
+    """The sliding window the target's layers attend with: None for full attention, the window when every
+    layer slides, or {"full_attention": None, "sliding_attention": window} for targets mixing both.
 
     Raises:
-        ValueError: for targets mixing full and sliding-window layers, which would need one mask per
-            layer type.
+        ValueError: for layer types other than full and sliding-window attention.
     """
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
         kinds = set(layer_types)
-        if kinds == {"full_attention"}:
+        unknown = sorted(kinds - {FULL, SLIDING})
+        if unknown:
+            raise ValueError(
+                f"the tree decoder masks full and sliding-window attention layers; this target also has "
+                f"{unknown} layers (config.layer_types), which it cannot mask"
+            )
+        if kinds == {FULL}:
             return None
-        if kinds == {"sliding_attention"}:
+        if kinds == {SLIDING}:
             return window
+        return {FULL: None, SLIDING: window}
+    if (
+        any(hasattr(config, key) for key in _PATTERN_KEYS)
+        or getattr(config, "cache_implementation", None) == "hybrid"
+    ):
         raise ValueError(
-            f"the tree decoder supports targets whose layers all attend alike; this one mixes {sorted(kinds)}"
+            f"the {config.model_type} target alternates sliding-window and full attention layers, but its config "
+            f"has no layer_types to say which is which (older transformers): upgrade transformers"
         )
     if window is not None and not getattr(config, "use_sliding_window", True):
         return None
     return window
+
+
+def per_layer_type(window: Window, build: Callable[[int | None], torch.Tensor]) -> Mask:
+    """`build(window)` for a target with one kind of layer; {layer type: build(its window)} for a mixed one."""
+    if isinstance(window, dict):
+        return {kind: build(w) for kind, w in window.items()}
+    return build(window)
+
+
+def mask_key_lengths(mask: Mask) -> set[int]:
+    """The key lengths (last dimensions) of a mask or of each layer type's mask."""
+    masks = mask.values() if isinstance(mask, dict) else [mask]
+    return {m.shape[-1] for m in masks}
 
 
 def tree_position_ids(tree: DraftTree, past_len: int) -> torch.Tensor:
@@ -113,19 +157,19 @@ class TreeInputs:
     """What the target's forward takes to read a tree.
 
     input_ids:      (B, N)
-    attention_mask: (B, 1, N, past_len + N) additive float
+    attention_mask: (B, 1, N, past_len + N) additive float; one per layer type for a mixed target
     position_ids:   (B, N)
     """
 
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    attention_mask: Mask
     position_ids: torch.Tensor
 
 
-def tree_inputs(tree: DraftTree, past_len: int, dtype: torch.dtype, window: int | None = None) -> TreeInputs:
+def tree_inputs(tree: DraftTree, past_len: int, dtype: torch.dtype, window: Window = None) -> TreeInputs:
     """Build the inputs for one target forward over `tree` after `past_len` cached tokens."""
     return TreeInputs(
         input_ids=tree.tokens,
-        attention_mask=tree_attention_mask(tree, past_len, dtype, window),
+        attention_mask=per_layer_type(window, lambda w: tree_attention_mask(tree, past_len, dtype, w)),
         position_ids=tree_position_ids(tree, past_len),
     )

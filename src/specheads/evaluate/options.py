@@ -40,7 +40,9 @@ class EvalOptions:
     batch_size: int = 1  # decode B prompts at a time against the target's batched generate
     dtype: str = "float32"
     device: str = "cpu"
-    attn: str = "sdpa"  # the target's attention implementation
+    attn: str = (
+        "auto"  # the target's attention implementation; auto: sdpa, or eager where transformers refuses it
+    )
     threads: int | None = None  # CPU threads for torch (None: torch's own)
     no_progress: bool = False
 
@@ -78,7 +80,7 @@ class CompareOptions:
     warmup: int = 1  # untimed prompts every method decodes first
     dtype: str = "float32"
     device: str = "cpu"
-    attn: str = "sdpa"
+    attn: str = "auto"
     threads: int | None = None  # CPU threads for torch (None: torch's own)
     no_plots: bool = False
     no_progress: bool = False

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
-from specheads.core.target import FrozenTarget, vocab_hash
+from specheads.core.target import FrozenTarget, choose_attention, vocab_hash
 from specheads.decode.decoder import SpeculativeDecoder
 from specheads.decode.drafters import DraftContext, Drafter
 from specheads.decode.trees import DraftTree
@@ -239,6 +239,7 @@ def load_draft_model(path: str, dtype: torch.dtype, device: torch.device, attn: 
     """(the assistant model at `path` in the target's dtype and device, its tokenizer or None)."""
 
     from transformers import (  # lazy: transformers adds seconds to every command's start
+        AutoConfig,
         AutoModelForCausalLM,
         AutoTokenizer,
     )
@@ -247,6 +248,7 @@ def load_draft_model(path: str, dtype: torch.dtype, device: torch.device, attn: 
         raise FileNotFoundError(
             f"--draft-model {path}: no config.json there (expected an HF model directory)"
         )
+    attn, _ = choose_attention(AutoConfig.from_pretrained(path), attn)  # "auto": sdpa, or eager where refused
     draft = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
     draft.to(device).eval()
     try:

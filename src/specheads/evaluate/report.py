@@ -411,13 +411,14 @@ def reproduce(results: dict[str, Any]) -> list[str]:
 
 
 def run_environment(target, attn: str) -> dict:
-    """What results.json records of where a run ran: device, dtype, attention, threads, versions."""
+    """What results.json records of where a run ran: device, dtype, attention, threads, versions. The
+    attention is the implementation the target runs (`attn`, the one asked for, may be "auto")."""
     import transformers  # lazy: transformers adds seconds to every command's start
 
     return {
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
-        "attn_implementation": attn,
+        "attn_implementation": getattr(target, "attn_implementation", attn),
         "threads": torch.get_num_threads(),
         "versions": {
             "specheads": __version__,

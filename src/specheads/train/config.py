@@ -37,7 +37,9 @@ class TrainConfig:
         "tiny"  # a local HF directory, a hub name, or "tiny" (the embedded default, built if needed)
     )
     target_dtype: str = "float32"
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = (
+        "auto"  # "auto": sdpa, or eager where transformers refuses sdpa (Gemma-2, gpt-oss)
+    )
     mode: str = "online"  # "online": the target runs every batch; "offline": read its states from cache_dir
     cache_dir: str = ""  # the hidden-state cache (`specheads cache` writes it; offline mode reads it)
     # data
