@@ -16,7 +16,7 @@ from torch import nn
 
 from specheads.decode.drafters import DraftContext
 from specheads.decode.trees import DraftTree
-from specheads.heads.methods import Method
+from specheads.heads.method import Method
 
 
 @dataclass

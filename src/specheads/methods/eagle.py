@@ -9,7 +9,7 @@ from __future__ import annotations
 from specheads.evaluate.calibrate_dynamic import calibrate_eagle
 from specheads.evaluate.eval_drafters import eagle_drafter_for
 from specheads.heads import EagleConfig, EagleHead, layer_config_from
-from specheads.heads.methods import Method
+from specheads.heads.method import Method
 from specheads.methods.medusa import last_layer
 from specheads.train.eagle_losses import DraftMetrics, eagle_loss
 

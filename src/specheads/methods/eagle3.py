@@ -13,7 +13,7 @@ from specheads.heads import (
     layer_config_from,
 )
 from specheads.heads.eagle import with_rope_theta
-from specheads.heads.methods import Method
+from specheads.heads.method import Method
 from specheads.train.eagle_losses import OUT_OF_VOCAB, DraftMetrics, eagle3_loss
 
 # draft_head_init (train/config.py): the draft's lm_head and norm drawn at random, or copied from the target
