@@ -29,10 +29,10 @@ import torch
 from specheads.builders.tiny_target import HELDOUT_FILE
 from specheads.core.target import FrozenTarget
 from specheads.decode import DEFAULT_TREES, MedusaDrafter, SpeculativeDecoder, StaticTree, default_tree
+from specheads.decode.baseline import generate_rows
 from specheads.decode.decoder import PHASES
 from specheads.decode.kv_cache import new_cache
 from specheads.decode.step import timed
-from specheads.evaluate.baseline import generate_rows
 from specheads.heads import load_heads
 
 
@@ -80,7 +80,7 @@ def plain_decode(target: FrozenTarget, prompt: torch.Tensor, n: int) -> tuple[li
 
 
 def baseline_generate(target: FrozenTarget, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
-    """The target's own greedy `generate` (evaluate.baseline): the new tokens up to EOS, and the wall seconds."""
+    """The target's own greedy `generate` (decode.baseline): the new tokens up to EOS, and the wall seconds."""
     rows, seconds = timed(lambda: generate_rows(target, prompt, n), target.device)
     return rows[0], seconds
 

@@ -41,13 +41,13 @@ from specheads.builders.named_targets import resolve_target
 from specheads.core.atomic import write_json, write_text
 from specheads.core.machine import processor_name
 from specheads.core.target import FrozenTarget
+from specheads.decode.baseline import generate_rows
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs
 from specheads.decode.decoder import PHASES, SpeculativeDecoder
+from specheads.decode.drafter_factory import drafter_for
 from specheads.decode.kv_cache import new_cache
 from specheads.decode.step import decoding_attention, timed
 from specheads.decode.trees import DraftTree
-from specheads.evaluate.baseline import generate_rows
-from specheads.evaluate.eval_drafters import drafter_for
 from specheads.evaluate.peers import adapted_target
 from specheads.evaluate.prompts import encode_prompts, read_prompts
 from specheads.evaluate.report import phase_shares

@@ -98,7 +98,7 @@ def test_cost_curve_times_the_tree_forward_alone(tmp_path, monkeypatch):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     from specheads.decode import SpeculativeDecoder
-    from specheads.evaluate.eval_drafters import drafter_for
+    from specheads.decode.drafter_factory import drafter_for
 
     heads, config = bench.load_heads(tmp_path / "medusa", target=target)
     drafter, _ = drafter_for(heads, config, target, "medusa-15")

@@ -18,12 +18,10 @@ from specheads.decode import (
     default_tree,
     new_cache,
 )
-from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.evaluate.calibrate import (
+from specheads.decode.calibrate import (
     MEDUSA_RANKS,
     CalibrationSettings,
     Candidate,
-    calibrated_drafter,
     choose,
     decode_accept_length,
     greedy_sequence,
@@ -31,9 +29,8 @@ from specheads.evaluate.calibrate import (
     medusa_ranks,
     rank_accuracies,
     static_accept_length,
-    timed,
 )
-from specheads.evaluate.calibrate_dynamic import (
+from specheads.decode.calibrate_dynamic import (
     DynamicStep,
     _ValueRecorder,
     dynamic_accept_length,
@@ -42,6 +39,8 @@ from specheads.evaluate.calibrate_dynamic import (
     node_depths,
     record_dynamic_steps,
 )
+from specheads.decode.eagle_drafter import EagleDrafter
+from specheads.evaluate.calibrate import calibrated_drafter, timed
 from specheads.evaluate.step_timing import MeasuredTimer, same_work
 from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from
 from specheads.train.eagle_losses import eagle_loss

@@ -10,9 +10,9 @@ import torch
 from test_tree_auto_cli import eval_args, make_setup, timings_favouring
 
 from specheads.cli import main as cli
+from specheads.decode.calibrate import CalibrationSettings
 from specheads.evaluate import calibrate as calibrate_module
 from specheads.evaluate import calibration_cache
-from specheads.evaluate.calibrate import CalibrationSettings
 from specheads.evaluate.calibration_cache import calibration_key, calibrations_dir, tensors_sha256
 from specheads.heads import load_heads
 

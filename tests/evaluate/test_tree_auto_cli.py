@@ -12,10 +12,13 @@ import torch
 
 from specheads.cli import main as cli
 from specheads.core.target import FrozenTarget
+from specheads.decode import calibrate as decode_calibrate
+from specheads.decode.calibrate import CalibrationSettings
+from specheads.decode.drafter_factory import tree_by_default
 from specheads.evaluate import calibrate as calibrate_module
 from specheads.evaluate import evaluate as evaluate_module
-from specheads.evaluate.calibrate import CalibrationSettings, holds_out
-from specheads.evaluate.eval_drafters import tree_by_default, trees_for
+from specheads.evaluate.calibrate import holds_out
+from specheads.evaluate.eval_drafters import trees_for
 from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from, save_heads
 from specheads.heads.methods import methods, register
 
@@ -123,11 +126,11 @@ def test_eval_tree_auto_over_a_draft_vocabulary(setup, tmp_path, heads):
     from specheads.heads import load_heads
 
     medusa, _ = load_heads(setup["root"] / "medusa", target)
-    sequence = [(calibrate_module.greedy_sequence(target, torch.tensor([[5, 9, 3, 17]]), 12), 4)]
-    whole = calibrate_module.medusa_ranks(target, medusa, sequence, 5)[0]
-    named = calibrate_module.medusa_ranks(target, medusa, sequence, 5, torch.arange(loaded.vocab_size))[0]
+    sequence = [(decode_calibrate.greedy_sequence(target, torch.tensor([[5, 9, 3, 17]]), 12), 4)]
+    whole = decode_calibrate.medusa_ranks(target, medusa, sequence, 5)[0]
+    named = decode_calibrate.medusa_ranks(target, medusa, sequence, 5, torch.arange(loaded.vocab_size))[0]
     assert torch.equal(named, whole)
-    restricted = calibrate_module.medusa_ranks(target, medusa, sequence, 5, vocab)[0]
+    restricted = decode_calibrate.medusa_ranks(target, medusa, sequence, 5, vocab)[0]
     ids = sequence[0][0][0]
     for i, row in enumerate(restricted.tolist()):
         for k, rank in enumerate(row):

@@ -17,6 +17,7 @@ from specheads.evaluate.eval_drafters import (
 )
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE
 from specheads.evaluate.peers import BASELINE, PEERS
+from specheads.methods import methods
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -111,7 +112,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """`specheads compare`."""
     options = CompareOptions.from_args(args)
-    compare_heads(options)
+    compare_heads(options, methods())
     print((options.out / REPORT_FILE).read_text(), end="")
     print(
         f"wrote {options.out / RESULTS_FILE}, {options.out / REPORT_FILE}, plots and {options.out / ANSWERS_DIR}/"

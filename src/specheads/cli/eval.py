@@ -14,24 +14,21 @@ from specheads.core.atomic import write_text
 from specheads.core.run_folder import claim_results_folder, clear, hold_folder
 from specheads.core.target import DTYPES, FrozenTarget
 from specheads.decode.batched import BatchedSpeculativeDecoder
+from specheads.decode.calibrate import CalibrationSettings
 from specheads.decode.decoder import SpeculativeDecoder
-from specheads.decode.step import decoding_attention
-from specheads.evaluate.batched_eval import evaluate_batched
-from specheads.evaluate.calibrate import (
-    CalibrationSettings,
-    calibrated_once,
-    hold_out,
-    holds_out,
-    max_tree_depth,
-)
-from specheads.evaluate.eval_drafters import (
-    add_draft_vocab_argument,
-    add_recalibrate_argument,
-    add_tree_argument,
+from specheads.decode.drafter_factory import (
     check_tree_for_method,
     draft_vocab_mask,
     drafter_for,
     tree_by_default,
+)
+from specheads.decode.step import decoding_attention
+from specheads.evaluate.batched_eval import evaluate_batched
+from specheads.evaluate.calibrate import calibrated_once, hold_out, holds_out, max_tree_depth
+from specheads.evaluate.eval_drafters import (
+    add_draft_vocab_argument,
+    add_recalibrate_argument,
+    add_tree_argument,
 )
 from specheads.evaluate.evaluate import (
     REPORT_FILE,
@@ -47,7 +44,7 @@ from specheads.evaluate.progress import PROGRESS_FILE, Progress, stop_on_sigterm
 from specheads.evaluate.prompts import check_prompt_lengths, encode_prompts, read_prompts
 from specheads.heads import load_heads, read_head_config
 from specheads.heads.checkpoint import draft_vocab_ids, target_for_heads
-from specheads.heads.methods import method_named
+from specheads.methods import method_named, methods
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -134,9 +131,14 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     if args.resume and args.overwrite:
         raise ValueError("--resume goes on from a stopped run, --overwrite starts over: give one of them")
-    head_config = read_head_config(args.heads)  # a missing or foreign checkpoint fails before any loading
+    table = methods()
+    head_config = read_head_config(
+        args.heads, methods=table
+    )  # a missing or foreign checkpoint fails before any loading
     calibrates = args.batch_size == 1 and args.temperature == 0
-    default_auto = args.tree is None and tree_by_default(head_config["method"], calibrates) == "auto"
+    default_auto = (
+        args.tree is None and tree_by_default(head_config["method"], calibrates, methods=table) == "auto"
+    )
     if args.calibration_prompts is not None and args.tree is None and not default_auto:
         raise ValueError(
             f"--calibration-prompts must be >= 1, with --tree auto; got {args.calibration_prompts} for "
@@ -145,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     claim_results_folder(args.out, (RESULTS_FILE, REPORT_FILE), args.overwrite)  # before any loading
     if args.overwrite:
         clear(args.out, [PROGRESS_FILE])  # a stopped run's progress is replaced too
-    check_tree_for_method(head_config["method"], None if args.tree == "auto" else args.tree)
+    check_tree_for_method(head_config["method"], None if args.tree == "auto" else args.tree, methods=table)
     if args.draft_vocab is not None:
         why = method_named(head_config["method"]).draft_vocab
         if why or args.draft_vocab < 1:
@@ -158,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     if default_auto and (
         args.calibration_prompts is not None or holds_out(len(texts), None, args.num_prompts)
     ):
-        args.tree = "auto"  # these heads' default (heads/methods.py: default_tree); the command records it
+        args.tree = "auto"  # these heads' default (its Method's default_tree); the command records it
         print(
             f"--tree auto: the default for {head_config['method']} heads (--tree NAME decodes a fixed tree)"
         )
@@ -176,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         device=target.device,
         dtype=target.dtype,
         allow_target_mismatch=args.allow_target_mismatch,
+        methods=table,
     )
     prompts, templated = encode_prompts(
         texts, target.tokenizer, not args.no_chat_template, args.prompt_tokens
@@ -188,11 +191,11 @@ def run(args: argparse.Namespace) -> int:
             held_out, target.tokenizer, not args.no_chat_template, args.prompt_tokens
         )
         calibration_settings = CalibrationSettings(max_new_tokens=args.max_new_tokens)
-        depth = max_tree_depth(heads, head_config, calibration_settings)
+        depth = max_tree_depth(heads, head_config, calibration_settings, methods=table)
         check_prompt_lengths(prompts + held_out, target.config, args.max_new_tokens, depth)
         tree = "auto"
     else:
-        drafter, tree = drafter_for(heads, head_config, target, args.tree, vocab)
+        drafter, tree = drafter_for(heads, head_config, target, args.tree, vocab, methods=table)
         check_prompt_lengths(prompts, target.config, args.max_new_tokens, tree["depth"])
     with hold_folder(args.out):  # a second eval or compare on --out stops at once
         sampling = sampling_params(args)
@@ -217,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
                         calibration_settings,
                         vocab,
                         reuse=not args.recalibrate,
+                        methods=table,
                     )
                 how["draft_vocab"] = draft_vocab_mask(drafter, target.vocab_size)
                 if args.batch_size > 1:

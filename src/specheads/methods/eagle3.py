@@ -3,8 +3,8 @@ draft vocabulary of the data's most frequent label tokens. Decoded like EAGLE (t
 
 from __future__ import annotations
 
-from specheads.evaluate.calibrate_dynamic import calibrate_eagle
-from specheads.evaluate.eval_drafters import eagle_drafter_for
+from specheads.decode.calibrate_dynamic import calibrate_eagle
+from specheads.decode.drafter_factory import eagle_drafter_for
 from specheads.heads import (
     Eagle3Config,
     Eagle3Head,

@@ -162,7 +162,8 @@ def check_resumable(
             problems.append(f"{key}: checkpoint {value!r}, this run {now.get(key)!r}")
     if problems:
         raise ValueError(f"cannot resume {path} exactly:\n  " + "\n  ".join(problems))
-    TargetRecord.from_dict(read_head_config(path)["target"]).check_matches(
+    heads_config = read_head_config(path, methods=(cfg.method,))  # heads of this run's method
+    TargetRecord.from_dict(heads_config["target"]).check_matches(
         record, what=f"heads in {path}", allow_weights=cfg.allow_target_mismatch
     )
 
