@@ -36,6 +36,7 @@ from specheads.decode.step import timed
 from specheads.evaluate.eval_drafters import add_tree_argument
 from specheads.evaluate.prompts import encode_prompts, read_prompts
 from specheads.heads import load_heads
+from specheads.methods import methods
 
 DEFAULT_HEADS = Path("runs/quickstart/medusa")
 
@@ -121,8 +122,10 @@ def bench(args) -> dict:
     target_path, heads_path = resolve_paths(args)
     target = FrozenTarget.from_pretrained(target_path, dtype=args.dtype, attn_implementation=args.attn)
     target.model.to(args.device)
-    heads, head_config = load_heads(heads_path, target, device=target.device, dtype=target.dtype)
-    drafter, tree = drafter_for(heads, head_config, target, args.tree)
+    heads, head_config = load_heads(
+        heads_path, target, device=target.device, dtype=target.dtype, methods=methods()
+    )
+    drafter, tree = drafter_for(heads, head_config, target, args.tree, methods=methods())
     decoder = BatchedSpeculativeDecoder(target, drafter)
     texts = read_prompts(args.prompts, target_path, num_prompts=args.num_prompts)
     prompts, templated = encode_prompts(texts, target.tokenizer, True, args.prompt_tokens)

@@ -34,6 +34,7 @@ from specheads.decode.decoder import PHASES
 from specheads.decode.kv_cache import new_cache
 from specheads.decode.step import timed
 from specheads.heads import load_heads
+from specheads.methods import methods
 
 
 def load_prompts(args, tokenizer) -> list[torch.Tensor]:
@@ -88,7 +89,9 @@ def baseline_generate(target: FrozenTarget, prompt: torch.Tensor, n: int) -> tup
 def bench(args) -> dict:
     target = FrozenTarget.from_pretrained(args.target, dtype=args.dtype, attn_implementation=args.attn)
     target.model.to(args.device)
-    heads, head_config = load_heads(args.heads, target=target, device=target.device, dtype=target.dtype)
+    heads, head_config = load_heads(
+        args.heads, target=target, device=target.device, dtype=target.dtype, methods=methods()
+    )
     if head_config["method"] != "medusa":
         sys.exit(f"only Medusa heads have a drafter so far; {args.heads} holds {head_config['method']!r}")
     tree = choose_tree(args, heads.num_heads)

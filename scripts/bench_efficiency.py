@@ -53,6 +53,7 @@ from specheads.evaluate.prompts import encode_prompts, read_prompts
 from specheads.evaluate.report import phase_shares
 from specheads.heads import load_heads
 from specheads.heads.checkpoint import draft_vocab_ids
+from specheads.methods import methods
 
 
 class CostCurve:
@@ -231,9 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     loaded = []
     for heads_dir, tree_name, size in zip(args.heads, trees, vocabs):
-        heads, config = load_heads(heads_dir, target=target, device=target.device, dtype=target.dtype)
+        heads, config = load_heads(
+            heads_dir, target=target, device=target.device, dtype=target.dtype, methods=methods()
+        )
         vocab = draft_vocab_ids(heads_dir, size, target.vocab_size) if size else None
-        drafter, tree = drafter_for(heads, config, target, tree_name, vocab)
+        drafter, tree = drafter_for(heads, config, target, tree_name, vocab, methods=methods())
         tree = {**tree, "draft_vocab": size or None}
         loaded.append((heads_dir, config, tree, SpeculativeDecoder(target, drafter)))
     decoders = [d for *_, d in loaded]

@@ -282,7 +282,7 @@ def test_draft_vocab_mask_is_what_the_drafter_can_propose(setup):
     head = EagleHead(EagleConfig(layers))
     assert draft_vocab_mask(EagleDrafter(head, target), V) is None
     assert torch.equal(draft_vocab_mask(EagleDrafter(head, target, vocab=ids), V), mask)
-    heads, _ = load_heads(setup["heads"], target)
+    heads, _ = load_heads(setup["heads"], target, methods=methods())
     tree = default_tree("medusa-15", num_heads=NUM_HEADS)
     assert draft_vocab_mask(MedusaDrafter(heads, tree, target.lm_head), V) is None
     assert torch.equal(draft_vocab_mask(MedusaDrafter(heads, tree, target.lm_head, vocab=ids), V), mask)
@@ -382,7 +382,7 @@ def test_eval_draft_vocab_records_it_and_refuses_eagle3_heads(setup, tmp_path):
     from specheads.heads import Eagle3Config, Eagle3Head, layer_config_from
 
     target = FrozenTarget.from_pretrained(str(setup["target"]))
-    heads, _ = load_heads(setup["heads"], target)
+    heads, _ = load_heads(setup["heads"], target, methods=methods())
     counts = torch.arange(target.vocab_size, dtype=torch.long)  # the last ids, the most frequent
     save_heads(heads, tmp_path / "counted", target.record(), label_counts=counts)
     args = eval_args(setup, tmp_path / "out", setup["questions"], "--draft-vocab", "30")
