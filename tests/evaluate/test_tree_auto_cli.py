@@ -236,9 +236,8 @@ def test_eagle_heads_calibrate_by_default_and_medusa_heads_do_not():
 
 def test_tree_by_default_only_where_the_run_can_calibrate(eagle_calibrates_by_default):
     assert tree_by_default("eagle", calibrates=True, methods=methods()) == "auto"
-    assert (
-        tree_by_default("eagle", calibrates=False, methods=methods()) is None
-    )  # sampling, batches: the fixed default
+    # sampling, batches: the fixed default
+    assert tree_by_default("eagle", calibrates=False, methods=methods()) is None
     assert (
         tree_by_default("medusa", calibrates=True, methods=methods()) is None
         and tree_by_default("hydra", True, methods=methods()) is None

@@ -198,9 +198,8 @@ def test_eagle3_head_starts_from_the_targets_lm_head_rows_and_norm():
         load_config(None, {"method": "eagle3", "eagle3_topk_loss_weight": -0.5}, methods=methods())
     with pytest.warns(UserWarning, match="'eagle3_topk_loss' .* read by method eagle3 only"):
         load_config(None, {"method": "medusa", "eagle3_topk_loss": 10}, methods=methods())
-    assert (
-        load_config(None, {"method": "eagle3"}, methods=methods()).eagle3_topk_loss == 0
-    )  # off unless asked for
+    # off unless asked for
+    assert load_config(None, {"method": "eagle3"}, methods=methods()).eagle3_topk_loss == 0
 
 
 @pytest.mark.parametrize("convention", ["rope_parameters", "rope_theta"])

@@ -181,9 +181,8 @@ def test_eagle3_ablations_are_modelopts_settings_as_our_recipe_overrides():
     for target in ("tiny", "smollm2"):
         cfg = eagle3_recipe(target, got)
         assert cfg.warmup == 24
-    assert (
-        load_config(jobs.recipe_path("smollm2", "eagle3"), ["max_steps=96"], methods=methods()).warmup == 10
-    )  # its own tenth
+    recipe = jobs.recipe_path("smollm2", "eagle3")
+    assert load_config(recipe, ["max_steps=96"], methods=methods()).warmup == 10  # its own tenth
     # its seeding: the draft's initial weights drawn with seed 0 whatever the run's seed, which orders the rows
     assert modelopt.eagle3_ablation("init seed 0", budget, seed=2) == {"seed": 0, "data_seed": 2}
     with pytest.raises(SystemExit, match="ttt 7"):  # an unknown ablation stops the bench

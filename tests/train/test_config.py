@@ -63,9 +63,8 @@ def test_bad_values_are_clear_errors(override, message):
 
 
 def test_max_bad_rows_keeps_a_count_a_count():
-    assert (
-        load_config(None, ["max_bad_rows=5"], methods=methods()).max_bad_rows == 5
-    )  # 5 rows, not a fraction 5.0
+    # 5 rows, not a fraction 5.0
+    assert load_config(None, ["max_bad_rows=5"], methods=methods()).max_bad_rows == 5
     assert isinstance(load_config(None, ["max_bad_rows=5"], methods=methods()).max_bad_rows, int)
     assert load_config(None, ["max_bad_rows=0.1"], methods=methods()).max_bad_rows == 0.1
     assert TrainConfig().max_bad_rows == 0.01

@@ -39,9 +39,8 @@ def test_linear_decays_to_zero_as_the_hf_trainers_linear():
 
     cfg = load_config(None, ["lr_schedule=linear", "warmup_steps=24", "max_steps=240"], methods=methods())
     f = factors(cfg)
-    assert (
-        f[:24] == factors(load_config(None, ["warmup_steps=24", "max_steps=240"], methods=methods()))[:24]
-    )  # the same warm-up
+    # the same warm-up
+    assert f[:24] == factors(load_config(None, ["warmup_steps=24", "max_steps=240"], methods=methods()))[:24]
     assert f[24] == 1.0 and f[132] == pytest.approx(0.5) and lr_lambda(240, cfg) == 0.0
     hf = get_linear_schedule_with_warmup(torch.optim.SGD([torch.zeros(1)], lr=1.0), 24, 240).lr_lambdas[0]
     assert f[24:] == pytest.approx([hf(step) for step in range(24, 240)])
@@ -93,9 +92,8 @@ def test_warmup_ratio_counts_its_steps_as_the_hf_trainer_and_follows_max_steps()
             methods=methods(),
         )
         assert factors(cfg) == factors(same)
-    assert (
-        load_config(None, ["warmup_steps=4"], methods=methods()).warmup == 4
-    )  # the default ratio 0: the steps as given
+    # the default ratio 0: the steps as given
+    assert load_config(None, ["warmup_steps=4"], methods=methods()).warmup == 4
 
 
 @pytest.mark.parametrize(
