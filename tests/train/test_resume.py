@@ -212,16 +212,27 @@ def test_resume_refuses_a_different_run(uninterrupted, tiny_target_dirs, text_da
     path = latest_checkpoint(uninterrupted)
     state = read_state(path)
     cfg = load_config(None, state["config"], methods=methods())
+    entry = methods()[cfg.method]
     record = checkpointing.TargetRecord.from_dict(json.loads((path / "config.json").read_text())["target"])
     check_resumable(
-        state, load_config(None, {**state["config"], "max_steps": 500}, methods=methods()), 1, record, path
+        state,
+        load_config(None, {**state["config"], "max_steps": 500}, methods=methods()),
+        1,
+        record,
+        path,
+        method=entry,
     )  # allowed
     with pytest.raises(ValueError, match=r"cannot resume .*\n  lr: checkpoint 0.01, this run 0.02"):
         check_resumable(
-            state, load_config(None, {**state["config"], "lr": 0.02}, methods=methods()), 1, record, path
+            state,
+            load_config(None, {**state["config"], "lr": 0.02}, methods=methods()),
+            1,
+            record,
+            path,
+            method=entry,
         )
     with pytest.raises(ValueError, match="written by 1 processes, this run has 2"):
-        check_resumable(state, cfg, 2, record, path)
+        check_resumable(state, cfg, 2, record, path, method=entry)
 
 
 def test_a_resume_may_change_the_label_floors_and_is_checked_against_its_own(

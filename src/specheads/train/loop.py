@@ -488,7 +488,7 @@ def run_training(cfg: TrainConfig, method: Method, accelerator, progress: bool, 
     state = {"step": 0, "global_batches": 0, "window": None, "run_id": new_run_id()}
     if resume_from is not None:
         state = read_state(resume_from)
-        check_resumable(state, cfg, accelerator.num_processes, run.record, resume_from)
+        check_resumable(state, cfg, accelerator.num_processes, run.record, resume_from, method=method)
         load_checkpoint(accelerator, run.model, resume_from)
     state.update(num_processes=accelerator.num_processes, config=cfg.to_dict())
     if main:
