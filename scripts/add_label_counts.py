@@ -21,6 +21,7 @@ from specheads.core.atomic import write_file
 from specheads.core.target import FrozenTarget
 from specheads.heads import read_head_config
 from specheads.heads.checkpoint import LABEL_COUNTS_FILE
+from specheads.methods import methods
 from specheads.train import loop
 from specheads.train.config import TrainConfig, load_config
 from specheads.train.eagle_losses import count_label_tokens
@@ -31,9 +32,9 @@ def add_label_counts(heads_dir: str | Path, out: str | Path) -> int:
     heads_dir, out = Path(heads_dir), Path(out)
     if out.exists():
         raise FileExistsError(f"{out} exists; choose a new folder")
-    record = read_head_config(heads_dir).get("training", {})
+    record = read_head_config(heads_dir, methods=methods()).get("training", {})
     known = {f.name for f in dataclasses.fields(TrainConfig)}  # the record adds notes, step and eval
-    cfg = load_config(None, {k: v for k, v in record.items() if k in known})
+    cfg = load_config(None, {k: v for k, v in record.items() if k in known}, methods=methods())
     cfg = dataclasses.replace(cfg, mode="online")  # the rows come from the data, not from a cache
     target = FrozenTarget.from_pretrained(resolve_target(cfg.target), dtype="float32")
     rows, _, _ = loop.make_data(cfg, target.tokenizer)

@@ -27,14 +27,16 @@ from pathlib import Path
 import torch
 
 from specheads.core.target import FrozenTarget
+from specheads.decode.baseline import generate_rows, pad_token_id
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
 from specheads.decode.decoder import PHASES
+from specheads.decode.drafter_factory import drafter_for
 from specheads.decode.step import timed
-from specheads.evaluate.baseline import generate_rows, pad_token_id
-from specheads.evaluate.eval_drafters import add_tree_argument, drafter_for
+from specheads.evaluate.eval_drafters import add_tree_argument
 from specheads.evaluate.prompts import encode_prompts, read_prompts
 from specheads.heads import load_heads
+from specheads.methods import methods
 
 DEFAULT_HEADS = Path("runs/quickstart/medusa")
 
@@ -120,8 +122,10 @@ def bench(args) -> dict:
     target_path, heads_path = resolve_paths(args)
     target = FrozenTarget.from_pretrained(target_path, dtype=args.dtype, attn_implementation=args.attn)
     target.model.to(args.device)
-    heads, head_config = load_heads(heads_path, target, device=target.device, dtype=target.dtype)
-    drafter, tree = drafter_for(heads, head_config, target, args.tree)
+    heads, head_config = load_heads(
+        heads_path, target, device=target.device, dtype=target.dtype, methods=methods()
+    )
+    drafter, tree = drafter_for(heads, head_config, target, args.tree, methods=methods())
     decoder = BatchedSpeculativeDecoder(target, drafter)
     texts = read_prompts(args.prompts, target_path, num_prompts=args.num_prompts)
     prompts, templated = encode_prompts(texts, target.tokenizer, True, args.prompt_tokens)

@@ -29,11 +29,12 @@ import torch
 from specheads.builders.tiny_target import HELDOUT_FILE
 from specheads.core.target import FrozenTarget
 from specheads.decode import DEFAULT_TREES, MedusaDrafter, SpeculativeDecoder, StaticTree, default_tree
+from specheads.decode.baseline import generate_rows
 from specheads.decode.decoder import PHASES
 from specheads.decode.kv_cache import new_cache
 from specheads.decode.step import timed
-from specheads.evaluate.baseline import generate_rows
 from specheads.heads import load_heads
+from specheads.methods import methods
 
 
 def load_prompts(args, tokenizer) -> list[torch.Tensor]:
@@ -80,7 +81,7 @@ def plain_decode(target: FrozenTarget, prompt: torch.Tensor, n: int) -> tuple[li
 
 
 def baseline_generate(target: FrozenTarget, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
-    """The target's own greedy `generate` (evaluate.baseline): the new tokens up to EOS, and the wall seconds."""
+    """The target's own greedy `generate` (decode.baseline): the new tokens up to EOS, and the wall seconds."""
     rows, seconds = timed(lambda: generate_rows(target, prompt, n), target.device)
     return rows[0], seconds
 
@@ -88,7 +89,9 @@ def baseline_generate(target: FrozenTarget, prompt: torch.Tensor, n: int) -> tup
 def bench(args) -> dict:
     target = FrozenTarget.from_pretrained(args.target, dtype=args.dtype, attn_implementation=args.attn)
     target.model.to(args.device)
-    heads, head_config = load_heads(args.heads, target=target, device=target.device, dtype=target.dtype)
+    heads, head_config = load_heads(
+        args.heads, target=target, device=target.device, dtype=target.dtype, methods=methods()
+    )
     if head_config["method"] != "medusa":
         sys.exit(f"only Medusa heads have a drafter so far; {args.heads} holds {head_config['method']!r}")
     tree = choose_tree(args, heads.num_heads)

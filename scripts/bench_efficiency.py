@@ -41,18 +41,19 @@ from specheads.builders.named_targets import resolve_target
 from specheads.core.atomic import write_json, write_text
 from specheads.core.machine import processor_name
 from specheads.core.target import FrozenTarget
+from specheads.decode.baseline import generate_rows
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs
 from specheads.decode.decoder import PHASES, SpeculativeDecoder
+from specheads.decode.drafter_factory import drafter_for
 from specheads.decode.kv_cache import new_cache
 from specheads.decode.step import decoding_attention, timed
 from specheads.decode.trees import DraftTree
-from specheads.evaluate.baseline import generate_rows
-from specheads.evaluate.eval_drafters import drafter_for
 from specheads.evaluate.peers import adapted_target
 from specheads.evaluate.prompts import encode_prompts, read_prompts
 from specheads.evaluate.report import phase_shares
 from specheads.heads import load_heads
 from specheads.heads.checkpoint import draft_vocab_ids
+from specheads.methods import methods
 
 
 class CostCurve:
@@ -231,9 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     loaded = []
     for heads_dir, tree_name, size in zip(args.heads, trees, vocabs):
-        heads, config = load_heads(heads_dir, target=target, device=target.device, dtype=target.dtype)
+        heads, config = load_heads(
+            heads_dir, target=target, device=target.device, dtype=target.dtype, methods=methods()
+        )
         vocab = draft_vocab_ids(heads_dir, size, target.vocab_size) if size else None
-        drafter, tree = drafter_for(heads, config, target, tree_name, vocab)
+        drafter, tree = drafter_for(heads, config, target, tree_name, vocab, methods=methods())
         tree = {**tree, "draft_vocab": size or None}
         loaded.append((heads_dir, config, tree, SpeculativeDecoder(target, drafter)))
     decoders = [d for *_, d in loaded]

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 from specheads.builders.tiny_target import ensure_tiny_target
 from specheads.core.target import FrozenTarget
 from specheads.data.chat_masks import tokenize_rows
+from specheads.methods import method_named
 from specheads.train.hidden_cache import CachedRows, build_cache, cache_layers, collate_cached
 from specheads.train.sources import stdlib_rows
 
@@ -58,7 +59,7 @@ def read_rate(dataset, batch_size: int, pad_token_id: int, max_length: int, shuf
 
 def bench_one(target, rows, method, dtype, work: Path, args) -> dict:
     layers = cache_layers(
-        method, target.num_layers
+        method_named(method), target.num_layers
     )  # EAGLE-3: its default layers, (1, 2, 3) on the tiny target
     out = work / f"{method}-{dtype}"
     started = time.perf_counter()

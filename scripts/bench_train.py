@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from specheads.builders.tiny_target import ensure_tiny_target
-from specheads.heads.methods import method_named, methods
+from specheads.methods import method_named, methods
 from specheads.train.sources import stdlib_rows
 
 REPO = Path(__file__).resolve().parents[1]

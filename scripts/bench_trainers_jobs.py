@@ -101,9 +101,9 @@ def chat_conversations(
     from specheads.core.atomic import write_json
     from specheads.core.target import FrozenTarget
     from specheads.data.seed_prompts import seed_prompts
+    from specheads.decode.baseline import generate_rows, pad_token_id
     from specheads.decode.batched_inputs import left_pad
     from specheads.decode.step import eos_ids
-    from specheads.evaluate.baseline import generate_rows, pad_token_id
 
     prompts = [r["messages"][0]["content"] for r in seed_prompts(seed)][:n]
     cached = conversations_cache(target_dir, prompts, answer_tokens, batch, device)

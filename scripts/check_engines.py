@@ -62,6 +62,7 @@ from specheads.heads import (
     save_heads,
 )
 from specheads.heads.formats import export_heads
+from specheads.methods import methods
 
 ENGINES = {"vllm": "0.33.0", "sglang": "0.5.23"}
 # what each engine's import chain needs beyond the project's packages, installed --no-deps (found by
@@ -256,7 +257,7 @@ def tiny_exports(root: Path) -> dict[str, Path]:
     out = {}
     for fmt, head in heads.items():
         save_heads(head, root / f"native-{fmt}", target.record())
-        export_heads(root / f"native-{fmt}", fmt, root / fmt)
+        export_heads(root / f"native-{fmt}", fmt, root / fmt, methods=methods())
         out[fmt] = root / fmt
     return out
 

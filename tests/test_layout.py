@@ -27,11 +27,6 @@ LEVELS = [
 ]
 FLOORS = [f for level in LEVELS for f in level]
 ROOT_MODULES = {"version"}  # the package's own root modules, open to every floor
-# Temporarily tolerated upward or by-name imports: (file, imported module prefix). Emptied as the method
-# table moves to methods/.
-KNOWN = {
-    ("heads/methods.py", "specheads.methods"),
-}
 # Imported inside functions, so that no command pays for them at start (`import specheads.cli` loads none
 # of them) or so that an optional one is needed only where it is used.
 LAZY = {"transformers", "accelerate", "deepspeed", "peft", "matplotlib", "gguf", "tokenizers", "fcntl", "PIL"}
@@ -100,8 +95,6 @@ def wrong_imports() -> list[str]:
                 parts = name.split(".")
                 if parts[0] != "specheads" or len(parts) < 2 or parts[1] in ROOT_MODULES:
                     continue
-                if (rel, name) in KNOWN or any(rel == f and name.startswith(m) for f, m in KNOWN):
-                    continue
                 if own is None or parts[1] not in FLOORS:
                     found.append(f"{rel} imports {name}")
                 elif parts[1] != own and level(parts[1]) >= level(own):
@@ -160,11 +153,6 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 def test_no_import_circle():
     graph = module_graph()
     assert len(graph) > 80 and "specheads.data.distillation" in graph["specheads.cli.distill"]
-    known = {(m, n) for m, n in ((module_name(PACKAGE / f), n) for f, n in KNOWN)}
-    graph = {
-        m: {e for e in edges if not any(m == a and e.startswith(b) for a, b in known)}
-        for m, edges in graph.items()
-    }
     assert cycles(graph) == []
     assert cycles(package_graph(graph)) == []
 

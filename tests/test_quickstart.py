@@ -6,6 +6,7 @@ import json
 import pytest
 
 from specheads.cli import main as cli_main
+from specheads.methods import methods
 
 METHODS = ("medusa", "eagle", "eagle3")
 
@@ -103,16 +104,18 @@ def test_a_recipe_asking_for_muon_trains_with_adamw_on_a_torch_without_it(monkey
     from specheads.train import config
 
     recipe = quickstart.recipe_for("eagle3")
-    assert quickstart.load_config(recipe, []).optimizer == "muon"  # the tiny EAGLE-3 recipe's optimizer
+    # the tiny EAGLE-3 recipe's optimizer
+    assert quickstart.load_config(recipe, [], methods=methods()).optimizer == "muon"
     assert quickstart.without_muon("eagle3", recipe, ["seed=1"]) == ["seed=1"]  # this torch has Muon
     # such a torch: the recipe check refuses Muon (train/config.py) as the quickstart's own check sees it missing
     for module in (quickstart, config):
         monkeypatch.setattr(module, "muon_missing", lambda: "needs torch >= 2.9")
     with pytest.raises(ValueError, match="needs torch >= 2.9"):
-        quickstart.load_config(recipe, ["seed=1"])
+        quickstart.load_config(recipe, ["seed=1"], methods=methods())
     overrides = quickstart.without_muon("eagle3", recipe, ["seed=1"])
     assert overrides == ["seed=1", "optimizer=adamw"]
-    assert quickstart.load_config(recipe, overrides).optimizer == "adamw"  # what train_heads then trains
+    # what train_heads then trains
+    assert quickstart.load_config(recipe, overrides, methods=methods()).optimizer == "adamw"
     assert "eagle3: needs torch >= 2.9; training with optimizer=adamw" in capsys.readouterr().out
     medusa = quickstart.recipe_for("medusa")  # an AdamW recipe is left as it is
     assert quickstart.without_muon("medusa", medusa, []) == []

@@ -39,6 +39,7 @@ from specheads.core.target import FrozenTarget
 from specheads.decode import EagleDrafter, MedusaDrafter, SpeculativeDecoder, default_tree
 from specheads.heads.checkpoint import load_heads
 from specheads.heads.formats import FormatError
+from specheads.methods import methods
 
 from helpers import causal_mask, command, max_diff
 
@@ -191,7 +192,7 @@ def imported(checkpoint: Path, fmt: str, target_dir: Path, out: Path):
     args = ["--format", fmt, "--checkpoint", str(checkpoint), "--target", str(target_dir), "--out", str(out)]
     assert command("import-heads")(args) == 0
     target = FrozenTarget.from_pretrained(str(target_dir), dtype="float32")
-    heads, _ = load_heads(out, target)
+    heads, _ = load_heads(out, target, methods=methods())
     return heads, target
 
 

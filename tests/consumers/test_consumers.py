@@ -42,6 +42,7 @@ from specheads.heads import (
     save_heads,
 )
 from specheads.heads.checkpoint import load_heads
+from specheads.methods import methods
 
 from consumer_env import run_consumers
 from helpers import causal_mask, edit_weights, max_diff, perturbed
@@ -296,7 +297,7 @@ def test_a_checkpoint_the_consumer_wrote_imports_and_decodes_as_generate(
     args = ["import-heads", "--format", fmt, "--checkpoint", str(checkpoint), "--target", str(target_dir)]
     assert formats_cli([*args, "--out", str(tmp_path / "native")]) == 0
     target = FrozenTarget.from_pretrained(str(target_dir), dtype="float32")
-    heads, _ = load_heads(tmp_path / "native", target)
+    heads, _ = load_heads(tmp_path / "native", target, methods=methods())
     with torch.no_grad():
         if fmt == "medusa":
             diff = max_diff(heads(inputs["hidden"]), got["logits"])

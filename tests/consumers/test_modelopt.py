@@ -36,6 +36,7 @@ from specheads.cli import main as cli
 from specheads.core.target import FrozenTarget
 from specheads.decode import EagleDrafter, SpeculativeDecoder
 from specheads.heads.checkpoint import load_heads
+from specheads.methods import methods
 from specheads.train.eagle_losses import eagle3_loss
 
 from helpers import causal_mask, edit_weights, max_diff
@@ -65,7 +66,7 @@ def imported(made: dict, export: Path, out: Path):
     args = ["import-heads", "--format", "eagle3", "--checkpoint", str(export), "--target", str(target_dir)]
     assert cli([*args, "--out", str(out)]) == 0
     target = FrozenTarget.from_pretrained(str(target_dir), dtype="float32")
-    heads, _ = load_heads(out, target)
+    heads, _ = load_heads(out, target, methods=methods())
     return heads, target
 
 

@@ -18,11 +18,11 @@ from specheads.decode import (
 )
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import Layout, batched_tree_inputs, block_attention, compact_rows
+from specheads.decode.calibrate_dynamic import record_dynamic_steps
 from specheads.decode.kv_cache import compact_cache
 from specheads.decode.step import PhaseClock, speculative_step
 from specheads.decode.tree_inputs import additive_mask
 from specheads.decode.trees import DraftTree
-from specheads.evaluate.calibrate_dynamic import record_dynamic_steps
 from specheads.evaluate.step_timing import MeasuredTimer
 from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from
 

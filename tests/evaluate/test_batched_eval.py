@@ -6,9 +6,9 @@ import torch
 
 from specheads.core.target import FrozenTarget
 from specheads.decode import MedusaDrafter, default_tree
+from specheads.decode.baseline import generate_rows
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
-from specheads.evaluate.baseline import generate_rows
 from specheads.evaluate.batched_eval import evaluate_batched
 from specheads.evaluate.prompts import Prompt
 from specheads.evaluate.report import first_mismatch, summarize
@@ -101,7 +101,7 @@ def test_sampled_batches_leave_identical_unmeasured_and_a_seed_reproduces_them()
 
 
 def test_pad_token_id_falls_back_to_an_eos_then_zero():
-    from specheads.evaluate.baseline import pad_token_id
+    from specheads.decode.baseline import pad_token_id
 
     target = FrozenTarget(tiny_model("llama", vocab_size=VOCAB))
     config = target.model.generation_config

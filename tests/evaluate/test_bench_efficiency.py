@@ -10,6 +10,7 @@ import torch
 
 from specheads.core.target import FrozenTarget
 from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from, save_heads
+from specheads.methods import methods
 
 from helpers import save_tiny_target
 
@@ -98,10 +99,10 @@ def test_cost_curve_times_the_tree_forward_alone(tmp_path, monkeypatch):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     from specheads.decode import SpeculativeDecoder
-    from specheads.evaluate.eval_drafters import drafter_for
+    from specheads.decode.drafter_factory import drafter_for
 
-    heads, config = bench.load_heads(tmp_path / "medusa", target=target)
-    drafter, _ = drafter_for(heads, config, target, "medusa-15")
+    heads, config = bench.load_heads(tmp_path / "medusa", target=target, methods=methods())
+    drafter, _ = drafter_for(heads, config, target, "medusa-15", methods=methods())
     inputs = bench.batched_tree_inputs
 
     def slow_inputs(*args, **kwargs):

@@ -18,12 +18,10 @@ from specheads.decode import (
     default_tree,
     new_cache,
 )
-from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.evaluate.calibrate import (
+from specheads.decode.calibrate import (
     MEDUSA_RANKS,
     CalibrationSettings,
     Candidate,
-    calibrated_drafter,
     choose,
     decode_accept_length,
     greedy_sequence,
@@ -31,9 +29,8 @@ from specheads.evaluate.calibrate import (
     medusa_ranks,
     rank_accuracies,
     static_accept_length,
-    timed,
 )
-from specheads.evaluate.calibrate_dynamic import (
+from specheads.decode.calibrate_dynamic import (
     DynamicStep,
     _ValueRecorder,
     dynamic_accept_length,
@@ -42,8 +39,11 @@ from specheads.evaluate.calibrate_dynamic import (
     node_depths,
     record_dynamic_steps,
 )
+from specheads.decode.eagle_drafter import EagleDrafter
+from specheads.evaluate.calibrate import calibrated_drafter, timed
 from specheads.evaluate.step_timing import MeasuredTimer, same_work
 from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from
+from specheads.methods import methods
 from specheads.train.eagle_losses import eagle_loss
 
 from helpers import FakeTimer, tiny_model
@@ -342,7 +342,9 @@ def test_eagle_calibration_with_injected_timings(target):
     ]
     settings = CalibrationSettings(max_new_tokens=12, sizes=(2, 4, 8, 16), top_k=3, max_depth=2)
     timer = FakeTimer(lambda n: 1e-3)
-    drafter, tree, record = calibrated_drafter(head, {"method": "eagle"}, target, prompts, settings, timer)
+    drafter, tree, record = calibrated_drafter(
+        head, {"method": "eagle"}, target, prompts, settings, timer, methods=methods()
+    )
     # depth 1 grows 3 candidates (trees of N <= 4 nodes), depth 2 grows 3 + 9 (N <= 13)
     shapes = [(r["depth"], r["nodes"]) for r in record["candidates"]]
     assert shapes == [(1, 2), (1, 4), (2, 2), (2, 4), (2, 8)]

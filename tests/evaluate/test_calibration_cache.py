@@ -10,11 +10,12 @@ import torch
 from test_tree_auto_cli import eval_args, make_setup, timings_favouring
 
 from specheads.cli import main as cli
+from specheads.decode.calibrate import CalibrationSettings
 from specheads.evaluate import calibrate as calibrate_module
 from specheads.evaluate import calibration_cache
-from specheads.evaluate.calibrate import CalibrationSettings
 from specheads.evaluate.calibration_cache import calibration_key, calibrations_dir, tensors_sha256
 from specheads.heads import load_heads
+from specheads.methods import methods
 
 from helpers import edit_weights
 
@@ -120,7 +121,7 @@ def test_an_unreadable_calibration_is_reported_and_replaced(setup, tmp_path, mon
 
 def test_the_key_names_every_input(setup):
     loaded = setup["loaded"]
-    heads, config = load_heads(setup["root"] / "medusa", loaded)
+    heads, config = load_heads(setup["root"] / "medusa", loaded, methods=methods())
     prompts = [type("P", (), {"input_ids": torch.tensor([[5, 9, 3]])})()]
     settings = CalibrationSettings()
     key = calibration_key(heads, config, loaded, prompts, settings, None)

@@ -15,6 +15,7 @@ from specheads.evaluate.compare_records import Run, records_for
 from specheads.evaluate.conversations import Conversation
 from specheads.evaluate.peers import Decoded
 from specheads.heads import load_heads, save_heads
+from specheads.methods import methods
 
 from helpers import stop_at_call
 
@@ -148,7 +149,7 @@ def test_draft_vocab_decodes_medusa_and_eagle_over_their_most_frequent_labels(co
     counts[torch.arange(0, target.vocab_size, 5)] = 1  # every fifth token, the most frequent
     heads = {}
     for name in ("medusa", "eagle"):
-        loaded, config = load_heads(compare_setup["root"] / name, target)
+        loaded, config = load_heads(compare_setup["root"] / name, target, methods=methods())
         heads[name] = tmp_path / f"{name}-counted"
         save_heads(loaded, heads[name], target.record(), label_counts=counts)
     out = tmp_path / "out"

@@ -19,12 +19,13 @@ from specheads.cli import eval as eval_command
 from specheads.cli import main as cli
 from specheads.core.target import FrozenTarget, TargetMismatchError
 from specheads.decode import DecodeOutput
+from specheads.decode.drafter_factory import EAGLE_TOTAL_TOKENS, draft_vocab_mask, drafter_for
 from specheads.evaluate import evaluate
 from specheads.evaluate import prompts as prompt_io
-from specheads.evaluate.eval_drafters import draft_vocab_mask
 from specheads.evaluate.report import coverage_lines as report_lines
 from specheads.evaluate.report import prompt_record, summarize
 from specheads.heads import MedusaConfig, MedusaHeads, load_heads, save_heads
+from specheads.methods import methods
 
 from helpers import stop_at_call, target_with_heldout
 
@@ -281,7 +282,7 @@ def test_draft_vocab_mask_is_what_the_drafter_can_propose(setup):
     head = EagleHead(EagleConfig(layers))
     assert draft_vocab_mask(EagleDrafter(head, target), V) is None
     assert torch.equal(draft_vocab_mask(EagleDrafter(head, target, vocab=ids), V), mask)
-    heads, _ = load_heads(setup["heads"], target)
+    heads, _ = load_heads(setup["heads"], target, methods=methods())
     tree = default_tree("medusa-15", num_heads=NUM_HEADS)
     assert draft_vocab_mask(MedusaDrafter(heads, tree, target.lm_head), V) is None
     assert torch.equal(draft_vocab_mask(MedusaDrafter(heads, tree, target.lm_head, vocab=ids), V), mask)
@@ -351,7 +352,7 @@ def test_errors_found_after_loading_the_target(setup, tmp_path):
 
 def test_unknown_method_has_no_drafter(setup):
     with pytest.raises(ValueError, match="no drafter for heads of method 'hydra'"):
-        evaluate.drafter_for(None, {"method": "hydra"}, None, None)
+        drafter_for(None, {"method": "hydra"}, None, None, methods=methods())
 
 
 @pytest.mark.parametrize("method, tree", [("eagle", "dynamic-12"), ("eagle3", None), ("eagle", "medusa-15")])
@@ -371,7 +372,7 @@ def test_eval_takes_eagle_heads_with_the_same_flags(setup, tmp_path, method, tre
     assert cli(args) == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["method"] == method
-    assert results["tree"]["name"] == (tree or f"dynamic-{evaluate.EAGLE_TOTAL_TOKENS}")
+    assert results["tree"]["name"] == (tree or f"dynamic-{EAGLE_TOTAL_TOKENS}")
     check_figures(results, results["tree"]["depth"])
     assert results["draft_vocab_coverage"] is None  # both draft over the whole vocabulary here
     assert "draft vocabulary" not in (tmp_path / "out" / "report.md").read_text()
@@ -381,7 +382,7 @@ def test_eval_draft_vocab_records_it_and_refuses_eagle3_heads(setup, tmp_path):
     from specheads.heads import Eagle3Config, Eagle3Head, layer_config_from
 
     target = FrozenTarget.from_pretrained(str(setup["target"]))
-    heads, _ = load_heads(setup["heads"], target)
+    heads, _ = load_heads(setup["heads"], target, methods=methods())
     counts = torch.arange(target.vocab_size, dtype=torch.long)  # the last ids, the most frequent
     save_heads(heads, tmp_path / "counted", target.record(), label_counts=counts)
     args = eval_args(setup, tmp_path / "out", setup["questions"], "--draft-vocab", "30")
@@ -446,7 +447,7 @@ def test_eval_and_compare_take_one_tree_argument():
     per --heads directory, and both read dynamic[-N] the same way."""
     import argparse
 
-    from specheads.evaluate.eval_drafters import EAGLE_TOTAL_TOKENS, dynamic_size
+    from specheads.decode.drafter_factory import EAGLE_TOTAL_TOKENS, dynamic_size
 
     def tree_action(add):
         p = argparse.ArgumentParser()

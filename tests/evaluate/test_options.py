@@ -16,6 +16,7 @@ from specheads.cli import eval as eval_command
 from specheads.evaluate.compare import compare_heads
 from specheads.evaluate.options import CompareOptions, EvalOptions
 from specheads.evaluate.run import run_eval
+from specheads.methods import methods
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "specheads"
 
@@ -100,7 +101,7 @@ def test_run_eval_from_python(setup, tmp_path, capsys):
         warmup=0,
         no_progress=True,
     )
-    results = run_eval(options)
+    results = run_eval(options, methods())
     assert json.loads(json.dumps(results)) == json.loads((options.out / "results.json").read_text())
     assert results["method"] == "medusa" and results["tree"]["name"] == "chain-4"
     assert results["identical_to_baseline"] == "2/2" and len(results["per_prompt"]) == 2
@@ -125,7 +126,7 @@ def test_compare_heads_from_python(setup, tmp_path):
         no_plots=True,
         no_progress=True,
     )
-    results = compare_heads(options)
+    results = compare_heads(options, methods())
     assert json.loads(json.dumps(results)) == json.loads((options.out / "results.json").read_text())
     assert [m["name"] for m in results["methods"]] == ["generate", "medusa"]
     assert results["prompts"]["num_prompts"] == 1 and results["prompts"]["turns"] == 1

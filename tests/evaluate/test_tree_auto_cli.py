@@ -12,12 +12,15 @@ import torch
 
 from specheads.cli import main as cli
 from specheads.core.target import FrozenTarget
+from specheads.decode import calibrate as decode_calibrate
+from specheads.decode.calibrate import CalibrationSettings
+from specheads.decode.drafter_factory import tree_by_default
 from specheads.evaluate import calibrate as calibrate_module
 from specheads.evaluate import evaluate as evaluate_module
-from specheads.evaluate.calibrate import CalibrationSettings, holds_out
-from specheads.evaluate.eval_drafters import tree_by_default, trees_for
+from specheads.evaluate.calibrate import holds_out
+from specheads.evaluate.eval_drafters import trees_for
 from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from, save_heads
-from specheads.heads.methods import methods, register
+from specheads.methods import methods, register
 
 from helpers import FakeTimer, stop_at_call
 
@@ -122,12 +125,12 @@ def test_eval_tree_auto_over_a_draft_vocabulary(setup, tmp_path, heads):
     target, vocab = loaded, torch.arange(0, 120, 3)  # the 40 ids --draft-vocab 40 takes here
     from specheads.heads import load_heads
 
-    medusa, _ = load_heads(setup["root"] / "medusa", target)
-    sequence = [(calibrate_module.greedy_sequence(target, torch.tensor([[5, 9, 3, 17]]), 12), 4)]
-    whole = calibrate_module.medusa_ranks(target, medusa, sequence, 5)[0]
-    named = calibrate_module.medusa_ranks(target, medusa, sequence, 5, torch.arange(loaded.vocab_size))[0]
+    medusa, _ = load_heads(setup["root"] / "medusa", target, methods=methods())
+    sequence = [(decode_calibrate.greedy_sequence(target, torch.tensor([[5, 9, 3, 17]]), 12), 4)]
+    whole = decode_calibrate.medusa_ranks(target, medusa, sequence, 5)[0]
+    named = decode_calibrate.medusa_ranks(target, medusa, sequence, 5, torch.arange(loaded.vocab_size))[0]
     assert torch.equal(named, whole)
-    restricted = calibrate_module.medusa_ranks(target, medusa, sequence, 5, vocab)[0]
+    restricted = decode_calibrate.medusa_ranks(target, medusa, sequence, 5, vocab)[0]
     ids = sequence[0][0][0]
     for i, row in enumerate(restricted.tolist()):
         for k, rank in enumerate(row):
@@ -232,11 +235,18 @@ def test_eagle_heads_calibrate_by_default_and_medusa_heads_do_not():
 
 
 def test_tree_by_default_only_where_the_run_can_calibrate(eagle_calibrates_by_default):
-    assert tree_by_default("eagle", calibrates=True) == "auto"
-    assert tree_by_default("eagle", calibrates=False) is None  # sampling, batches: the fixed default
-    assert tree_by_default("medusa", calibrates=True) is None and tree_by_default("hydra", True) is None
-    assert trees_for(None, ["medusa", "eagle"], calibrates=True) == [None, "auto"]
-    assert trees_for(["chain-4"], ["medusa", "eagle"], calibrates=True) == ["chain-4", "chain-4"]  # named
+    assert tree_by_default("eagle", calibrates=True, methods=methods()) == "auto"
+    # sampling, batches: the fixed default
+    assert tree_by_default("eagle", calibrates=False, methods=methods()) is None
+    assert (
+        tree_by_default("medusa", calibrates=True, methods=methods()) is None
+        and tree_by_default("hydra", True, methods=methods()) is None
+    )
+    assert trees_for(None, ["medusa", "eagle"], calibrates=True, methods=methods()) == [None, "auto"]
+    assert trees_for(["chain-4"], ["medusa", "eagle"], calibrates=True, methods=methods()) == [
+        "chain-4",
+        "chain-4",
+    ]  # named
     assert holds_out(5, None, None) and not holds_out(4, None, None)  # 4 held out by default, 1 evaluated
     assert holds_out(6, 2, 4) and not holds_out(6, 2, 5)
 

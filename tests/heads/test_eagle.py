@@ -17,6 +17,7 @@ from specheads.heads import (
     vocab_maps,
 )
 from specheads.heads.checkpoint import draft_vocab_ids, read_head_config, read_label_counts
+from specheads.methods import methods
 from specheads.methods.eagle3 import build_heads
 from specheads.train.config import load_config
 from specheads.train.eagle_losses import count_label_tokens
@@ -168,32 +169,37 @@ def test_eagle3_head_starts_from_the_targets_lm_head_rows_and_norm():
 
     rows = [{"input_ids": list(range(10, 30)), "loss_mask": [1] * 20}]
     for init, same in (("target", True), ("random", False)):
-        cfg = load_config(None, {"method": "eagle3", "draft_vocab_size": 6, "draft_head_init": init})
+        cfg = load_config(
+            None, {"method": "eagle3", "draft_vocab_size": 6, "draft_head_init": init}, methods=methods()
+        )
         built, _ = build_heads(cfg, target, count_label_tokens(rows, V))
         rows_of_target = target.lm_head.weight[built.to_target_ids(torch.arange(6))]
         assert torch.equal(built.lm_head.weight, rows_of_target) is same
     with pytest.raises(ValueError, match="draft_head_init must be one of"):
-        load_config(None, {"method": "eagle3", "draft_head_init": "zeros"})
+        load_config(None, {"method": "eagle3", "draft_head_init": "zeros"}, methods=methods())
     with pytest.raises(ValueError, match="eagle3_noise must be >= 0, got -0.1"):
-        load_config(None, {"method": "eagle3", "eagle3_noise": -0.1})
+        load_config(None, {"method": "eagle3", "eagle3_noise": -0.1}, methods=methods())
     with pytest.warns(UserWarning, match="'eagle3_noise' .* read by method eagle3 only"):
-        load_config(None, {"method": "eagle", "eagle3_noise": 0.1})
+        load_config(None, {"method": "eagle", "eagle3_noise": 0.1}, methods=methods())
     with pytest.raises(ValueError, match="eagle3_teacher_temperature must be >= 0 .*, got -1"):
-        load_config(None, {"method": "eagle3", "eagle3_teacher_temperature": -1})
+        load_config(None, {"method": "eagle3", "eagle3_teacher_temperature": -1}, methods=methods())
     assert (
-        load_config(None, {"method": "eagle3", "eagle3_teacher_temperature": 0}).eagle3_teacher_temperature
+        load_config(
+            None, {"method": "eagle3", "eagle3_teacher_temperature": 0}, methods=methods()
+        ).eagle3_teacher_temperature
         == 0
     )
     with pytest.raises(ValueError, match="eagle3_out_of_vocab must be one of .*, got 'drop'"):
-        load_config(None, {"method": "eagle3", "eagle3_out_of_vocab": "drop"})
-    assert load_config(None, {"method": "eagle3"}).eagle3_out_of_vocab == "skip"
+        load_config(None, {"method": "eagle3", "eagle3_out_of_vocab": "drop"}, methods=methods())
+    assert load_config(None, {"method": "eagle3"}, methods=methods()).eagle3_out_of_vocab == "skip"
     with pytest.raises(ValueError, match="eagle3_topk_loss must be >= 0 .*, got -1"):
-        load_config(None, {"method": "eagle3", "eagle3_topk_loss": -1})
+        load_config(None, {"method": "eagle3", "eagle3_topk_loss": -1}, methods=methods())
     with pytest.raises(ValueError, match="eagle3_topk_loss_weight must be >= 0, got -0.5"):
-        load_config(None, {"method": "eagle3", "eagle3_topk_loss_weight": -0.5})
+        load_config(None, {"method": "eagle3", "eagle3_topk_loss_weight": -0.5}, methods=methods())
     with pytest.warns(UserWarning, match="'eagle3_topk_loss' .* read by method eagle3 only"):
-        load_config(None, {"method": "medusa", "eagle3_topk_loss": 10})
-    assert load_config(None, {"method": "eagle3"}).eagle3_topk_loss == 0  # off unless asked for
+        load_config(None, {"method": "medusa", "eagle3_topk_loss": 10}, methods=methods())
+    # off unless asked for
+    assert load_config(None, {"method": "eagle3"}, methods=methods()).eagle3_topk_loss == 0
 
 
 @pytest.mark.parametrize("convention", ["rope_parameters", "rope_theta"])
@@ -216,19 +222,21 @@ def test_draft_rope_theta_sets_the_draft_layers_rotary_base_and_travels_to_the_c
     assert (set_to.get("rope_parameters") or set_to)["rope_theta"] == 1234.0 and layer != set_to
     rows = [{"input_ids": list(range(10, 30)), "loss_mask": [1] * 20}]
     for theta in (0.0, 1234.0):
-        cfg = load_config(None, {"method": "eagle3", "draft_vocab_size": 6, "draft_rope_theta": theta})
+        cfg = load_config(
+            None, {"method": "eagle3", "draft_vocab_size": 6, "draft_rope_theta": theta}, methods=methods()
+        )
         built, _ = build_heads(cfg, target, count_label_tokens(rows, V))
         dim = built.rotary_emb.inv_freq.numel() * 2
         base = theta or target.model.model.rotary_emb.inv_freq[1].item() ** (-dim / 2)
         expected = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
         torch.testing.assert_close(built.rotary_emb.inv_freq.double(), expected, rtol=1e-5, atol=0)
     save_heads(built, tmp_path / "native", target.record(), {})
-    loaded, _ = load_heads(tmp_path / "native", target)
+    loaded, _ = load_heads(tmp_path / "native", target, methods=methods())
     assert torch.equal(loaded.rotary_emb.inv_freq, built.rotary_emb.inv_freq)
-    export_heads(tmp_path / "native", "eagle3", tmp_path / "export")
+    export_heads(tmp_path / "native", "eagle3", tmp_path / "export", methods=methods())
     assert json.loads((tmp_path / "export" / "config.json").read_text())["rope_theta"] == 1234.0
     with pytest.raises(ValueError, match="draft_rope_theta must be > 0, or 0 for the target's; got -1"):
-        load_config(None, {"method": "eagle3", "draft_rope_theta": -1})
+        load_config(None, {"method": "eagle3", "draft_rope_theta": -1}, methods=methods())
     with pytest.raises(ValueError, match="a rope theta must be > 0"):
         with_rope_theta(layer, 0)
 
@@ -245,16 +253,18 @@ def test_checkpoint_round_trip_is_bit_equal(method, tmp_path):
         head = Eagle3Head(Eagle3Config(layer_config_from(target.config), draft_vocab_size=50))
         head.set_draft_vocab(torch.randperm(V)[:50].sort().values)
     save_heads(head, tmp_path, target.record(), {"lr": 1e-3})
-    loaded, config = load_heads(tmp_path, target)
+    loaded, config = load_heads(tmp_path, target, methods=methods())
     state, back = head.state_dict(), loaded.state_dict()
     assert state.keys() == back.keys()
     assert all(torch.equal(state[k], back[k]) and state[k].dtype == back[k].dtype for k in state)
     assert config["capture_layers"] == list(head.capture_layers)
     assert "SGLang" in config["capture_layers_indexing"]
-    assert read_head_config(tmp_path)["head_config"]["layer_config"]["model_type"] == "qwen2"
+    assert (
+        read_head_config(tmp_path, methods=methods())["head_config"]["layer_config"]["model_type"] == "qwen2"
+    )
     other = FrozenTarget(tiny_model("qwen2", vocab_size=V, hidden_size=32))
     with pytest.raises(TargetMismatchError, match="hidden_size: heads in .* trained for 64, target has 32"):
-        load_heads(tmp_path, other)
+        load_heads(tmp_path, other, methods=methods())
 
 
 def test_label_counts_travel_with_the_checkpoint_and_rank_a_draft_vocabulary(tmp_path):

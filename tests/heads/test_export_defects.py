@@ -33,7 +33,8 @@ from specheads.heads import (
 )
 from specheads.heads.formats import FormatError, export_heads, import_heads
 from specheads.heads.formats.eagle3 import check_layer_ids
-from specheads.train.config import TrainConfig
+from specheads.methods import methods
+from specheads.train.config import TrainConfig, check_method
 
 from helpers import tiny_config, tiny_model, tiny_tokenizer
 
@@ -71,7 +72,7 @@ def test_the_tiny_target_default_head_exports(tmp_path, target):
     head = Eagle3Head(Eagle3Config(layer_config_from(target.config), draft_vocab_size=100))
     assert head.capture_layers == (1, 2, 3)
     save_heads(head, tmp_path / "native", target.record())
-    export_heads(tmp_path / "native", "eagle3", tmp_path / "out")
+    export_heads(tmp_path / "native", "eagle3", tmp_path / "out", methods=methods())
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
 
@@ -79,7 +80,7 @@ def test_the_tiny_target_default_head_exports(tmp_path, target):
 @pytest.mark.parametrize("layers", [(3, 1, 2), (1, 2, 2), (2, 1, 3)])
 def test_unordered_or_repeated_layers_are_refused_everywhere(tmp_path, target, layers):
     with pytest.raises(ValueError, match=r"eagle3_layers \[.*\] must be distinct and ascending"):
-        TrainConfig(method="eagle3", eagle3_layers=list(layers))
+        check_method(TrainConfig(method="eagle3", eagle3_layers=list(layers)), methods())
     bad = rf"EAGLE-3 layer ids \[{layers[0]}, {layers[1]}, {layers[2]}\] must be distinct and ascending"
     with pytest.raises(ValueError, match=bad):
         Eagle3Config(layer_config_from(tiny_config("llama")), draft_vocab_size=10, target_layers=layers)
@@ -96,7 +97,7 @@ def test_unordered_or_repeated_layers_are_refused_everywhere(tmp_path, target, l
     config["head_config"]["target_layers"] = list(layers)
     config_file.write_text(json.dumps(config))
     with pytest.raises(FormatError, match=bad):
-        export_heads(tmp_path / "native", "eagle3", tmp_path / "out")
+        export_heads(tmp_path / "native", "eagle3", tmp_path / "out", methods=methods())
     assert not (tmp_path / "out").exists()
 
 
@@ -115,7 +116,7 @@ def test_eagle3_export_leaves_target_hidden_size_out(tmp_path, target):
     back to hidden_size, which is the target's: check_flags refuses any other width on import)."""
     head = Eagle3Head(Eagle3Config(layer_config_from(target.config), draft_vocab_size=100))
     save_heads(head, tmp_path / "native", target.record())
-    export_heads(tmp_path / "native", "eagle3", tmp_path / "out")
+    export_heads(tmp_path / "native", "eagle3", tmp_path / "out", methods=methods())
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert "target_hidden_size" not in config and config["hidden_size"] == target.hidden_size
     weights = load_file(str(tmp_path / "out" / "model.safetensors"))
@@ -136,7 +137,7 @@ def biased_eagle(tmp_path, target):
 def test_eagle_refuses_a_nonzero_fc_bias_naming_the_recipe_key(tmp_path, target, capsys):
     _, src = biased_eagle(tmp_path, target)
     with pytest.raises(FormatError, match=r"recipe key fc_bias: true.*vLLM.*--fc-bias keep.*--fc-bias drop"):
-        export_heads(src, "eagle", tmp_path / "out")
+        export_heads(src, "eagle", tmp_path / "out", methods=methods())
     assert not (tmp_path / "out").exists()
     assert main(["export", "--heads", str(src), "--format", "eagle", "--out", str(tmp_path / "cli")]) == 1
     assert "fc_bias" in capsys.readouterr().err and not (tmp_path / "cli").exists()
@@ -158,7 +159,7 @@ def test_eagle_keeps_the_bias_for_sglang_only(tmp_path, target):
     """Kept: SGLang's architecture name alone, which vLLM's EAGLEConfig turns into an unknown
     EagleLlamaForCausalLMEagle, so vLLM refuses the directory instead of dropping the bias."""
     head, src = biased_eagle(tmp_path, target)
-    export_heads(src, "eagle", tmp_path / "out", fc_bias="keep")
+    export_heads(src, "eagle", tmp_path / "out", fc_bias="keep", methods=methods())
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle"]
     assert torch.equal(
@@ -199,7 +200,7 @@ def test_medusa_export_writes_the_torch_file_fasterdecoding_reads(tmp_path, targ
     `medusa_head.load_state_dict(..., strict=False)`: the same tensors as the safetensors file."""
     heads = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=2, num_layers=1))
     save_heads(heads, tmp_path / "native", target.record())
-    export_heads(tmp_path / "native", "medusa", tmp_path / "out")
+    export_heads(tmp_path / "native", "medusa", tmp_path / "out", methods=methods())
     pt = torch.load(tmp_path / "out" / "medusa_lm_head.pt", map_location="cpu", weights_only=True)
     st = load_file(str(tmp_path / "out" / "medusa_lm_head.safetensors"))
     assert (
@@ -220,11 +221,13 @@ def test_medusa_export_writes_the_torch_file_fasterdecoding_reads(tmp_path, targ
 def test_speculators_carries_the_target_embedding_when_given_the_target(tmp_path, target):
     head = Eagle3Head(Eagle3Config(layer_config_from(target.config), draft_vocab_size=100))
     save_heads(head, tmp_path / "native", target.record())
-    with_target = export_heads(tmp_path / "native", "speculators", tmp_path / "a", target=target)
+    with_target = export_heads(
+        tmp_path / "native", "speculators", tmp_path / "a", target=target, methods=methods()
+    )
     assert with_target.notes == []
     written = load_file(str(tmp_path / "a" / "model.safetensors"))
     assert torch.equal(written["embed_tokens.weight"], target.embed_tokens.weight)
-    without = export_heads(tmp_path / "native", "speculators", tmp_path / "b")
+    without = export_heads(tmp_path / "native", "speculators", tmp_path / "b", methods=methods())
     assert "embed_tokens.weight" not in load_file(str(tmp_path / "b" / "model.safetensors"))
     assert "pass --target" in without.notes[0]
 
@@ -232,5 +235,5 @@ def test_speculators_carries_the_target_embedding_when_given_the_target(tmp_path
 def test_vllm_medusa_export_says_current_vllm_cannot_load_it(tmp_path, target):
     heads = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=2, num_layers=1))
     save_heads(heads, tmp_path / "native", target.record())
-    export = export_heads(tmp_path / "native", "vllm-medusa", tmp_path / "out")
+    export = export_heads(tmp_path / "native", "vllm-medusa", tmp_path / "out", methods=methods())
     assert "vLLM 0.33.0 ships no MedusaModel" in export.notes[0]

@@ -21,6 +21,7 @@ from specheads.heads import (
 )
 from specheads.heads.formats import FORMATS, FormatError, export_heads, format_method, import_heads
 from specheads.heads.formats import io as formats_io
+from specheads.methods import methods
 
 from helpers import perturbed, tiny_model, tiny_tokenizer
 
@@ -137,7 +138,7 @@ def outputs(heads, target):
     return [out, logits, heads.to_target_ids(logits.argmax(-1))]
 
 
-METHOD_OF = {fmt: format_method(fmt) for fmt in FORMATS}
+METHOD_OF = {fmt: format_method(fmt, methods=methods()) for fmt in FORMATS}
 
 
 def export(src, fmt, out, **kw):
@@ -145,7 +146,7 @@ def export(src, fmt, out, **kw):
     default (test_export_defects.py), so that the round trips carry it."""
     if fmt == "eagle":
         kw.setdefault("fc_bias", "keep")
-    return export_heads(src, fmt, out, **kw)
+    return export_heads(src, fmt, out, **kw, methods=methods())
 
 
 # -- round trips -----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from specheads.core.target import FrozenTarget
 from specheads.decode import EagleDrafter, MedusaDrafter, SpeculativeDecoder, default_tree
 from specheads.heads import load_heads
 from specheads.heads.formats import FormatError, import_heads
+from specheads.methods import methods
 
 T = 9  # positions in the reference checks
 PROMPT_LEN, NEW_TOKENS = 6, 16
@@ -214,7 +215,7 @@ def cli_import(fmt, checkpoint, target_dir, out):
 def test_official_eagle1_imports_computes_the_reference_and_decodes(tmp_path, target, target_dir):
     w, _ = write_eagle1(tmp_path / "EAGLE-llama", target)
     native = cli_import("eagle", tmp_path / "EAGLE-llama", target_dir, tmp_path / "native")
-    head, config = load_heads(native, target)  # what `specheads eval --heads` does
+    head, config = load_heads(native, target, methods=methods())  # what `specheads eval --heads` does
     assert config["method"] == "eagle" and head.capture_layers == (target.num_layers,)
     tokens = tokens_for(target)
     with torch.no_grad():
@@ -249,7 +250,7 @@ def test_official_eagle3_imports_computes_the_reference_and_decodes(tmp_path, ta
     sglang_ids = [0, 1, 2]  # SGLang's numbering: it captures layers val + 1 (HF hidden_states 1, 2, 3)
     w, _ = write_eagle3(tmp_path / "EAGLE3-llama", target, sglang_ids)
     native = cli_import("eagle3", tmp_path / "EAGLE3-llama", target_dir, tmp_path / "native")
-    head, _ = load_heads(native, target)
+    head, _ = load_heads(native, target, methods=methods())
     assert head.capture_layers == (1, 2, 3) and head.draft_vocab_size == 120
     tokens = tokens_for(target, seed=1)
     with torch.no_grad():
@@ -276,7 +277,7 @@ def test_official_eagle3_imports_computes_the_reference_and_decodes(tmp_path, ta
 def test_official_medusa_imports_computes_the_reference_and_decodes(tmp_path, target, target_dir):
     w = write_medusa(tmp_path / "medusa-vicuna", target)
     native = cli_import("medusa", tmp_path / "medusa-vicuna", target_dir, tmp_path / "native")
-    heads, _ = load_heads(native, target)
+    heads, _ = load_heads(native, target, methods=methods())
     tokens = tokens_for(target, seed=2)
     with torch.no_grad():
         f = target_states(target, tokens)[-1]

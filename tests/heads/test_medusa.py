@@ -8,6 +8,7 @@ import torch
 from specheads.core.target import FrozenTarget, TargetMismatchError
 from specheads.heads import MedusaConfig, MedusaHeads, load_heads, save_heads
 from specheads.heads.checkpoint import CONFIG_FILE, WEIGHTS_FILE
+from specheads.methods import methods
 
 from helpers import tiny_model
 
@@ -78,7 +79,7 @@ def test_checkpoint_round_trip_is_bit_equal(tmp_path, tokenizer):
     target = FrozenTarget(tiny_model("qwen2"), tokenizer, name_or_path="tiny-qwen2")
     heads = perturbed(fresh_heads(target, num_heads=3, num_layers=2))
     save_heads(heads, tmp_path / "h", target.record(), {"decay": 0.8, "lr": 1e-3})
-    loaded, config = load_heads(tmp_path / "h", target)
+    loaded, config = load_heads(tmp_path / "h", target, methods=methods())
     hidden = torch.randn(2, 5, target.hidden_size)
     assert torch.equal(loaded(hidden), heads(hidden))
     assert config["method"] == "medusa" and config["training"]["decay"] == 0.8
@@ -92,10 +93,10 @@ def test_loading_against_another_target_is_a_clear_error(tmp_path, tokenizer):
     save_heads(fresh_heads(target), tmp_path / "h", target.record())
     wider = FrozenTarget(tiny_model("llama", hidden_size=96), tokenizer, name_or_path="wide-llama")
     with pytest.raises(TargetMismatchError, match="hidden_size: heads in .* trained for 64, target has 96"):
-        load_heads(tmp_path / "h", wider)
+        load_heads(tmp_path / "h", wider, methods=methods())
     other_family = FrozenTarget(tiny_model("mistral"), tokenizer)
     with pytest.raises(TargetMismatchError, match="model_type"):
-        load_heads(tmp_path / "h", other_family)
+        load_heads(tmp_path / "h", other_family, methods=methods())
 
 
 def test_save_writes_config_last_and_keeps_other_files(tmp_path, tokenizer, monkeypatch):
@@ -116,14 +117,14 @@ def test_save_writes_config_last_and_keeps_other_files(tmp_path, tokenizer, monk
         save_heads(heads, tmp_path, target.record())
     # The old config is gone before the new weights are written: never a mismatched pair.
     with pytest.raises(FileNotFoundError, match="not a specheads head checkpoint"):
-        load_heads(tmp_path)
+        load_heads(tmp_path, methods=methods())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_loading_something_else_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a specheads head checkpoint"):
-        load_heads(tmp_path)
+        load_heads(tmp_path, methods=methods())
     (tmp_path / CONFIG_FILE).write_text(json.dumps({"format": "specheads", "method": "hydra"}))
     (tmp_path / WEIGHTS_FILE).write_bytes(b"")
     with pytest.raises(ValueError, match="unknown method 'hydra'"):
-        load_heads(tmp_path)
+        load_heads(tmp_path, methods=methods())

@@ -1,4 +1,5 @@
-"""A fifth method, written the way a new one would be: one module and one table entry.
+"""A fifth method, written the way a new one would be: one module holding its `Method` entry, which its
+distribution names in an entry point of the `specheads.methods` group (test_toy_method.py installs it so).
 
 "bigram": one linear head on the target's last hidden state at t guesses token t + 2 (the token after
 the one the target's own lm_head predicts), and decodes as a chain of one node after the root. It
@@ -16,7 +17,7 @@ from torch import nn
 
 from specheads.decode.drafters import DraftContext
 from specheads.decode.trees import DraftTree
-from specheads.heads.methods import Method
+from specheads.heads.method import Method
 
 
 @dataclass

@@ -6,6 +6,8 @@ test_bench_trainers_modelopt.py."""
 import pytest
 from bench_trainers_modules import bench, eagle, jobs, medusa, modelopt, report
 
+from specheads.methods import methods
+
 
 def test_eagle_budget_follows_main_py_split_epochs_and_batch():
     """main.py trains on int(0.95 N) files at --bs 4; ours takes the same optimizer steps and batch."""
@@ -552,5 +554,9 @@ def test_every_medusa_ablation_is_a_valid_recipe_override():
     for target in ("tiny", "smollm2"):
         for name in medusa.MEDUSA_ABLATIONS:
             overrides = medusa.ablation_overrides(name, budget)
-            load_config(jobs.recipe_path(target, "medusa"), [f"{k}={v}" for k, v in overrides.items()])
+            load_config(
+                jobs.recipe_path(target, "medusa"),
+                [f"{k}={v}" for k, v in overrides.items()],
+                methods=methods(),
+            )
     assert medusa.ablation_overrides("muon+lr 2e-3", budget) == {"optimizer": "muon", "lr": 2e-3}

@@ -7,6 +7,7 @@ import json
 import pytest
 from bench_trainers_modules import bench, jobs, modelopt
 
+from specheads.methods import methods
 from specheads.train.config import load_config
 
 
@@ -110,10 +111,13 @@ def test_on_cuda_both_train_as_their_gpu_recipes_say_and_the_changes_say_so(tmp_
     assert got["loop_s"] == 2.5  # the steps alone, from the run's summary
     # ours trains its recipe's loss: SmolLM2's EAGLE-3 recipe puts it on every token, as modelopt does
     assert "loss_on" not in got["overrides"] and not any(a.startswith("loss_on=") for a in ran[-1])
-    assert load_config(jobs.recipe_path("smollm2", "eagle3")).loss_on == "all"
+    assert load_config(jobs.recipe_path("smollm2", "eagle3"), methods=methods()).loss_on == "all"
     # the tiny recipes' every-token loss is for plain text: on the bench's chat rows ours trains the answers
     jobs.train_ours("eagle3", tmp_path / "rows.jsonl", budget, tmp_path / "ours", {}, "tiny", "cpu")
-    assert "loss_on=assistant" in ran[-1] and load_config(jobs.recipe_path("tiny", "eagle3")).loss_on == "all"
+    assert (
+        "loss_on=assistant" in ran[-1]
+        and load_config(jobs.recipe_path("tiny", "eagle3"), methods=methods()).loss_on == "all"
+    )
     assert jobs.accelerator_mib([-1]) is None and jobs.accelerator_mib(None) is None
 
 
@@ -161,7 +165,9 @@ def test_an_unknown_modelopt_variant_stops_the_bench():
 
 def eagle3_recipe(target: str, overrides: dict):
     """`target`'s EAGLE-3 recipe with `overrides`, as the bench passes them to `specheads train`."""
-    return load_config(jobs.recipe_path(target, "eagle3"), [f"{k}={v}" for k, v in overrides.items()])
+    return load_config(
+        jobs.recipe_path(target, "eagle3"), [f"{k}={v}" for k, v in overrides.items()], methods=methods()
+    )
 
 
 def test_eagle3_ablations_are_modelopts_settings_as_our_recipe_overrides():
@@ -175,7 +181,8 @@ def test_eagle3_ablations_are_modelopts_settings_as_our_recipe_overrides():
     for target in ("tiny", "smollm2"):
         cfg = eagle3_recipe(target, got)
         assert cfg.warmup == 24
-    assert load_config(jobs.recipe_path("smollm2", "eagle3"), ["max_steps=96"]).warmup == 10  # its own tenth
+    recipe = jobs.recipe_path("smollm2", "eagle3")
+    assert load_config(recipe, ["max_steps=96"], methods=methods()).warmup == 10  # its own tenth
     # its seeding: the draft's initial weights drawn with seed 0 whatever the run's seed, which orders the rows
     assert modelopt.eagle3_ablation("init seed 0", budget, seed=2) == {"seed": 0, "data_seed": 2}
     with pytest.raises(SystemExit, match="ttt 7"):  # an unknown ablation stops the bench

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from specheads.data import distillation as distill_mod
+from specheads.methods import methods
 
 from helpers import command
 
@@ -210,7 +211,9 @@ def test_capped_answers_are_marked_counted_and_left_out_of_training_by_default(
     assert [m["content"] for m in kept[0]["messages"][::2]] == OWN[1]["turns"]  # the finished one alone
     assert len(load_rows(out, cache_dir=cache)) == 2  # reading rows keeps them; training does not
     for include, expected in (("false", 1), ("true", 2)):
-        cfg = load_config(None, [f"data={out}", f"include_capped={include}", "eval_fraction=0"])
+        cfg = load_config(
+            None, [f"data={out}", f"include_capped={include}", "eval_fraction=0"], methods=methods()
+        )
         train, _ = rows_for(cfg)
         assert len(train) == expected
     # nothing but capped rows: the error says why the source reads as empty

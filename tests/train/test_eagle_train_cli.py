@@ -11,6 +11,7 @@ from specheads.cli import main as cli_main
 from specheads.core.target import FrozenTarget
 from specheads.heads import Eagle3Head, EagleHead, draft_vocab_from_counts, load_heads
 from specheads.heads.checkpoint import read_label_counts
+from specheads.methods import methods
 from specheads.train import eagle_losses
 from specheads.train.config import load_config
 
@@ -44,8 +45,8 @@ def train(recipe: str, target: Path, data: Path, out: Path, *extra: str) -> list
 
 def test_recipes_parse():
     eagle, eagle3 = (
-        load_config(REPO / "recipes/tiny/eagle.yaml"),
-        load_config(REPO / "recipes/tiny/eagle3.yaml"),
+        load_config(REPO / "recipes/tiny/eagle.yaml", methods=methods()),
+        load_config(REPO / "recipes/tiny/eagle3.yaml", methods=methods()),
     )
     assert (eagle.method, eagle.w_feat, eagle.w_tok, eagle.noise) == ("eagle", 1.0, 0.1, 0.1)
     assert (eagle3.method, eagle3.ttt_steps, eagle3.eagle3_layers) == ("eagle3", 5, [1, 2, 3])
@@ -65,7 +66,9 @@ def test_eagle_recipe_trains(tiny_target_dirs, text_data, tmp_path, capsys):
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.1
     assert steps[-1]["feature_loss"] < 0.5 * steps[0]["feature_loss"]
     assert steps[-1]["step0/top1"] > steps[0]["step0/top1"] + 0.2
-    head, config = load_heads(out, FrozenTarget.from_pretrained(str(tiny_target_dirs["llama"])))
+    head, config = load_heads(
+        out, FrozenTarget.from_pretrained(str(tiny_target_dirs["llama"])), methods=methods()
+    )
     assert isinstance(head, EagleHead) and config["capture_layers"] == [4]
     assert config["training"]["w_tok"] == 0.1
 
@@ -83,7 +86,9 @@ def test_eagle3_recipe_trains(tiny_target_dirs, text_data, tmp_path, capsys, mon
     assert steps[-1]["loss"] < steps[0]["loss"]
     assert all(steps[-1][f"step{i}/top1"] > steps[0][f"step{i}/top1"] + 0.05 for i in range(3))
     assert 0 <= steps[-1]["out_of_vocab"] <= 1 and "step2/out_of_vocab" in steps[-1]
-    head, config = load_heads(out, FrozenTarget.from_pretrained(str(tiny_target_dirs["qwen2"])))
+    head, config = load_heads(
+        out, FrozenTarget.from_pretrained(str(tiny_target_dirs["qwen2"])), methods=methods()
+    )
     assert isinstance(head, Eagle3Head) and config["capture_layers"] == [1, 2, 4]
     assert head.config.draft_vocab_size == 200 and int(head.t2d.sum()) == 200
     # the draft vocabulary came from the data: every character of the cyclic text is in it

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from specheads.methods import method_named, methods
 from specheads.train import loop
 from specheads.train.config import load_config
 from specheads.train.distributed import make_accelerator
@@ -34,9 +35,10 @@ def set_up(method: str, text_data: Path, tmp_path: Path, **overrides):
             "report_to": "none",
             **overrides,
         },
+        methods=methods(),
     )
     accelerator = make_accelerator(cfg)
-    return cfg, accelerator, loop.set_up(cfg, accelerator)
+    return cfg, accelerator, loop.set_up(cfg, method_named(cfg.method), accelerator)
 
 
 @functools.cache
@@ -78,7 +80,7 @@ def test_kept_states_give_a_forwards_metrics_without_running_the_decoder(method,
     calls = LayerCalls(run.target)
 
     def evaluate(states):
-        return loop.evaluate(cfg, accelerator, run.model, run.target, run.eval_loader, states)
+        return loop.evaluate(cfg, run.method, accelerator, run.model, run.target, run.eval_loader, states)
 
     heads = LayerCalls(run.target, run.target.lm_head)
     plain = evaluate(None)
@@ -97,7 +99,7 @@ def test_kept_states_give_a_forwards_metrics_without_running_the_decoder(method,
 
     # the heads train on; the kept states are still the target's
     batches = loop.train_batches(cfg, run.train_rows, run.collate, accelerator, start=0)
-    window = loop.metric_sums(cfg, accelerator.device)
+    window = loop.metric_sums(cfg, run.method, accelerator.device)
     timing = {"target": loop.TargetClock("cpu"), "step": 0.0, "labels": 0}
     for step in (1, 2):
         loop.train_step(cfg, accelerator, run, batches, window, timing, step)
@@ -110,7 +112,7 @@ def test_kept_states_give_a_forwards_metrics_without_running_the_decoder(method,
 def test_the_cap_keeps_the_batches_that_fit_and_zero_keeps_none(text_data, tmp_path):
     cfg, accelerator, run = set_up("eagle3", text_data, tmp_path)
     calls = LayerCalls(run.target)
-    loop.evaluate(cfg, accelerator, run.model, run.target, run.eval_loader, run.held_out)
+    loop.evaluate(cfg, run.method, accelerator, run.model, run.target, run.eval_loader, run.held_out)
     sizes = [
         sum(t.numel() * t.element_size() for t in [*kept.hidden.values(), kept.top_tokens])
         for kept in run.held_out.kept.values()
@@ -123,15 +125,15 @@ def test_the_cap_keeps_the_batches_that_fit_and_zero_keeps_none(text_data, tmp_p
 
     capped = HeldOutStates(1, run.held_out.columns)
     capped.limit = sizes[0] + sizes[1] - 1  # room for the first batch only
-    plain = loop.evaluate(cfg, accelerator, run.model, run.target, run.eval_loader, None)
+    plain = loop.evaluate(cfg, run.method, accelerator, run.model, run.target, run.eval_loader, None)
     calls.take()
-    first = loop.evaluate(cfg, accelerator, run.model, run.target, run.eval_loader, capped)
+    first = loop.evaluate(cfg, run.method, accelerator, run.model, run.target, run.eval_loader, capped)
     assert sorted(capped.kept) == [0] and capped.full and calls.take() == 3
-    second = loop.evaluate(cfg, accelerator, run.model, run.target, run.eval_loader, capped)
+    second = loop.evaluate(cfg, run.method, accelerator, run.model, run.target, run.eval_loader, capped)
     assert calls.take() == 2 and plain == first and same_metrics(first, second)
 
     _, _, off = set_up("eagle3", text_data, tmp_path / "off", eval_cache_mib=0)
-    loop.evaluate(cfg, accelerator, off.model, off.target, off.eval_loader, off.held_out)
+    loop.evaluate(cfg, off.method, accelerator, off.model, off.target, off.eval_loader, off.held_out)
     assert off.held_out.kept == {}
 
 
@@ -153,14 +155,14 @@ def test_a_kept_batch_is_used_only_for_the_same_rows(text_data, tmp_path):
 
 def test_the_cap_must_not_be_negative():
     with pytest.raises(ValueError, match="eval_cache_mib must be >= 0, got -1"):
-        load_config(REPO / "recipes" / "tiny" / "eagle3.yaml", {"eval_cache_mib": -1})
+        load_config(REPO / "recipes" / "tiny" / "eagle3.yaml", {"eval_cache_mib": -1}, methods=methods())
 
 
 def test_a_run_with_kept_states_logs_and_saves_what_one_without_does(text_data, tmp_path):
     def run(name: str, cap: int):
         overrides = {"eval_every": 2, "eval_cache_mib": cap, "max_steps": 4}
         cfg, _, _ = set_up("eagle3", text_data, tmp_path / name, **overrides)
-        summary = loop.train(cfg, progress=False)
+        summary = loop.train(cfg, method_named(cfg.method), progress=False)
         lines = (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()
         evals = [json.loads(line) for line in lines if '"eval"' in line]
         return summary, evals, load_file(tmp_path / name / "run" / "model.safetensors")

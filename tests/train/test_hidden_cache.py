@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from specheads.core.target import FrozenTarget, TargetMismatchError
 from specheads.data import collate, load_rows, tokenize_rows
+from specheads.methods import method_named, methods
 from specheads.train import loop
 from specheads.train.config import load_config
 from specheads.train.eagle_losses import eagle3_loss, eagle_loss
@@ -123,14 +124,16 @@ def loader(dataset, collate_fn, packing, pad_token_id, seed=3):
 def test_offline_loss_equals_online(method, packing, extra, llama_dir, rows, tmp_path):
     extra = dict(extra)
     cache_of = extra.pop("cache_of", method)
-    cfg = load_config(None, {"method": method, "packing": packing, "max_length": MAX_LENGTH, **extra})
+    cfg = load_config(
+        None, {"method": method, "packing": packing, "max_length": MAX_LENGTH, **extra}, methods=methods()
+    )
     online = FrozenTarget.from_pretrained(str(llama_dir), dtype="float32")
     torch.manual_seed(0)
-    heads, _ = loop.build_heads(cfg, online, rows)
+    heads, _ = loop.build_heads(cfg, method_named(method), online, rows)
     heads.eval()  # EAGLE's input noise is random in training mode
-    layers = cache_layers(cache_of, online.num_layers, cfg.eagle3_layers)
+    layers = cache_layers(method_named(cache_of), online.num_layers, cfg.eagle3_layers)
     build(online, rows, tmp_path / "cache", layers)
-    assert set(cache_layers(method, online.num_layers, cfg.eagle3_layers)) <= set(layers)
+    assert set(cache_layers(method_named(method), online.num_layers, cfg.eagle3_layers)) <= set(layers)
 
     offline = OfflineTarget.from_pretrained(str(llama_dir), dtype="float32")
     cached = CachedRows(tmp_path / "cache", expected=rows, target=offline.record())

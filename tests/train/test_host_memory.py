@@ -11,6 +11,7 @@ from test_train_cli import args
 
 from specheads.cli import main as cli_main
 from specheads.heads import load_heads
+from specheads.methods import methods
 from specheads.train import host_memory, loop
 from specheads.train.host_memory import glibc, keep_freed_memory
 
@@ -147,7 +148,7 @@ def test_train_holds_it_as_the_recipe_says_and_trains_the_same(
             cli_main(["train", *args(tiny_target_dirs["qwen3"], text_data, out, *extra), "--no-progress"])
             == 0
         )
-        heads.append(load_heads(out)[0].state_dict())
+        heads.append(load_heads(out, methods=methods())[0].state_dict())
     assert [enabled for enabled, _ in seen] == [True, False]
     assert seen[1][1] is False and (glibc() is None or seen[0][1] is True)
     assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])

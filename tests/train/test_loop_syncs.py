@@ -16,6 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from specheads.data.packing import label_positions, shift_loss_mask
+from specheads.methods import method_named, methods
 from specheads.train import loop
 from specheads.train.config import load_config
 from specheads.train.distributed import make_accelerator
@@ -49,11 +50,11 @@ def test_a_step_between_logs_reads_the_device_once_beyond_the_targets_forward(me
         "eval_fraction": 0,
         "report_to": "none",
     }
-    cfg = load_config(REPO / "recipes" / "tiny" / f"{method}.yaml", overrides)
+    cfg = load_config(REPO / "recipes" / "tiny" / f"{method}.yaml", overrides, methods=methods())
     accelerator = make_accelerator(cfg)
-    run = loop.set_up(cfg, accelerator)
+    run = loop.set_up(cfg, method_named(cfg.method), accelerator)
     batches = loop.train_batches(cfg, run.train_rows, run.collate, accelerator, start=0)
-    window = loop.metric_sums(cfg, accelerator.device)
+    window = loop.metric_sums(cfg, run.method, accelerator.device)
     timing = {"target": loop.TargetClock("cpu"), "step": 0.0, "labels": 0}
     loop.train_step(cfg, accelerator, run, batches, window, timing, 1)  # lazy state made on the first
     with profile(activities=[ProfilerActivity.CPU]) as step:

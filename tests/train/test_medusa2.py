@@ -16,6 +16,7 @@ from safetensors import safe_open
 from specheads.core.target import FrozenTarget
 from specheads.data import collate, load_rows, tokenize_rows
 from specheads.heads import MedusaConfig, MedusaHeads
+from specheads.methods import methods
 from specheads.train.medusa2 import (
     Medusa2WithLoss,
     adapter_parameters,
@@ -279,7 +280,7 @@ def test_cli_changes_only_heads_and_adapters(cli_run, batch):
         logits_of(FrozenTarget(restored), batch), logits_of(wrapped, batch), rtol=0, atol=1e-6
     )
     # the heads are native heads for the target, trained off their zero-initialised blocks
-    heads, config = load_heads(out, FrozenTarget.from_pretrained(str(target_dir)))
+    heads, config = load_heads(out, FrozenTarget.from_pretrained(str(target_dir)), methods=methods())
     assert isinstance(heads, MedusaHeads) and heads.num_heads == 2
     assert all(block[0].linear.weight.abs().max() > 0 for block in heads.blocks)
     assert config["training"]["method"] == "medusa2" and config["training"]["adapter"] == "adapter"
@@ -313,7 +314,7 @@ def test_cli_checkpoint_holds_heads_and_adapter_only_and_resumes_exactly(cli_run
     assert not [f for f in files if f.startswith(("model", "pytorch_model"))], files  # no weights here
     # the optimizer state covers the heads and the adapters, nothing of the base
     optimizer = torch.load(step / "accelerate" / "optimizer.bin", weights_only=False)
-    heads, _ = load_heads(step)
+    heads, _ = load_heads(step, methods=methods())
     assert [g["name"] for g in optimizer["param_groups"]] == ["heads", "adapter"]
     assert len(optimizer["state"]) == len(list(heads.parameters())) + len(adapter_parameters(wrapped))
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from accelerate.utils import DistributedType
 
-from specheads.heads.methods import method_named
+from specheads.methods import method_named, methods
 from specheads.train import optimizers
 from specheads.train.config import load_config
 from specheads.train.distributed import check_optimizer_layout
@@ -17,9 +17,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def objective(method: str, target_dir, **overrides):
-    cfg = load_config(None, {"method": method, "target": str(target_dir), "report_to": "none", **overrides})
+    cfg = load_config(
+        None,
+        {"method": method, "target": str(target_dir), "report_to": "none", **overrides},
+        methods=methods(),
+    )
     target = load_target(cfg, str(target_dir), torch.device("cpu"))
-    heads, _ = build_heads(cfg, target, label_counts=torch.ones(target.vocab_size))
+    heads, _ = build_heads(cfg, method_named(method), target, label_counts=torch.ones(target.vocab_size))
     model, optimizer, _ = build_objective(cfg, method_named(method), target, heads)
     return cfg, model, optimizer
 
@@ -143,7 +147,7 @@ def test_muon_dtype_bfloat16_is_torchs_step_on_any_cpu_and_a_bad_name_is_refused
     ):
         MuonWithAdamW(ours[:2], ours[2:], 1e-3, 1e-3, (0.9, 0.999), 0.0, muon_dtype="fp16")
     with pytest.raises(ValueError, match="muon_dtype must be one of .*got 'fp16'"):
-        load_config(None, ["optimizer=muon", "muon_dtype=fp16"])
+        load_config(None, ["optimizer=muon", "muon_dtype=fp16"], methods=methods())
 
 
 @pytest.mark.parametrize(
@@ -187,7 +191,7 @@ def test_the_schedule_drives_both_parts_and_a_saved_state_resumes_exactly():
     """A scheduler reaches both optimizers' rates, also after load_state_dict (accelerate's prepare()
     loads the state once: the groups must be rebound, or the rates would stay where they started),
     and a run resumed from the state after 3 of 6 steps ends bit-identical to the run straight through."""
-    cfg = load_config(None, ["optimizer=muon", "lr=0.01", "warmup_steps=2", "max_steps=6"])
+    cfg = load_config(None, ["optimizer=muon", "lr=0.01", "warmup_steps=2", "max_steps=6"], methods=methods())
 
     def fresh():
         params = toy_params()
@@ -238,10 +242,10 @@ def test_a_torch_without_muon_is_named(monkeypatch):
     monkeypatch.setattr(torch, "__version__", "2.8.0")
     message = "needs torch.optim.Muon \\(torch >= 2.9\\); this torch is 2.8.0"
     with pytest.raises(ValueError, match=message):  # from the recipe, before a target or data is loaded
-        load_config(None, ["optimizer=muon"])
+        load_config(None, ["optimizer=muon"], methods=methods())
     with pytest.raises(ValueError, match=message):
         optimizers.check_muon_available()
-    load_config(None, ["optimizer=adamw"])
+    load_config(None, ["optimizer=adamw"], methods=methods())
 
 
 @pytest.mark.parametrize(
@@ -257,7 +261,7 @@ def test_a_torch_without_muon_is_named(monkeypatch):
 )
 def test_bad_optimizer_settings_are_clear_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
-        load_config(None, overrides)
+        load_config(None, overrides, methods=methods())
 
 
 @pytest.mark.parametrize(

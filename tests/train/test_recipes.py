@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from specheads.builders.tiny_target import TinyTargetConfig
-from specheads.heads.methods import methods
+from specheads.methods import methods
 from specheads.train.config import load_config
 
 METHODS = tuple(methods())  # the built-in methods: a recipe each per real target family
@@ -56,7 +56,7 @@ def test_every_family_has_every_method():
 
 @pytest.mark.parametrize("path", RECIPES, ids=relative)
 def test_recipe_loads_and_its_header_launches_it(path):
-    cfg = load_config(path)  # unknown keys and bad values raise here
+    cfg = load_config(path, methods=methods())  # unknown keys and bad values raise here
     assert cfg.method in METHODS and path.stem.split("-")[0] == cfg.method
     assert cfg.data and all(isinstance(d, str) and d for d in cfg.data)
     text = header(path)
@@ -123,7 +123,7 @@ def check_smollm2(path, cfg, text):
 
 
 def test_recipes_write_to_their_own_output_dirs():
-    dirs = [load_config(p).output_dir for p in RECIPES]
+    dirs = [load_config(p, methods=methods()).output_dir for p in RECIPES]
     assert len(set(dirs)) == len(dirs)
 
 

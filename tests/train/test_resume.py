@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from specheads.cli import main as cli_main
+from specheads.methods import methods
 from specheads.train import checkpointing
 from specheads.train.checkpointing import check_resumable, checkpoint_steps, latest_checkpoint, read_state
 from specheads.train.config import load_config
@@ -89,7 +90,10 @@ def test_resumed_run_ends_bit_identical(recipe, extra, tiny_target_dirs, text_da
     summary = json.loads((resumed / "train_summary.json").read_text())
     assert summary["resumed_from"].endswith("step-9") and summary["completed"]
     # the Newton-Schulz dtype muon_dtype "auto" chose on this machine; no Muon, none
-    muon = load_config(str(REPO / "recipes" / "tiny" / recipe), list(extra)).optimizer == "muon"
+    muon = (
+        load_config(str(REPO / "recipes" / "tiny" / recipe), list(extra), methods=methods()).optimizer
+        == "muon"
+    )
     dtype = newton_schulz_dtype(torch.device("cpu")) if muon else None
     assert summary["muon_newton_schulz_dtype"] == (dtype and str(dtype).removeprefix("torch."))
     launch = json.loads((resumed / "provenance.jsonl").read_text().splitlines()[-1])
@@ -237,15 +241,28 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(
 def test_resume_refuses_a_different_run(uninterrupted, tiny_target_dirs, text_data):
     path = latest_checkpoint(uninterrupted)
     state = read_state(path)
-    cfg = load_config(None, state["config"])
+    cfg = load_config(None, state["config"], methods=methods())
+    entry = methods()[cfg.method]
     record = checkpointing.TargetRecord.from_dict(json.loads((path / "config.json").read_text())["target"])
     check_resumable(
-        state, load_config(None, {**state["config"], "max_steps": 500}), 1, record, path
+        state,
+        load_config(None, {**state["config"], "max_steps": 500}, methods=methods()),
+        1,
+        record,
+        path,
+        method=entry,
     )  # allowed
     with pytest.raises(ValueError, match=r"cannot resume .*\n  lr: checkpoint 0.01, this run 0.02"):
-        check_resumable(state, load_config(None, {**state["config"], "lr": 0.02}), 1, record, path)
+        check_resumable(
+            state,
+            load_config(None, {**state["config"], "lr": 0.02}, methods=methods()),
+            1,
+            record,
+            path,
+            method=entry,
+        )
     with pytest.raises(ValueError, match="written by 1 processes, this run has 2"):
-        check_resumable(state, cfg, 2, record, path)
+        check_resumable(state, cfg, 2, record, path, method=entry)
 
 
 def test_a_resume_may_change_the_label_floors_and_is_checked_against_its_own(
@@ -280,14 +297,19 @@ def test_a_second_ctrl_c_quits_at_once(capfd):
 def test_resume_names_a_missing_checkpoint(tmp_path, capsys):
     from specheads.train.checkpointing import resolve_resume
 
-    assert resolve_resume(load_config(None, {"resume": "auto", "output_dir": str(tmp_path)})) is None
+    assert (
+        resolve_resume(load_config(None, {"resume": "auto", "output_dir": str(tmp_path)}, methods=methods()))
+        is None
+    )
     # a run told to resume that finds nothing says so, naming the folder (it used to start from 0 silently)
-    cfg = load_config(None, {"resume": "auto", "output_dir": str(tmp_path)})
+    cfg = load_config(None, {"resume": "auto", "output_dir": str(tmp_path)}, methods=methods())
     assert resolve_resume(cfg, announce=True) is None
     assert f"resume=auto: no checkpoint in {tmp_path / 'checkpoints'}" in capsys.readouterr().err
     (tmp_path / "checkpoints" / "step-7").mkdir(parents=True)  # no trainer_state.json: not whole
     with pytest.raises(FileNotFoundError, match="is not a whole checkpoint"):
-        resolve_resume(load_config(None, {"resume": str(tmp_path / "checkpoints" / "step-7")}))
+        resolve_resume(
+            load_config(None, {"resume": str(tmp_path / "checkpoints" / "step-7")}, methods=methods())
+        )
     assert latest_checkpoint(tmp_path) is None
 
 

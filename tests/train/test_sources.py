@@ -12,6 +12,7 @@ from specheads.cli import main as cli_main
 from specheads.data import chat_masks, stdlib_corpus, tokenize_rows
 from specheads.data import distillation as distill
 from specheads.data.distillation import DistillConfig
+from specheads.methods import methods
 from specheads.train import sources
 from specheads.train.config import load_config
 
@@ -68,7 +69,7 @@ SMALL = DistillConfig(
 def test_stdlib_distilled_is_distilled_once_per_target(fake_stdlib, tiny_target_dirs, monkeypatch):
     monkeypatch.setattr(distill, "STDLIB_DISTILLED", SMALL)
     settings = {"data": ["stdlib-distilled"], "max_steps": 3, "batch_size": 4}  # one epoch: 12 rows
-    cfg = load_config(None, {"target": str(tiny_target_dirs["llama"]), **settings})
+    cfg = load_config(None, {"target": str(tiny_target_dirs["llama"]), **settings}, methods=methods())
     train, evaluate = sources.rows_for(cfg)
     assert train.column_names == ["text"] and 9 <= len(train) <= 12
     assert evaluate["text"] == sources.stdlib_rows(heldout=True)["text"]  # the raw held-out files
@@ -78,10 +79,12 @@ def test_stdlib_distilled_is_distilled_once_per_target(fake_stdlib, tiny_target_
     monkeypatch.setattr(distill, "generate_batch", fail)
     again, _ = sources.rows_for(cfg)
     assert again["text"] == train["text"] and again._fingerprint == train._fingerprint
-    other = load_config(None, {"target": str(tiny_target_dirs["qwen3"]), **settings})
+    other = load_config(None, {"target": str(tiny_target_dirs["qwen3"]), **settings}, methods=methods())
     with pytest.raises(AssertionError, match="not cached"):  # another target distills its own
         sources.rows_for(other)
-    longer = load_config(None, {"target": str(tiny_target_dirs["llama"]), **settings, "max_steps": 4})
+    longer = load_config(
+        None, {"target": str(tiny_target_dirs["llama"]), **settings, "max_steps": 4}, methods=methods()
+    )
     with pytest.raises(AssertionError, match="not cached"):  # a longer run distills its own epoch
         sources.rows_for(longer)
 
@@ -89,7 +92,7 @@ def test_stdlib_distilled_is_distilled_once_per_target(fake_stdlib, tiny_target_
 def test_stdlib_distilled_is_one_epoch_of_the_recipe(fake_stdlib, tiny_target_dirs, monkeypatch):
     monkeypatch.setattr(distill, "STDLIB_DISTILLED", SMALL)  # SMALL.max_rows (12) is not what counts
     settings = {"data": ["stdlib-distilled"], "max_steps": 5, "batch_size": 2, "grad_accum": 2}
-    cfg = load_config(None, {"target": str(tiny_target_dirs["llama"]), **settings})
+    cfg = load_config(None, {"target": str(tiny_target_dirs["llama"]), **settings}, methods=methods())
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert sources.epoch_rows(cfg) == 20
     monkeypatch.setenv("WORLD_SIZE", "3")  # accelerate launch: each global batch spans the processes
@@ -140,7 +143,9 @@ def test_max_bad_rows_is_a_recipe_key_for_reading_and_for_masking(tmp_path):
     settings = {"eval_fraction": 0, "max_length": 64}
 
     def config(path, max_bad_rows):
-        return load_config(None, {**settings, "data": [str(path)], "max_bad_rows": max_bad_rows})
+        return load_config(
+            None, {**settings, "data": [str(path)], "max_bad_rows": max_bad_rows}, methods=methods()
+        )
 
     with pytest.raises(BadRowsError, match=r"broken\.jsonl:9"):  # the broken line, by number
         sources.rows_for(config(broken, 0))
@@ -161,7 +166,9 @@ def test_the_held_out_split_keeps_every_answer_to_a_prompt_on_one_side(tmp_path)
     greedy, sampled = tmp_path / "greedy.jsonl", tmp_path / "sampled.jsonl"
     greedy.write_text("".join(json.dumps(chat(f"prompt {i}", f"greedy {i}")) + "\n" for i in range(50)))
     sampled.write_text("".join(json.dumps(chat(f"prompt {i}", f"sampled {i}")) + "\n" for i in range(50)))
-    cfg = load_config(None, {"data": [str(greedy), str(sampled)], "eval_fraction": 0.1, "seed": 3})
+    cfg = load_config(
+        None, {"data": [str(greedy), str(sampled)], "eval_fraction": 0.1, "seed": 3}, methods=methods()
+    )
     train, held = sources.rows_for(cfg)
     prompts = {
         side: [m[0]["content"] for m in rows["messages"]] for side, rows in (("t", train), ("h", held))
@@ -169,7 +176,7 @@ def test_the_held_out_split_keeps_every_answer_to_a_prompt_on_one_side(tmp_path)
     assert len(prompts["h"]) == 10 and len(set(prompts["h"])) == 5  # 5 prompts, both answers each
     assert not set(prompts["h"]) & set(prompts["t"]) and len(prompts["t"]) == 90
     assert sources.rows_for(cfg)[1]["messages"] == held["messages"]  # the seed decides it
-    one = load_config(None, {"data": [str(greedy)], "eval_fraction": 0.1, "seed": 3})
+    one = load_config(None, {"data": [str(greedy)], "eval_fraction": 0.1, "seed": 3}, methods=methods())
     rows = sources.rows_for(one)
     split = datasets.concatenate_datasets([sources._load(str(greedy), one)]).train_test_split(
         test_size=0.1, seed=3
@@ -179,5 +186,7 @@ def test_the_held_out_split_keeps_every_answer_to_a_prompt_on_one_side(tmp_path)
     )
     same = tmp_path / "same.jsonl"  # one prompt answered 20 times: nothing to split by, so the rows are
     same.write_text("".join(json.dumps(chat("prompt", f"answer {i}")) + "\n" for i in range(20)))
-    train, held = sources.rows_for(load_config(None, {"data": [str(same)], "eval_fraction": 0.1}))
+    train, held = sources.rows_for(
+        load_config(None, {"data": [str(same)], "eval_fraction": 0.1}, methods=methods())
+    )
     assert (len(train), len(held)) == (18, 2)

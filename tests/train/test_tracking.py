@@ -15,6 +15,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from specheads.cli import main as cli_main
+from specheads.methods import methods
 from specheads.train import loop
 from specheads.train.config import load_config
 from specheads.train.tracking import known_trackers, trackers
@@ -67,11 +68,14 @@ def expected(records: list[dict]) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_report_to_takes_names_lists_all_and_none(tmp_path):
-    assert load_config(None).report_to == ["wandb"]
-    assert load_config(None, ["report_to=tensorboard,wandb"]).report_to == ["tensorboard", "wandb"]
+    assert load_config(None, methods=methods()).report_to == ["wandb"]
+    assert load_config(None, ["report_to=tensorboard,wandb"], methods=methods()).report_to == [
+        "tensorboard",
+        "wandb",
+    ]
     recipe = tmp_path / "r.yaml"
     recipe.write_text("report_to:\n  - tensorboard\n  - wandb\n")
-    assert load_config(recipe).report_to == ["tensorboard", "wandb"]
+    assert load_config(recipe, methods=methods()).report_to == ["tensorboard", "wandb"]
     assert trackers(["wandb", "tensorboard", "wandb"]) == ["wandb", "tensorboard"]
     assert trackers(["none"]) == trackers([]) == []
     assert set(trackers(["all"])) >= {"tensorboard", "wandb"}  # both installed with the dev extra

@@ -16,6 +16,7 @@ from specheads.cli import main as cli_main
 from specheads.core.target import FrozenTarget
 from specheads.heads import load_heads
 from specheads.heads.checkpoint import draft_vocab_ids, read_label_counts
+from specheads.methods import methods
 from specheads.train.provenance import PACKAGES
 from specheads.version import __version__
 
@@ -64,7 +65,7 @@ def test_a_target_refusing_sdpa_trains_with_the_attention_it_supports(text_data,
     assert [m["step"] for m in train] == [10, 20] and train[-1]["loss"] < train[0]["loss"]
     target = FrozenTarget.from_pretrained(str(target_dir))
     assert target.attention_choice == "auto: eager, as transformers refuses sdpa for Gemma2ForCausalLM"
-    heads, config = load_heads(out, target)
+    heads, config = load_heads(out, target, methods=methods())
     assert heads.num_heads == 3 and config["training"]["attn_implementation"] == "auto"
 
 
@@ -82,7 +83,7 @@ def test_train_cli_learns_and_writes_a_whole_checkpoint(tiny_target_dirs, text_d
     assert train[-1]["loss"] < 0.5 * train[0]["loss"]
     assert evals[-1]["head0/top1"] > 0.6 and evals[-1]["tau_sim"] > 1.5
     target = FrozenTarget.from_pretrained(str(target_dir))
-    heads, config = load_heads(out, target)
+    heads, config = load_heads(out, target, methods=methods())
     assert heads.num_heads == 3 and config["training"]["max_steps"] == 40
     assert config["training"]["eval"]["tau_sim"] == evals[-1]["tau_sim"]
     assert (out / "checkpoints" / "step-20" / "model.safetensors").is_file()
@@ -98,7 +99,7 @@ def test_train_cli_learns_and_writes_a_whole_checkpoint(tiny_target_dirs, text_d
     from specheads.train.config import load_config
     from specheads.train.eagle_losses import count_label_tokens
 
-    cfg = load_config(RECIPE, args(target_dir, text_data, out)[1:])
+    cfg = load_config(RECIPE, args(target_dir, text_data, out)[1:], methods=methods())
     train_rows, _, _ = loop.make_data(cfg, target.tokenizer)
     counts = count_label_tokens(train_rows, target.vocab_size)
     assert counts.sum() > 0
@@ -132,7 +133,7 @@ def test_same_seed_gives_the_same_heads(tiny_target_dirs, text_data, tmp_path):
                 "--no-progress",
             ]
         )
-        outs.append(load_heads(out)[0].state_dict())
+        outs.append(load_heads(out, methods=methods())[0].state_dict())
     assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
 
 
@@ -142,7 +143,7 @@ def test_grad_accum_and_shared_lm_head_run(tiny_target_dirs, text_data, tmp_path
     assert (
         cli_main(["train", *args(tiny_target_dirs["mistral"], text_data, out, *extra), "--no-progress"]) == 0
     )
-    heads, config = load_heads(out)
+    heads, config = load_heads(out, methods=methods())
     assert heads.lm_heads is None and config["head_config"]["share_lm_head"] is True
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specheads.cli.threads import add_threads_argument
 from specheads.core.run_folder import check_writable, hold_folder
+from specheads.methods import method_named, methods
 from specheads.train import host_memory
 from specheads.train.config import load_config
 from specheads.train.recipe_cache import cache_recipe
@@ -27,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
-    cfg = load_config(args.recipe, args.overrides)
+    cfg = load_config(args.recipe, args.overrides, methods=methods())
     out = args.out or getattr(cfg, "cache_dir", None)
     if not out:
         raise SystemExit(
@@ -39,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     with hold_folder(out, "cache folder"), host_memory.keep_freed_memory(cfg.keep_host_memory):
         summaries = cache_recipe(
             cfg,
+            method_named(cfg.method),
             Path(out),
             dtype=args.dtype,
             shard_tokens=args.shard_tokens,

@@ -20,6 +20,7 @@ from specheads.evaluate.eval_drafters import (
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE
 from specheads.evaluate.options import CompareOptions
 from specheads.evaluate.peers import BASELINE, PEERS
+from specheads.methods import methods
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -123,7 +124,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """`specheads compare`: the flags as CompareOptions, to the library (evaluate/compare.py)."""
     options = options_from(CompareOptions, args)
-    compare_heads(options)
+    compare_heads(options, methods())
     print((options.out / REPORT_FILE).read_text(), end="")
     print(
         f"wrote {options.out / RESULTS_FILE}, {options.out / REPORT_FILE}, plots and {options.out / ANSWERS_DIR}/"

@@ -19,6 +19,7 @@ from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, report_text
 from specheads.evaluate.options import EvalOptions
 from specheads.evaluate.progress import PROGRESS_FILE
 from specheads.evaluate.run import run_eval
+from specheads.methods import methods
 
 D = EvalOptions  # the defaults
 
@@ -120,7 +121,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """`specheads eval`: the flags as EvalOptions, to the library (evaluate/run.py)."""
     options = options_from(EvalOptions, args)
-    results = run_eval(options)
+    results = run_eval(options, methods())
     print(report_text(results), end="")
     print(f"wrote {options.out / RESULTS_FILE} and {options.out / REPORT_FILE}")
     return 0

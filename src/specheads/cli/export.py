@@ -21,6 +21,7 @@ from specheads.cli.threads import add_threads_argument
 from specheads.core.run_folder import check_writable
 from specheads.core.target import FrozenTarget, TargetMismatchError, resolve_dtype
 from specheads.heads.formats import FORMATS, FormatError, export_heads
+from specheads.methods import methods
 
 _ERRORS = (
     FormatError,
@@ -95,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
             speculative_tokens=args.num_speculative_tokens,
             fc_bias=args.fc_bias,
             allow_target_mismatch=args.allow_target_mismatch,
+            methods=methods(),
         )
     except _ERRORS as e:
         print(f"specheads export: error: {error_line(e)}", file=sys.stderr)

@@ -20,11 +20,12 @@ from pathlib import Path
 from specheads.builders.tiny_draft import TinyDraftConfig, ensure_tiny_draft
 from specheads.builders.tiny_target import TinyTargetConfig, ensure_tiny_target
 from specheads.cli.threads import add_threads_argument
+from specheads.decode.drafter_factory import EAGLE_TOTAL_TOKENS, default_tree_name
 from specheads.evaluate.compare import command_line, compare_heads
-from specheads.evaluate.eval_drafters import EAGLE_TOTAL_TOKENS, default_tree_name
 from specheads.evaluate.evaluate import REPORT_FILE
 from specheads.evaluate.options import CompareOptions
 from specheads.heads.checkpoint import CONFIG_FILE, read_head_config
+from specheads.methods import method_named, methods
 from specheads.train.config import find_recipe, load_config, recipe_values
 from specheads.train.loop import train
 from specheads.train.optimizers import muon_missing
@@ -38,7 +39,7 @@ FIXED_EAGLE_TREE = f"dynamic-{EAGLE_TOTAL_TOKENS}"
 def fixed_tree(heads_dir: Path) -> str:
     """The quickstart's tree for the heads in `heads_dir`: Medusa's default for its head count, else
     FIXED_EAGLE_TREE."""
-    config = read_head_config(heads_dir)
+    config = read_head_config(heads_dir, methods=methods())
     if config["method"] == "medusa":
         return default_tree_name(config["head_config"]["num_heads"])
     return FIXED_EAGLE_TREE
@@ -109,7 +110,7 @@ def trained_with(heads_dir: Path, recipe: Path, overrides: list[str]) -> bool:
         saved = json.loads((heads_dir / CONFIG_FILE).read_text())["training"]
     except (OSError, ValueError, KeyError):
         return False
-    wanted = load_config(recipe, overrides).to_dict()
+    wanted = load_config(recipe, overrides, methods=methods()).to_dict()
     return all(saved.get(k) == v for k, v in wanted.items())
 
 
@@ -134,7 +135,8 @@ def train_heads(method: str, target: Path, out: Path, args: argparse.Namespace) 
     if args.retrain or not trained_with(heads_dir, recipe, overrides):
         print(f"\n== training {method} heads: specheads train {recipe} {' '.join(overrides)} --overwrite")
         # overwrite: quickstart owns its folders (a retrain replaces what was there)
-        train(load_config(recipe, overrides), progress=args.progress, overwrite=True)
+        cfg = load_config(recipe, overrides, methods=methods())
+        train(cfg, method_named(cfg.method), progress=args.progress, overwrite=True)
     else:
         print(f"\n== reusing {method} heads in {heads_dir}")
     return heads_dir
@@ -168,7 +170,7 @@ def compare_all(target: Path, heads_dirs: list[Path], out: Path, args: argparse.
         threads=args.threads,  # written into the printed command that reproduces the comparison
     )
     print(f"\n== comparing: {command_line(options, peers)}")
-    return compare_heads(options)
+    return compare_heads(options, methods())
 
 
 def table(methods: list[dict]) -> str:

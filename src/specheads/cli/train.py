@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from specheads.cli.threads import add_threads_argument
-from specheads.heads.methods import method_named
+from specheads.methods import method_named, methods
 from specheads.train.config import load_config
 from specheads.train.distributed import end_launched_process
 from specheads.train.loop import train
@@ -40,9 +40,9 @@ def run(args: argparse.Namespace) -> int:
 def train_and_report(args: argparse.Namespace) -> int:
     from accelerate import PartialState  # lazy: accelerate is only needed once a run starts
 
-    cfg = load_config(args.recipe, args.overrides)
+    cfg = load_config(args.recipe, args.overrides, methods=methods())
     cfg.allow_target_mismatch |= args.allow_target_mismatch
-    summary = train(cfg, progress=not args.no_progress, overwrite=args.overwrite)
+    summary = train(cfg, method_named(cfg.method), progress=not args.no_progress, overwrite=args.overwrite)
     stopped = summary["exit_code"]  # 0, or 128 + the signal that stopped it
     if not PartialState().is_main_process:
         return stopped

@@ -17,11 +17,11 @@ import torch
 from tqdm.auto import tqdm
 
 from specheads.core.target import FrozenTarget
+from specheads.decode.baseline import generate_rows, pad_token_id
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
 from specheads.decode.decoder import timed
 from specheads.decode.sampling import SamplingParams
-from specheads.evaluate.baseline import generate_rows, pad_token_id
 from specheads.evaluate.report import prompt_record, summarize
 
 

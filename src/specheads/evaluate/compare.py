@@ -5,7 +5,7 @@
 
 In one run on one machine, with the same prompts and settings, every method decodes every prompt:
 the peers (evaluate/peers.py: `generate`, the baseline; `prompt-lookup`; `assisted`, with --draft-model)
-and our tree decoder with each --heads checkpoint (its drafter from evaluate.eval_drafters.drafter_for). The
+and our tree decoder with each --heads checkpoint (its drafter from decode.drafter_factory.drafter_for). The
 methods are interleaved per prompt, in an order rotated by one from prompt to prompt (prompt 1: A B C,
 prompt 2: B C A, prompt 3: C A B, ...), so slow drift (clocks, caches, other processes) favours none;
 results.json records the order. Each call is timed end to end, prefill included, and greedy outputs are
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +46,12 @@ from specheads.builders.named_targets import resolve_target
 from specheads.core.atomic import write_text
 from specheads.core.run_folder import claim_results_folder, hold_folder, replacing
 from specheads.core.target import FrozenTarget
+from specheads.decode.calibrate import CalibrationSettings
 from specheads.decode.decoder import timed
+from specheads.decode.drafter_factory import drafter_for
 from specheads.decode.step import decoding_attention
 from specheads.evaluate.answers import ANSWERS_DIR, answer_file, write_answers
-from specheads.evaluate.calibrate import CalibrationSettings, hold_out, holds_out, max_tree_depth
+from specheads.evaluate.calibrate import hold_out, holds_out, max_tree_depth
 from specheads.evaluate.compare_records import (
     Run,
     conversation_record,
@@ -67,7 +69,7 @@ from specheads.evaluate.conversations import (
     select_prompts,
 )
 from specheads.evaluate.eval_drafters import trees_for
-from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, drafter_for
+from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE
 from specheads.evaluate.options import CompareOptions
 from specheads.evaluate.peers import (
     BASELINE,
@@ -94,7 +96,7 @@ from specheads.evaluate.report import (
 )
 from specheads.heads import load_heads, read_head_config
 from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter
-from specheads.heads.methods import method_named
+from specheads.heads.method import Method as MethodEntry
 
 # -- running ----------------------------------------------------------------------------------------
 
@@ -228,9 +230,15 @@ def check_options(options: CompareOptions) -> None:
 
 
 def build_methods(
-    options: CompareOptions, target: FrozenTarget, peers: list[str], configs: list[dict], trees: list
+    options: CompareOptions,
+    target: FrozenTarget,
+    peers: list[str],
+    configs: list[dict],
+    trees: list,
+    table: Mapping[str, MethodEntry],
 ) -> dict[str, tuple[str, Method]]:
-    """name -> (method kind, method): the peers, then each heads directory with its tree (`trees_for`)."""
+    """name -> (method kind, method): the peers, then each heads directory with its tree (`trees_for`), its
+    heads read by their entry in `table` (the method table)."""
     methods: dict[str, tuple[str, Method]] = {BASELINE: (BASELINE, GeneratePeer(target))}
     if "prompt-lookup" in peers:
         methods["prompt-lookup"] = (
@@ -257,22 +265,23 @@ def build_methods(
             device=target.device,
             dtype=target.dtype,
             allow_target_mismatch=options.allow_target_mismatch,
+            methods=table,
         )
         record = {"path": str(Path(path).resolve()), "head_config": config["head_config"]}
         if (adapter := heads_adapter(path)) is not None:
             record["adapter"] = str(adapter.resolve())  # merged into the target every method decodes
         vocab = None
-        if options.draft_vocab is not None and not method_named(config["method"]).draft_vocab:  # else its own
+        if options.draft_vocab is not None and not table[config["method"]].draft_vocab:  # else its own
             vocab = draft_vocab_ids(path, options.draft_vocab, target.vocab_size)
             record["draft_vocab"] = options.draft_vocab
         if tree == "auto":  # calibrated once the progress file is open (`calibrate_heads`)
-            depth = max_tree_depth(heads, config, calibration_settings(options))
+            depth = max_tree_depth(heads, config, calibration_settings(options), methods=table)
             calibrated = CalibratedHeads(
-                target, heads, config, record, depth, vocab, reuse=not options.recalibrate
+                target, heads, config, record, depth, table, vocab, reuse=not options.recalibrate
             )
             methods[name] = (config["method"], calibrated)
         else:
-            drafter, tree_record = drafter_for(heads, config, target, tree, vocab)
+            drafter, tree_record = drafter_for(heads, config, target, tree, vocab, methods=table)
             methods[name] = (config["method"], HeadsMethod(target, drafter, tree_record, record))
     return methods
 
@@ -386,19 +395,21 @@ def write_outputs(
     write_text(out / REPORT_FILE, render_comparison(results))
 
 
-def compare_heads(options: CompareOptions) -> dict[str, Any]:
+def compare_heads(options: CompareOptions, table: Mapping[str, MethodEntry]) -> dict[str, Any]:
     """Check every input, decode every prompt with every method, write results, report, plots and answers
-    into `options.out`; returns the results."""
+    into `options.out`; returns the results. `table`: the method table, which reads each heads directory."""
     check_options(options)
     if options.resume and options.overwrite:
         raise ValueError("--resume goes on from a stopped run, --overwrite starts over: give one of them")
     results_names = (RESULTS_FILE, REPORT_FILE, ANSWERS_DIR, *PLOTS.values())
     claim_results_folder(options.out, results_names, options.overwrite)  # changes nothing
     peers = peers_of(options)
-    configs = [read_head_config(path) for path in options.heads]  # a foreign checkpoint fails before loading
+    configs = [
+        read_head_config(path, methods=table) for path in options.heads
+    ]  # a foreign checkpoint fails before loading
     head_names(configs, options.heads)
     target_path = resolve_target(options.target)  # a named target (tiny, smollm2) is found or built here
-    trees = trees_for(options.tree, [c["method"] for c in configs], calibrates=True)
+    trees = trees_for(options.tree, [c["method"] for c in configs], calibrates=True, methods=table)
     auto = "auto" in trees
     conversations = read_conversations(
         options.prompts,
@@ -409,7 +420,10 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
     )
     if not options.tree and auto and options.calibration_prompts is None:
         if not holds_out(len(conversations), None, options.num_prompts):  # too few to hold some out
-            trees, auto = trees_for(None, [c["method"] for c in configs], calibrates=False), False
+            trees, auto = (
+                trees_for(None, [c["method"] for c in configs], calibrates=False, methods=table),
+                False,
+            )
     if options.calibration_prompts is not None and not auto:
         raise ValueError(
             f"--calibration-prompts must be >= 1, with --tree auto; got {options.calibration_prompts}, and no "
@@ -428,7 +442,7 @@ def compare_heads(options: CompareOptions) -> dict[str, Any]:
     tokenizer = target.tokenizer
     if tokenizer is None:
         raise ValueError(f"target {options.target!r} has no tokenizer; compare needs one to encode prompts")
-    methods = build_methods(options, target, peers, configs, trees)
+    methods = build_methods(options, target, peers, configs, trees, table)
     templated = not options.no_chat_template and getattr(tokenizer, "chat_template", None) is not None
     templated = templated and any(c.chat for c in conversations)
     settings = TurnSettings(

@@ -50,17 +50,11 @@ import torch
 from tqdm.auto import tqdm
 
 from specheads.core.target import FrozenTarget
+from specheads.decode.baseline import generate_rows
 from specheads.decode.decoder import DecodeOutput, SpeculativeDecoder, timed
 from specheads.decode.sampling import SamplingParams
-from specheads.evaluate.baseline import generate_rows
 from specheads.evaluate.calibrate import (
     calibration_note,
-)
-from specheads.evaluate.eval_drafters import (  # noqa: F401 (EAGLE_TOTAL_TOKENS: re-exported)
-    EAGLE_TOTAL_TOKENS,
-    add_tree_argument,
-    check_tree_for_method,
-    drafter_for,
 )
 from specheads.evaluate.prompts import Prompt
 from specheads.evaluate.report import (
@@ -152,7 +146,7 @@ def evaluate(
     `sampling`, prompt i is sampled with seed `seed + i` on both sides. `done`: the records of the first
     prompts, finished by an earlier run (evaluate/progress.py); decoding goes on after them, with the same
     order and seeds. `on_record` is called with each new record as soon as it is finished. `draft_vocab`:
-    the (V,) bool mask of the tokens the draft can propose (`eval_drafters.draft_vocab_mask`; None: all),
+    the (V,) bool mask of the tokens the draft can propose (`drafter_factory.draft_vocab_mask`; None: all),
     whose share of each output its record counts.
     """
     records = list(done or [])

@@ -18,7 +18,7 @@ first draft in the same forward as the prompt, so its first step already emits i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,15 +27,17 @@ from typing import Any, Protocol
 import torch
 
 from specheads.core.target import FrozenTarget, choose_attention, vocab_hash
+from specheads.decode.baseline import generate_rows
+from specheads.decode.calibrate import CalibrationSettings
 from specheads.decode.decoder import SpeculativeDecoder
+from specheads.decode.drafter_factory import draft_vocab_mask
 from specheads.decode.drafters import DraftContext, Drafter
 from specheads.decode.trees import DraftTree
-from specheads.evaluate.baseline import generate_rows
-from specheads.evaluate.calibrate import CalibrationSettings, calibrated_once
-from specheads.evaluate.eval_drafters import draft_vocab_mask
+from specheads.evaluate.calibrate import calibrated_once
 from specheads.evaluate.evaluate import baseline_generate
 from specheads.evaluate.progress import Progress
 from specheads.heads.checkpoint import heads_adapter, target_for_heads
+from specheads.heads.method import Method as MethodEntry
 
 BASELINE = "generate"
 PEERS = ("generate", "prompt-lookup", "assisted")
@@ -93,7 +95,7 @@ class Method(Protocol):
 
 
 class GeneratePeer:
-    """The target's own `generate(do_sample=False)` (evaluate.baseline.generate_rows)."""
+    """The target's own `generate(do_sample=False)` (decode.baseline.generate_rows)."""
 
     max_depth = 0
 
@@ -278,7 +280,7 @@ class RecordingDrafter:
 
 
 class HeadsMethod:
-    """Our tree decoder with one set of heads (the drafter from evaluate.eval_drafters.drafter_for)."""
+    """Our tree decoder with one set of heads (the drafter from decode.drafter_factory.drafter_for)."""
 
     def __init__(
         self,
@@ -321,6 +323,7 @@ class CalibratedHeads:
     config: dict[str, Any]
     record: dict[str, Any]  # HeadsMethod's `heads`
     max_depth: int  # the deepest tree the calibration may choose
+    methods: Mapping[str, MethodEntry]  # the method table (the heads' entry calibrates and drafts)
     vocab: torch.Tensor | None = None  # the draft vocabulary its candidates draft over (`--draft-vocab`)
     reuse: bool = True  # take an earlier run's calibration on this machine (False: `--recalibrate`)
 
@@ -332,7 +335,16 @@ class CalibratedHeads:
     ) -> HeadsMethod:
         """Calibrate on `prompts` (or take the tree `progress` kept under `key`): our decoder with it."""
         drafter, tree, calibration = calibrated_once(
-            progress, key, self.heads, self.config, self.target, prompts, settings, self.vocab, self.reuse
+            progress,
+            key,
+            self.heads,
+            self.config,
+            self.target,
+            prompts,
+            settings,
+            self.vocab,
+            self.reuse,
+            methods=self.methods,
         )
         return HeadsMethod(self.target, drafter, tree, self.record, calibration)
 

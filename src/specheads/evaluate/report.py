@@ -284,7 +284,7 @@ def prompt_record(
     """results.json's record of one prompt (prompts.Prompt: id, category, input_ids (1, T)) decoded into
     `tokens` with `accept_lengths` per step, against the baseline's `reference`. Sampled outputs differ
     from the baseline's by chance: identical_to_baseline and first_mismatch are then None. `draft_vocab`:
-    the (V,) bool mask of the tokens the draft can propose (`eval_drafters.draft_vocab_mask`), whose share of
+    the (V,) bool mask of the tokens the draft can propose (`drafter_factory.draft_vocab_mask`), whose share of
     `tokens` the record counts ("in_draft_vocab"; None without it)."""
     mismatch = None if sampled else first_mismatch(tokens, reference)
     return {

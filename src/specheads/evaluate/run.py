@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,23 +30,18 @@ from specheads.core.atomic import write_text
 from specheads.core.run_folder import claim_results_folder, hold_folder, replacing
 from specheads.core.target import FrozenTarget
 from specheads.decode.batched import BatchedSpeculativeDecoder
+from specheads.decode.calibrate import CalibrationSettings
 from specheads.decode.decoder import SpeculativeDecoder
-from specheads.decode.sampling import SamplingParams
-from specheads.decode.step import decoding_attention
-from specheads.evaluate.batched_eval import evaluate_batched
-from specheads.evaluate.calibrate import (
-    CalibrationSettings,
-    calibrated_once,
-    hold_out,
-    holds_out,
-    max_tree_depth,
-)
-from specheads.evaluate.eval_drafters import (
+from specheads.decode.drafter_factory import (
     check_tree_for_method,
     draft_vocab_mask,
     drafter_for,
     tree_by_default,
 )
+from specheads.decode.sampling import SamplingParams
+from specheads.decode.step import decoding_attention
+from specheads.evaluate.batched_eval import evaluate_batched
+from specheads.evaluate.calibrate import calibrated_once, hold_out, holds_out, max_tree_depth
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, evaluate, report_text, sampling_record
 from specheads.evaluate.options import EvalOptions
 from specheads.evaluate.progress import PROGRESS_FILE, Progress, stop_on_sigterm, stopped_message
@@ -53,27 +49,34 @@ from specheads.evaluate.prompts import check_prompt_lengths, encode_prompts, rea
 from specheads.evaluate.report import DEFINITIONS, per_category, run_environment, summarize
 from specheads.heads import load_heads, read_head_config
 from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter, target_for_heads
-from specheads.heads.methods import method_named
+from specheads.heads.method import Method
 
 
-def run_eval(options: EvalOptions) -> dict[str, Any]:
+def run_eval(options: EvalOptions, table: Mapping[str, Method]) -> dict[str, Any]:
     """Check every input, decode every prompt both ways, write results.json and report.md into
-    `options.out`; returns the results."""
+    `options.out`; returns the results. `table`: the method table (`specheads.methods.methods()`), which
+    reads the heads directory."""
     check_options(options)
     if options.resume and options.overwrite:
         raise ValueError("--resume goes on from a stopped run, --overwrite starts over: give one of them")
-    head_config = read_head_config(options.heads)  # a missing or foreign checkpoint fails before any loading
+    head_config = read_head_config(
+        options.heads, methods=table
+    )  # a missing or foreign checkpoint fails before any loading
     calibrates = options.batch_size == 1 and options.temperature == 0
-    default_auto = options.tree is None and tree_by_default(head_config["method"], calibrates) == "auto"
+    default_auto = (
+        options.tree is None and tree_by_default(head_config["method"], calibrates, methods=table) == "auto"
+    )
     if options.calibration_prompts is not None and options.tree is None and not default_auto:
         raise ValueError(
             f"--calibration-prompts must be >= 1, with --tree auto; got {options.calibration_prompts} for "
             f"{head_config['method']} heads, whose default tree here is not auto"
         )
     claim_results_folder(options.out, (RESULTS_FILE, REPORT_FILE), options.overwrite)  # changes nothing
-    check_tree_for_method(head_config["method"], None if options.tree == "auto" else options.tree)
+    check_tree_for_method(
+        head_config["method"], None if options.tree == "auto" else options.tree, methods=table
+    )
     if options.draft_vocab is not None:
-        why = method_named(head_config["method"]).draft_vocab
+        why = table[head_config["method"]].draft_vocab
         if why or options.draft_vocab < 1:
             raise ValueError(
                 f"--draft-vocab {options.draft_vocab}: a count >= 1, for heads whose drafter takes one "
@@ -106,6 +109,7 @@ def run_eval(options: EvalOptions) -> dict[str, Any]:
         device=target.device,
         dtype=target.dtype,
         allow_target_mismatch=options.allow_target_mismatch,
+        methods=table,
     )
     chat = not options.no_chat_template
     prompts, templated = encode_prompts(texts, target.tokenizer, chat, options.prompt_tokens)
@@ -115,11 +119,11 @@ def run_eval(options: EvalOptions) -> dict[str, Any]:
     if auto:  # evaluate/calibrate.py, once the progress file is open (a resume reuses it)
         held_out, _ = encode_prompts(held_out, target.tokenizer, chat, options.prompt_tokens)
         calibration_settings = CalibrationSettings(max_new_tokens=options.max_new_tokens)
-        depth = max_tree_depth(heads, head_config, calibration_settings)
+        depth = max_tree_depth(heads, head_config, calibration_settings, methods=table)
         check_prompt_lengths(prompts + held_out, target.config, options.max_new_tokens, depth)
         tree = "auto"
     else:
-        drafter, tree = drafter_for(heads, head_config, target, options.tree, vocab)
+        drafter, tree = drafter_for(heads, head_config, target, options.tree, vocab, methods=table)
         check_prompt_lengths(prompts, target.config, options.max_new_tokens, tree["depth"])
     # a second eval or compare on --out stops at once; --overwrite's old results stay until the first record
     with (
@@ -153,6 +157,7 @@ def run_eval(options: EvalOptions) -> dict[str, Any]:
                         calibration_settings,
                         vocab,
                         reuse=not options.recalibrate,
+                        methods=table,
                     )
                 how["draft_vocab"] = draft_vocab_mask(drafter, target.vocab_size)
                 if options.batch_size > 1:

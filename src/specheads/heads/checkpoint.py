@@ -5,13 +5,15 @@ training rows; decoding reads it for a frequency-ranked draft vocabulary, `draft
 config.json:
     format             "specheads"
     specheads_version  the version that wrote it
-    method             "medusa" | "eagle" | "eagle3" (an entry of the method table, heads/methods.py)
+    method             "medusa" | "eagle" | "eagle3" (an entry of the method table, specheads.methods)
     head_config        the head class's config (its constructor arguments)
     target             the TargetRecord of the target the heads were trained against
     capture_layers     (EAGLE heads) the target layer ids the heads read, with the indexing they use
     training           the method's training hyper-parameters (loss weights, steps, data, ...)
 
-Loading against a target checks the record first: heads trained for another target are an error.
+Loading against a target checks the record first: heads trained for another target are an error. Reading a
+checkpoint takes the method table (`methods`: name -> `Method`, as `specheads.methods.methods()` gives it):
+the method named in config.json must be one of it, and its entry builds the heads.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,7 @@ from torch import nn
 from specheads.core.atomic import write_file, write_json
 from specheads.core.target import ADAPTER_CONFIG, FrozenTarget, TargetRecord
 from specheads.heads.eagle3 import draft_vocab_from_counts
-from specheads.heads.methods import methods
+from specheads.heads.method import Method
 from specheads.version import __version__
 
 CONFIG_FILE = "config.json"
@@ -54,10 +57,17 @@ def save_heads(
     rows' `label_counts` (V,) when given.
 
     Never half-written: config.json is removed first and written last, each file is written to a
-    temporary name and renamed, so a folder with a config.json always holds a whole checkpoint.
+    temporary name and renamed, so a folder with a config.json always holds a whole checkpoint. The heads
+    name their method (`heads.method`) and carry their config (`heads.config.to_dict()`); a reader checks the
+    method against its table (`read_head_config`).
     """
-    if heads.method not in methods():
-        raise ValueError(f"cannot save heads of unknown method {heads.method!r}")
+    if not isinstance(getattr(heads, "method", None), str) or not hasattr(
+        getattr(heads, "config", None), "to_dict"
+    ):
+        raise ValueError(
+            f"cannot save a {type(heads).__name__}: heads name their method (`method`, a str) and carry a config "
+            "with `to_dict()` (heads/method.py)"
+        )
     path = Path(path)
     config = {
         "format": "specheads",
@@ -136,8 +146,9 @@ def read_weights(file: str | Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"{file} cannot be read ({e}): truncated or damaged") from None
 
 
-def read_head_config(path: str | Path) -> dict[str, Any]:
-    """The parsed config.json of a native head checkpoint, with clear errors for anything else."""
+def read_head_config(path: str | Path, *, methods: Collection[str]) -> dict[str, Any]:
+    """The parsed config.json of a native head checkpoint, with clear errors for anything else: a method
+    that is not one of `methods` among them (the method table, or the names a caller accepts)."""
     path = Path(path)
     if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(
@@ -152,15 +163,15 @@ def read_head_config(path: str | Path) -> dict[str, Any]:
             f"{path / CONFIG_FILE} is not a specheads head config (format "
             f"{config.get('format') if isinstance(config, dict) else None!r})"
         )
-    if config.get("method") not in methods():
-        raise ValueError(f"{path}: unknown method {config.get('method')!r}; known: {sorted(methods())}")
+    if config.get("method") not in methods:
+        raise ValueError(f"{path}: unknown method {config.get('method')!r}; known: {sorted(methods)}")
     return config
 
 
-def head_config_of(path: str | Path, config: dict[str, Any]):
-    """The method's head config built from a checkpoint's config.json (`config`, read from `path`); keys of
+def head_config_of(path: str | Path, config: dict[str, Any], method: Method):
+    """`method`'s head config built from a checkpoint's config.json (`config`, read from `path`); keys of
     another method's config, or missing ones, are an error naming the file, not the dataclass's TypeError."""
-    method, name, fields = methods()[config["method"]], config["method"], config.get("head_config")
+    name, fields = config["method"], config.get("head_config")
     where = Path(path) / CONFIG_FILE
     if not isinstance(fields, dict):
         raise ValueError(
@@ -206,20 +217,23 @@ def load_heads(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     allow_target_mismatch: bool = False,
+    *,
+    methods: Mapping[str, Method],
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Load native heads; with `target`, first check they were trained against it (another weights
-    fingerprint is only a warning with `allow_target_mismatch`).
+    fingerprint is only a warning with `allow_target_mismatch`). `methods`: the method table; the entry of
+    the checkpoint's method builds the heads.
 
     Returns (heads in eval mode, the checkpoint's config dict).
     """
-    config = read_head_config(path)
+    config = read_head_config(path, methods=methods)
     if target is not None:
         actual = target.record() if isinstance(target, FrozenTarget) else target
         TargetRecord.from_dict(config["target"]).check_matches(
             actual, what=f"heads in {path}", allow_weights=allow_target_mismatch
         )
-    method = methods()[config["method"]]
-    heads = method.head_class(head_config_of(path, config))
+    method = methods[config["method"]]
+    heads = method.head_class(head_config_of(path, config, method))
     state = read_weights(Path(path) / WEIGHTS_FILE)
     missing, unexpected = heads.load_state_dict(state, strict=False)
     if missing or unexpected:

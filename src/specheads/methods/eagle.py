@@ -6,10 +6,10 @@ Decoded over EAGLE-1 static trees of its own top-k ranks, or EAGLE-2 dynamic tre
 
 from __future__ import annotations
 
-from specheads.evaluate.calibrate_dynamic import calibrate_eagle
-from specheads.evaluate.eval_drafters import eagle_drafter_for
+from specheads.decode.calibrate_dynamic import calibrate_eagle
+from specheads.decode.drafter_factory import eagle_drafter_for
 from specheads.heads import EagleConfig, EagleHead, layer_config_from
-from specheads.heads.methods import Method
+from specheads.heads.method import Method
 from specheads.methods.medusa import last_layer
 from specheads.train.eagle_losses import DraftMetrics, eagle_loss
 

@@ -3,8 +3,8 @@ draft vocabulary of the data's most frequent label tokens. Decoded like EAGLE (t
 
 from __future__ import annotations
 
-from specheads.evaluate.calibrate_dynamic import calibrate_eagle
-from specheads.evaluate.eval_drafters import eagle_drafter_for
+from specheads.decode.calibrate_dynamic import calibrate_eagle
+from specheads.decode.drafter_factory import eagle_drafter_for
 from specheads.heads import (
     Eagle3Config,
     Eagle3Head,
@@ -13,7 +13,7 @@ from specheads.heads import (
     layer_config_from,
 )
 from specheads.heads.eagle import with_rope_theta
-from specheads.heads.methods import Method
+from specheads.heads.method import Method
 from specheads.train.eagle_losses import OUT_OF_VOCAB, DraftMetrics, eagle3_loss
 
 # draft_head_init (train/config.py): the draft's lm_head and norm drawn at random, or copied from the target

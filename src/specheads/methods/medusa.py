@@ -6,10 +6,10 @@ accuracies along greedy continuations.
 
 from __future__ import annotations
 
-from specheads.evaluate.calibrate import calibrate_medusa
-from specheads.evaluate.eval_drafters import medusa_drafter_for, static_tree_only
+from specheads.decode.calibrate import calibrate_medusa
+from specheads.decode.drafter_factory import medusa_drafter_for, static_tree_only
 from specheads.heads import MedusaConfig, MedusaHeads
-from specheads.heads.methods import Method
+from specheads.heads.method import Method
 from specheads.train.losses import HeadMetrics, medusa_loss
 
 

@@ -45,6 +45,7 @@ from specheads.core.run_folder import clear, hold_folder, refuse_results
 from specheads.core.target import TargetRecord
 from specheads.heads import read_head_config, save_heads
 from specheads.heads.checkpoint import ADAPTER_DIR, CONFIG_FILE, WEIGHTS_FILE, read_weights, sha256_file
+from specheads.heads.method import Method
 from specheads.train.config import TrainConfig
 from specheads.train.distributed import zero_stage
 
@@ -226,9 +227,10 @@ def _brief(e: BaseException) -> str:
 
 
 def check_resumable(
-    state: dict, cfg: TrainConfig, num_processes: int, record: TargetRecord, path: Path
+    state: dict, cfg: TrainConfig, num_processes: int, record: TargetRecord, path: Path, *, method: Method
 ) -> None:
-    """Refuse to resume a checkpoint whose run differs from this one in anything but RESUMABLE_CHANGES."""
+    """Refuse to resume a checkpoint whose run differs from this one in anything but RESUMABLE_CHANGES, or
+    whose heads are not the ones `method` (`cfg.method`'s entry) trains."""
     problems = []
     if state["num_processes"] != num_processes:
         problems.append(f"written by {state['num_processes']} processes, this run has {num_processes}")
@@ -238,7 +240,11 @@ def check_resumable(
             problems.append(f"{key}: checkpoint {value!r}, this run {now.get(key)!r}")
     if problems:
         raise ValueError(f"cannot resume {path} exactly:\n  " + "\n  ".join(problems))
-    TargetRecord.from_dict(read_head_config(path)["target"]).check_matches(
+    # the heads name their class's method (Medusa-2 trains and saves Medusa heads)
+    heads_config = read_head_config(
+        path, methods={method.name, getattr(method.head_class, "method", method.name)}
+    )
+    TargetRecord.from_dict(heads_config["target"]).check_matches(
         record, what=f"heads in {path}", allow_weights=cfg.allow_target_mismatch
     )
 

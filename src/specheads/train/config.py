@@ -12,6 +12,7 @@ import math
 import types
 import typing
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import yaml
 
 from specheads.data.readers import check_max_bad_rows
-from specheads.heads.methods import methods
+from specheads.heads.method import Method
 from specheads.train.medusa2 import LORA_TARGET_MODULES
 from specheads.train.optimizers import MUON_DTYPES, OPTIMIZERS, muon_missing
 from specheads.train.tracking import report_to_problem
@@ -170,10 +171,6 @@ class TrainConfig:
         return math.ceil(self.warmup_ratio * self.max_steps) if self.warmup_ratio else self.warmup_steps
 
     def __post_init__(self):
-        table = methods()
-        if self.method not in table:
-            raise ValueError(f"bad recipe value: method must be one of {tuple(table)}, got {self.method!r}")
-        method = table[self.method]
         checks = [
             (
                 self.loss_on in ("assistant", "last_assistant", "all"),
@@ -193,18 +190,8 @@ class TrainConfig:
                 f"muon_dtype must be one of {MUON_DTYPES}, got {self.muon_dtype!r}",
             ),
             (
-                self.optimizer == "adamw" or method.objective is None,
-                f"method {self.method!r} builds its own optimizer (AdamW over the heads and its adapters): "
-                f"optimizer {self.optimizer!r} is not available for it, use 'adamw'",
-            ),
-            (
                 self.mode != "offline" or bool(self.cache_dir),
                 "mode 'offline' reads the hidden-state cache: set cache_dir (written by `specheads cache`)",
-            ),
-            (
-                not method.online_only or self.mode == "online",
-                f"method {self.method!r} {method.online_only}, so it cannot read them from a cache: use "
-                "mode 'online'",
             ),
             (not (report_to := report_to_problem(self.report_to)), report_to),
             (self.save_every >= 0, f"save_every must be >= 0, got {self.save_every}"),
@@ -212,8 +199,6 @@ class TrainConfig:
             (0 <= self.eval_fraction < 1, f"eval_fraction must be in [0, 1), got {self.eval_fraction}"),
             (bool(self.data), "data must name at least one source"),
         ]
-        for entry in table.values():  # a bad value is an error whatever the method (a later method= override)
-            checks += entry.check_recipe(self)
         for name in (
             "batch_size",
             "grad_accum",
@@ -262,6 +247,31 @@ class TrainConfig:
     def adam_betas(self) -> tuple[float, float]:
         """AdamW's betas for every objective: PyTorch's beta1, the recipe's beta2."""
         return (0.9, self.adam_beta2)
+
+
+def check_method(cfg: TrainConfig, methods: Mapping[str, Method]) -> None:
+    """The checks of `cfg` that read the method table (`methods`, as `specheads.methods.methods()` gives it):
+    its method is one of them, takes its optimizer and mode, and every entry's recipe keys hold good values
+    (a bad value is an error whatever the method: a later method= override)."""
+    if cfg.method not in methods:
+        raise ValueError(f"bad recipe value: method must be one of {tuple(methods)}, got {cfg.method!r}")
+    method = methods[cfg.method]
+    checks = [
+        (
+            cfg.optimizer == "adamw" or method.objective is None,
+            f"method {cfg.method!r} builds its own optimizer (AdamW over the heads and its adapters): "
+            f"optimizer {cfg.optimizer!r} is not available for it, use 'adamw'",
+        ),
+        (
+            not method.online_only or cfg.mode == "online",
+            f"method {cfg.method!r} {method.online_only}, so it cannot read them from a cache: use mode 'online'",
+        ),
+    ]
+    for entry in methods.values():
+        checks += entry.check_recipe(cfg)
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(f"bad recipe value: {message}")
 
 
 def _coerce(name: str, value: Any, annotation: Any) -> Any:
@@ -346,13 +356,18 @@ def _reject_unknown(values: dict[str, Any], known: dict[str, Any], where: str) -
         raise ValueError(f"unknown recipe key{'s' if len(unknown) > 1 else ''} {where}: {', '.join(hints)}")
 
 
-def load_config(recipe: str | Path | None, overrides: list[str] | dict[str, Any] = ()) -> TrainConfig:
-    """Read a YAML recipe (or none: defaults), apply overrides, reject unknown keys."""
+def load_config(
+    recipe: str | Path | None, overrides: list[str] | dict[str, Any] = (), *, methods: Mapping[str, Method]
+) -> TrainConfig:
+    """Read a YAML recipe (or none: defaults), apply overrides, reject unknown keys; check it against the
+    method table `methods` (`check_method`)."""
     values = recipe_values(recipe, overrides)
     known = {f.name: f for f in fields(TrainConfig)}
     typed = {k: _coerce(k, v, known[k].type) for k, v in values.items()}
-    _warn_other_methods_keys(typed, recipe)
-    return TrainConfig(**typed)
+    _warn_other_methods_keys(typed, recipe, methods)
+    cfg = TrainConfig(**typed)
+    check_method(cfg, methods)
+    return cfg
 
 
 def recipe_values(recipe: str | Path | None, overrides: list[str] | dict[str, Any] = ()) -> dict[str, Any]:
@@ -376,10 +391,9 @@ def recipe_values(recipe: str | Path | None, overrides: list[str] | dict[str, An
     return values
 
 
-def _warn_other_methods_keys(values: dict[str, Any], recipe) -> None:
+def _warn_other_methods_keys(values: dict[str, Any], recipe, table: Mapping[str, Method]) -> None:
     """A key set away from its default that only other methods read does nothing for this one: say so,
     naming whose it is (a whole saved config, every key at its value, says nothing)."""
-    table = methods()
     defaults = TrainConfig.__dataclass_fields__
     method = table.get(values.get("method", TrainConfig.method))
     if method is None:

@@ -63,7 +63,7 @@ from specheads.core.atomic import write_file, write_json
 from specheads.core.target import FrozenTarget, TargetRecord, resolve_dtype
 from specheads.data.packing import collate
 from specheads.heads.checkpoint import sha256_file
-from specheads.heads.methods import methods
+from specheads.heads.method import Method
 from specheads.train.offline_target import OfflineTarget, target_output
 
 __all__ = [
@@ -112,16 +112,12 @@ class TokenMismatchError(CacheError):
     """A cached row whose tokens differ from the dataset's row at the same index."""
 
 
-def cache_layers(method: str, num_layers: int, eagle3_layers: Sequence[int] = ()) -> tuple[int, ...]:
-    """The layer ids a method's training reads (its `target_layers` in the method table): L (after the
-    final norm; logits are lm_head of it), plus EAGLE-3's three fused layers ((2, L//2, L-3) unless given)."""
-    entry = methods().get(method)
-    if entry is None or entry.online_only:
-        raise ValueError(
-            f"no cache layout for method {method!r}; expected one of "
-            f"{', '.join(n for n, m in methods().items() if not m.online_only)}"
-        )
-    return entry.target_layers(num_layers, eagle3_layers)
+def cache_layers(method: Method, num_layers: int, eagle3_layers: Sequence[int] = ()) -> tuple[int, ...]:
+    """The layer ids a method's training reads (its entry's `target_layers`): L (after the final norm;
+    logits are lm_head of it), plus EAGLE-3's three fused layers ((2, L//2, L-3) unless given)."""
+    if method.online_only:
+        raise ValueError(f"no cache layout for method {method.name!r}: it {method.online_only}")
+    return method.target_layers(num_layers, eagle3_layers)
 
 
 def read_index(cache_dir: str | Path) -> dict:

@@ -43,7 +43,7 @@ from specheads.core.atomic import write_json
 from specheads.core.target import FrozenTarget, TargetRecord
 from specheads.data.checks import check_label_tokens
 from specheads.heads import save_heads
-from specheads.heads.methods import Method, method_named
+from specheads.heads.method import Method
 from specheads.train.checkpointing import (
     INTERRUPTED_EXIT_CODE,
     StopOnSignal,
@@ -106,13 +106,17 @@ def token_rows(rows):
 
 
 def build_heads(
-    cfg: TrainConfig, target: FrozenTarget, train_rows=None, label_counts: torch.Tensor | None = None
+    cfg: TrainConfig,
+    method: Method,
+    target: FrozenTarget,
+    train_rows=None,
+    label_counts: torch.Tensor | None = None,
 ) -> tuple[nn.Module, dict]:
-    """The heads `cfg.method` builds (its entry in the method table), on the target's device, and notes
-    for the training record. `label_counts`: the rows' (`label_counts_of`), when counted already."""
+    """The heads `method` (`cfg.method`'s entry in the method table) builds, on the target's device, and
+    notes for the training record. `label_counts`: the rows' (`label_counts_of`), when counted already."""
     if label_counts is None:
         label_counts = label_counts_of(train_rows or [], target)
-    return method_named(cfg.method).build_heads(cfg, target, label_counts)
+    return method.build_heads(cfg, target, label_counts)
 
 
 def label_counts_of(train_rows, target: FrozenTarget) -> torch.Tensor:
@@ -138,12 +142,19 @@ def data_seed(cfg: TrainConfig) -> int:
     return cfg.seed if cfg.data_seed < 0 else cfg.data_seed
 
 
-def make_data(cfg: TrainConfig, tokenizer, target: TargetRecord | None = None, verify: bool = True) -> tuple:
+def make_data(
+    cfg: TrainConfig,
+    tokenizer,
+    target: TargetRecord | None = None,
+    verify: bool = True,
+    method: Method | None = None,
+) -> tuple:
     """(training rows, the collate function, the held-out DataLoader or None).
 
     Online, the rows are the tokenised data. Offline, they are the cache's rows (`cache_dir/train`,
     `cache_dir/eval`), each checked against the tokenised row it stands for, and the cache against
-    `target` and the layers the method reads; `verify` also checksums every shard first.
+    `target` and the layers `method` (`cfg.method`'s entry, needed offline) reads; `verify` also checksums
+    every shard first.
     """
     train_rows, eval_rows = rows_for(cfg)
     tokenize = partial(
@@ -164,7 +175,9 @@ def make_data(cfg: TrainConfig, tokenizer, target: TargetRecord | None = None, v
     eval_ds = tokenize(eval_rows) if eval_rows is not None else None
     if cfg.mode == "offline":
         collate = partial(collate_cached, **layout)
-        layers = cache_layers(cfg.method, target.num_layers, cfg.eagle3_layers)  # what the heads read
+        if method is None:
+            raise ValueError("offline training data needs the method's entry (make_data's `method`)")
+        layers = cache_layers(method, target.num_layers, cfg.eagle3_layers)  # what the heads read
         cached = partial(CachedRows, target=target, layers=layers, verify=verify)
         train_ds = cached(Path(cfg.cache_dir) / "train", expected=train_ds)
         if eval_ds is not None:
@@ -261,17 +274,17 @@ def heads_loss(
     return model(batch, out, target)
 
 
-def metric_sums(cfg: TrainConfig, device=None) -> torch.Tensor:
+def metric_sums(cfg: TrainConfig, method: Method, device=None) -> torch.Tensor:
     """Zeroed sums of the method's metrics: (rows, heads or draft steps), float64 on `device` (the
     accelerator's, where the losses leave their sums; the host for a device without float64)."""
     device = torch.device(device or "cpu")
     device = device if device.type in ("cpu", "cuda") else torch.device("cpu")
-    return torch.zeros(*method_named(cfg.method).metric_shape(cfg), dtype=torch.float64, device=device)
+    return torch.zeros(*method.metric_shape(cfg), dtype=torch.float64, device=device)
 
 
-def summarise(cfg: TrainConfig, sums: torch.Tensor) -> dict[str, float]:
+def summarise(cfg: TrainConfig, method: Method, sums: torch.Tensor) -> dict[str, float]:
     """Summed metrics -> means, tau_sim and the loss as training weighs it."""
-    return method_named(cfg.method).summarise(cfg, sums)
+    return method.summarise(cfg, sums)
 
 
 def train_step(
@@ -299,7 +312,13 @@ def train_step(
 
 @torch.no_grad()
 def evaluate(
-    cfg: TrainConfig, accelerator, model, target, loader: DataLoader, states: HeldOutStates | None = None
+    cfg: TrainConfig,
+    method: Method,
+    accelerator,
+    model,
+    target,
+    loader: DataLoader,
+    states: HeldOutStates | None = None,
 ) -> dict[str, float]:
     """Held-out metrics over the first `eval_batches` global batches (batch_size rows per process):
     loader batch i runs on process i mod N, so the rows, and the sums, do not depend on N. `states`: the
@@ -312,16 +331,16 @@ def evaluate(
     procs = accelerator.num_processes
     batches = list(itertools.islice(loader, cfg.eval_batches * procs))
     n = len(batches)
-    sums = metric_sums(cfg, accelerator.device)
+    sums = metric_sums(cfg, method, accelerator.device)
     for i in range(accelerator.process_index, math.ceil(n / procs) * procs, procs):
         batch = {k: v.to(accelerator.device) for k, v in batches[min(i, n - 1)].items()}
         # metrics do not depend on the heads' weight
         forward = target_output if states is None else partial(states.target_output, index=min(i, n - 1))
-        _, metrics = heads_loss(method_named(cfg.method), model, target, batch, cfg.lambda0, forward=forward)
+        _, metrics = heads_loss(method, model, target, batch, cfg.lambda0, forward=forward)
         if i < n:
             sums += metrics.to(sums.device)
     model.train()
-    return summarise(cfg, accelerator.reduce(sums.to(accelerator.device), reduction="sum").cpu())
+    return summarise(cfg, method, accelerator.reduce(sums.to(accelerator.device), reduction="sum").cpu())
 
 
 def train_record(
@@ -329,7 +348,7 @@ def train_record(
 ) -> dict:
     """The train log record of the steps since the last one (whose timing and label count are `since`);
     empties the metric window."""
-    summary = summarise(cfg, accelerator.reduce(window.to(accelerator.device), "sum").cpu())
+    summary = summarise(cfg, run.method, accelerator.reduce(window.to(accelerator.device), "sum").cpu())
     window.zero_()
     timing["target"].seconds()  # folds the events of the steps logged (the read above waited for them)
     seconds, labels = timing["step"] - since[0], float(timing["labels"] - since[1])
@@ -400,8 +419,7 @@ def build_objective(
     return model, optimizer, target
 
 
-def set_up(cfg: TrainConfig, accelerator) -> Run:
-    method = method_named(cfg.method)
+def set_up(cfg: TrainConfig, method: Method, accelerator) -> Run:
     check_optimizer_layout(accelerator, cfg.optimizer)  # before the target loads
     with accelerator.main_process_first():  # builds the embedded target once
         path = resolve_target(cfg.target)
@@ -413,10 +431,11 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
             target.tokenizer,
             record,
             verify=accelerator.is_local_main_process,  # checksums once
+            method=method,
         )
     label_counts = label_counts_of(train_rows, target)
     with gathered_output_weights(target):
-        heads, notes = build_heads(cfg, target, label_counts=label_counts)
+        heads, notes = build_heads(cfg, method, target, label_counts=label_counts)
     model, optimizer, target = build_objective(cfg, method, target, heads)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_lambda, cfg=cfg))
     fill_deepspeed_config(accelerator, cfg)
@@ -446,29 +465,32 @@ def set_up(cfg: TrainConfig, accelerator) -> Run:
     )
 
 
-def train(cfg: TrainConfig, progress: bool = True, overwrite: bool = False) -> dict:
-    """Train heads as `cfg` says; returns the run summary (also written to train_summary.json).
+def train(cfg: TrainConfig, method: Method, progress: bool = True, overwrite: bool = False) -> dict:
+    """Train heads as `cfg` says; returns the run summary (also written to train_summary.json). `method`:
+    `cfg.method`'s entry in the method table (`specheads.methods.method_named(cfg.method)`).
     `overwrite`: delete another run's results in output_dir first (refused otherwise, unless resumed)."""
+    if method.name != cfg.method:
+        raise ValueError(f"the recipe trains method {cfg.method!r}, but the entry given is {method.name!r}")
     accelerator = make_accelerator(cfg)
     with claim_output_dir(cfg, accelerator.is_main_process, overwrite):  # before any expensive work
         # SIGTERM and SIGINT are taken from here on, set-up included (loading the target can take minutes):
         # they only ask the loop to save and stop after its next step, so a run stopped at any point exits
         # 143 (130) with a checkpoint, never killed half-way with metrics.jsonl already started
         with StopOnSignal() as stop, keep_freed_memory(cfg.keep_host_memory):
-            return run_training(cfg, accelerator, progress, stop)
+            return run_training(cfg, method, accelerator, progress, stop)
 
 
-def run_training(cfg: TrainConfig, accelerator, progress: bool, stop: StopOnSignal) -> dict:
+def run_training(cfg: TrainConfig, method: Method, accelerator, progress: bool, stop: StopOnSignal) -> dict:
     from accelerate.utils import set_seed  # lazy: accelerate is only needed once a run starts
 
     set_seed(cfg.seed)
     out_dir, main = Path(cfg.output_dir), accelerator.is_main_process
     resume_from = resolve_resume(cfg, announce=main)
-    run = set_up(cfg, accelerator)
+    run = set_up(cfg, method, accelerator)
     state = {"step": 0, "global_batches": 0, "window": None, "run_id": new_run_id()}
     if resume_from is not None:
         state = read_state(resume_from)
-        check_resumable(state, cfg, accelerator.num_processes, run.record, resume_from)
+        check_resumable(state, cfg, accelerator.num_processes, run.record, resume_from, method=method)
         load_checkpoint(accelerator, run.model, resume_from)
     state.update(num_processes=accelerator.num_processes, config=cfg.to_dict())
     if main:
@@ -481,7 +503,7 @@ def run_training(cfg: TrainConfig, accelerator, progress: bool, stop: StopOnSign
 
     batches = train_batches(cfg, run.train_rows, run.collate, accelerator, start=state["global_batches"])
     # Metric sums since the last train log (a checkpoint keeps all processes' on the main one).
-    window = metric_sums(cfg, accelerator.device)
+    window = metric_sums(cfg, method, accelerator.device)
     if state["window"] is not None and main:
         window += torch.tensor(state["window"], dtype=torch.float64).to(window.device)
     timing = {
@@ -510,7 +532,9 @@ def run_training(cfg: TrainConfig, accelerator, progress: bool, stop: StopOnSign
             bar.set_postfix(loss=f"{record['loss']:.3f}", top1=top1, tau_sim=f"{record['tau_sim']:.2f}")
         if run.eval_loader is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
             started = time.perf_counter()
-            last_eval = evaluate(cfg, accelerator, run.model, run.target, run.eval_loader, run.held_out)
+            last_eval = evaluate(
+                cfg, method, accelerator, run.model, run.target, run.eval_loader, run.held_out
+            )
             timing["eval"] += time.perf_counter() - started
             log({"step": step, "split": "eval", **last_eval})
         stopping = stop_requested(accelerator, stop)

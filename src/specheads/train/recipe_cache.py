@@ -18,13 +18,14 @@ from pathlib import Path
 import torch
 
 from specheads.builders.named_targets import resolve_target
-from specheads.heads.methods import method_named
+from specheads.heads.method import Method
 from specheads.train import loop
 from specheads.train.hidden_cache import build_cache, cache_layers
 
 
 def cache_recipe(
     cfg,
+    method: Method,
     out: Path,
     *,
     dtype: str = "bfloat16",
@@ -33,15 +34,16 @@ def cache_recipe(
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, dict]:
-    """Build the cache of each split of `cfg`'s data under `out` ({split: build_cache summary})."""
-    why = method_named(cfg.method).online_only
+    """Build the cache of each split of `cfg`'s data under `out` ({split: build_cache summary}); `method` is
+    `cfg.method`'s entry in the method table."""
+    why = method.online_only
     if why:
         raise ValueError(f"method {cfg.method!r} {why}: it trains online, and has nothing to cache")
     if getattr(cfg, "mode", "online") != "online":
         cfg = dataclasses.replace(cfg, mode="online")  # the rows come from the data, not from a cache
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     target = loop.load_target(cfg, resolve_target(cfg.target), device)
-    layers = cache_layers(cfg.method, target.num_layers, [target.layer_id(i) for i in cfg.eagle3_layers])
+    layers = cache_layers(method, target.num_layers, [target.layer_id(i) for i in cfg.eagle3_layers])
     train_rows, _, eval_loader = loop.make_data(cfg, target.tokenizer)  # the rows training tokenises
     splits = {"train": train_rows, "eval": eval_loader.dataset if eval_loader is not None else None}
     summaries = {}

@@ -16,6 +16,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from specheads.heads.named_targets import resolve_target
+from specheads.methods import methods
 from specheads.train.config import load_config
 from specheads.train.data.sources import rows_for
 from specheads.train.loop import data_seed, make_data
@@ -23,7 +24,7 @@ from specheads.train.sampler import EpochBatches
 
 data, out = sys.argv[1], Path(sys.argv[2])
 seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-cfg = load_config("recipes/smollm2-135m/eagle3.yaml", [f"data=[{data}]", f"seed={seed}"])
+cfg = load_config("recipes/smollm2-135m/eagle3.yaml", [f"data=[{data}]", f"seed={seed}"], methods=methods())
 train, held = rows_for(cfg)
 tokenizer = AutoTokenizer.from_pretrained(resolve_target(cfg.target))
 tokens, _, _ = make_data(cfg, tokenizer)  # the training rows tokenised, as `specheads train` has them

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from specheads.evaluate.baseline import generate_rows
+from specheads.decode.baseline import generate_rows
 from specheads.evaluate.prompts import encode_prompts, read_prompts
 from specheads.heads.eagle3 import draft_vocab_from_counts, vocab_maps
 from specheads.heads.named_targets import resolve_target

@@ -15,6 +15,7 @@ imports give heads that `save_heads` stores as a native checkpoint for `spechead
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from specheads.heads.formats.io import (
     write_export,
 )
 from specheads.heads.formats.medusa import from_medusa, from_vllm_medusa, to_medusa, to_vllm_medusa
-from specheads.heads.methods import methods
+from specheads.heads.method import Method
 
 # format -> (exporter, importer); which method's heads each holds is the method table's `export_formats`
 FORMATS = {
@@ -52,9 +53,9 @@ def _format(fmt: str) -> tuple:
     return FORMATS[fmt]
 
 
-def format_method(fmt: str) -> str:
-    """The method whose heads `fmt` holds (its entry lists the format)."""
-    return next(name for name, m in methods().items() if fmt in m.export_formats)
+def format_method(fmt: str, *, methods: Mapping[str, Method]) -> str:
+    """The method whose heads `fmt` holds (its entry in `methods`, the method table, lists the format)."""
+    return next(name for name, m in methods.items() if fmt in m.export_formats)
 
 
 def export_heads(
@@ -64,6 +65,8 @@ def export_heads(
     target: FrozenTarget | None = None,
     dtype: torch.dtype | None = None,
     allow_target_mismatch: bool = False,
+    *,
+    methods: Mapping[str, Method],
     **options: Any,
 ) -> Export:
     """Write the native heads in `heads_dir` as an engine checkpoint in the new directory `out`.
@@ -72,6 +75,7 @@ def export_heads(
         target: needed only for Medusa heads that share the target's lm_head; when given, the heads'
             target record is checked against it first.
         dtype: cast floating point weights (None keeps the checkpoint's).
+        methods: the method table; the heads' entry lists the formats that hold them.
         options: format-specific (`speculative_tokens` for speculators, `fc_bias` for eagle).
 
     Raises:
@@ -80,18 +84,20 @@ def export_heads(
     exporter, _ = _format(fmt)
     out = Path(out)
     check_out_dir(out)
-    native_config = read_head_config(heads_dir)
-    method = methods()[native_config["method"]]
+    native_config = read_head_config(heads_dir, methods=methods)
+    method = methods[native_config["method"]]
     if fmt not in method.export_formats:
         why = method.refused_formats.get(fmt)
         raise FormatError(
             f"format {fmt!r}: {why}"
             if why
-            else f"format {fmt!r} holds {format_method(fmt)} heads; {heads_dir} holds {method.name} heads "
+            else f"format {fmt!r} holds {format_method(fmt, methods=methods)} heads; {heads_dir} holds {method.name} heads "
             f"(its formats: {', '.join(method.export_formats) or 'none'})"
         )
     try:
-        heads, native_config = load_heads(heads_dir, target, allow_target_mismatch=allow_target_mismatch)
+        heads, native_config = load_heads(
+            heads_dir, target, allow_target_mismatch=allow_target_mismatch, methods=methods
+        )
     except TargetMismatchError:
         raise
     except ValueError as e:  # a head config the heads' own checks refuse (e.g. EAGLE-3 layer order)

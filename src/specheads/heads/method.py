@@ -1,19 +1,18 @@
-"""The table of methods: one `Method` entry per kind of draft head, read by every command.
+"""The `Method` type: what an entry of the method table (`specheads.methods`) holds for one kind of draft head.
 
 An entry carries everything the rest of the code asks of a method: its head class and config, the
 target layers its training reads, its objective and metrics, its recipe keys and their checks, its
-drafter and calibration for decoding, and the export formats that hold it. Training (train/),
-decoding (decode/) and export (heads/formats/) read the table; none of them names a method.
-
-The entries themselves stand on every floor (a loss from train/, a drafter from decode/), so they live
-in their own package on top, `specheads.methods`, one module a method, and are registered here the first
-time the table is read. A new method is one module there and one line in its `BUILTIN` (or, outside
-this repository, one `register(...)` call before the command runs).
+drafter and calibration for decoding, and the export formats that hold it. The entry only holds callables
+and data, so its type stands here on the heads floor, where checkpoint I/O (heads/checkpoint.py) and export
+(heads/formats/) first need it: every floor above can name it in its parameters without importing the
+table. The table itself, and the entries, which stand on every floor (a loss from train/, a drafter from
+decode/), live on top in `specheads.methods`; a function below it that needs an entry takes it (or the
+table, where it chooses by a checkpoint's method name) as a parameter, and the cli passes
+`specheads.methods.methods()`.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +60,7 @@ class Method:
         max_tree_depth(heads, settings) -> the deepest tree a draft reaches.
         check_tree(tree): refuse a `--tree` name its drafter cannot use, before any work.
         default_tree: the `--tree` of an eval or compare that names none: "auto" (calibrated, where the run
-            can calibrate), or None: the drafter's own default (evaluate/eval_drafters.tree_by_default).
+            can calibrate), or None: the drafter's own default (decode/drafter_factory.tree_by_default).
     Export:
         export_formats: the `specheads export` formats that hold its heads.
         refused_formats: format -> why it cannot hold them, where a user would expect it to.
@@ -96,46 +95,3 @@ class Method:
     default_tree: str | None = None
     export_formats: tuple[str, ...] = ()
     refused_formats: dict[str, str] = field(default_factory=dict)
-
-
-_TABLE: dict[str, Method] = {}
-_BUILTINS_LOADED = False
-
-
-def register(method: Method, *, replace: bool = False) -> Method:
-    """Add `method` to the table (a second entry of one name is an error unless `replace`)."""
-    _load_builtins()
-    if method.name in _TABLE and not replace:
-        raise ValueError(f"method {method.name!r} is already registered")
-    _TABLE[method.name] = method
-    return method
-
-
-def unregister(name: str) -> None:
-    """Remove an entry (tests that register a method of their own)."""
-    _TABLE.pop(name, None)
-
-
-def methods() -> dict[str, Method]:
-    """The table: name -> entry, the built-in ones first."""
-    _load_builtins()
-    return dict(_TABLE)
-
-
-def method_named(name: str, what: str = "method") -> Method:
-    """The entry for `name`, or a ValueError naming the known ones."""
-    table = methods()
-    if name not in table:
-        raise ValueError(f"{what} must be one of {tuple(table)}, got {name!r}")
-    return table[name]
-
-
-def _load_builtins() -> None:
-    # The built-in entries import train/ and decode/, which import this module: they are loaded on the
-    # first read of the table, not when this module is imported.
-    global _BUILTINS_LOADED
-    if _BUILTINS_LOADED:
-        return
-    _BUILTINS_LOADED = True
-    for entry in importlib.import_module("specheads.methods").BUILTIN:
-        _TABLE.setdefault(entry.name, entry)

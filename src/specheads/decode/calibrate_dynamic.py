@@ -1,4 +1,4 @@
-"""EAGLE-2 calibration for `--tree auto` (calibrate.py's docstring says what is replayed and why): the tree of
+"""EAGLE-2 calibration for `--tree auto` (decode/calibrate.py's docstring says what is replayed and why): the tree of
 every candidate, drafted along greedy decoding at the roots some candidate's walk reaches and verified where
 some candidate keeps nodes; each candidate's τ replayed from it."""
 
@@ -10,14 +10,14 @@ from dataclasses import dataclass
 import torch
 
 from specheads.core.target import FrozenTarget
+from specheads.decode.calibrate import CalibrationSettings, Candidate, replay
 from specheads.decode.decoder import SpeculativeDecoder, eos_ids
+from specheads.decode.drafter_factory import dynamic_drafter
 from specheads.decode.drafters import DraftContext
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.kv_cache import new_cache
 from specheads.decode.trees import DraftTree
 from specheads.decode.verify import Acceptance, verify_greedy
-from specheads.evaluate.calibrate import CalibrationSettings, Candidate, replay
-from specheads.evaluate.eval_drafters import dynamic_drafter
 
 # -- EAGLE-2: node values and accepted paths of the largest trees, at the roots the candidates reach ---------
 
