@@ -2,8 +2,10 @@
 flags, one field each, with the flags' defaults. The commands (cli/eval.py, cli/compare.py) only parse
 argv into these; the library runs them:
 
-    evaluate.run.run_eval(EvalOptions(target=..., heads=..., prompts=..., out=...))  -> results.json's dict
-    evaluate.compare.compare_heads(CompareOptions(target=..., prompts=..., out=...))  -> results.json's dict
+    evaluate.run.run_eval(EvalOptions(target=..., ...), methods())            -> results.json's dict
+    evaluate.compare.compare_heads(CompareOptions(target=..., ...), methods())  -> results.json's dict
+
+(`methods()`: the method table, `specheads.methods.methods`.)
 """
 
 from __future__ import annotations

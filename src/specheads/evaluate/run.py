@@ -1,9 +1,11 @@
-"""One `specheads eval` run, from its options to results.json: `run_eval(EvalOptions(...))`.
+"""One `specheads eval` run, from its options to results.json: `run_eval(EvalOptions(...), methods())`.
 
     from specheads.evaluate.options import EvalOptions
     from specheads.evaluate.run import run_eval
+    from specheads.methods import methods
 
-    results = run_eval(EvalOptions(target="tiny", heads="runs/medusa", prompts="heldout", out="runs/eval"))
+    options = EvalOptions(target="tiny", heads="runs/medusa", prompts="heldout", out="runs/eval")
+    results = run_eval(options, methods())
 
 Every input is checked, and every model loaded, before `out` is touched: the heads' config and the tree,
 the prompts, the target and the heads (which must match it), the prompt lengths, and that `out` can be
