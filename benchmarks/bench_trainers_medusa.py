@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench_trainers_jobs import chat_target_view, evaluate, import_heads, load_average, row_result
-from bench_trainers_modelopt import joined_overrides, warmup_like_hf
+from benchmarks.bench_trainers_jobs import chat_target_view, evaluate, import_heads, load_average, row_result
+from benchmarks.bench_trainers_modelopt import joined_overrides, warmup_like_hf
 
 MEDUSA_LR = 1e-3  # medusa-llm 0.1's README --learning_rate
 MEDUSA_README = {  # medusa-llm 0.1's README training command, less what cannot run here

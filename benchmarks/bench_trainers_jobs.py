@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_trainers_paired import prompt_steps
+from benchmarks.bench_trainers_paired import prompt_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 

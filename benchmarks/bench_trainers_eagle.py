@@ -7,7 +7,14 @@ import json
 import shutil
 from pathlib import Path
 
-from bench_trainers_jobs import EAGLE_BS, chat_target_view, eagle_budget, evaluate, import_heads, row_result
+from benchmarks.bench_trainers_jobs import (
+    EAGLE_BS,
+    chat_target_view,
+    eagle_budget,
+    evaluate,
+    import_heads,
+    row_result,
+)
 
 EAGLE_LLM_ROPE_THETA = 10000.0  # cnets.LlamaRotaryEmbedding's default base; the config's is not read
 EAGLE_EPOCHS = 21  # main.py: `for epoch in range(num_epochs + 1)` with num_epochs 20

@@ -1,11 +1,15 @@
-"""scripts/bench_trainers_paired.py: two lines of runs compared prompt by prompt (the same text decoded, the
+"""benchmarks/bench_trainers_paired.py: two lines of runs compared prompt by prompt (the same text decoded, the
 steps apart), with a bootstrap over the prompts and each line's runs; and the verdicts that carry it."""
 
 import json
 import sys
 
 import pytest
-from bench_trainers_modules import bench, jobs, modelopt, report
+
+from benchmarks import bench_trainers as bench
+from benchmarks import bench_trainers_jobs as jobs
+from benchmarks import bench_trainers_modelopt as modelopt
+from benchmarks import bench_trainers_report as report
 
 paired_mod = sys.modules["bench_trainers_paired"]
 paired, paired_line = paired_mod.paired, paired_mod.paired_line

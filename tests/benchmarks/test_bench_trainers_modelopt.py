@@ -1,12 +1,14 @@
-"""scripts/bench_trainers.py's EAGLE-3 side against NVIDIA Model Optimizer (bench_trainers_modelopt.py): its
+"""benchmarks/bench_trainers.py's EAGLE-3 side against NVIDIA Model Optimizer (bench_trainers_modelopt.py): its
 budget, its job (the recipe overrides, the CPU or GPU, our layers and vocabulary) and our ablations that take
 its settings (no training here: tests/consumers/test_modelopt.py runs it). Split from test_bench_trainers.py."""
 
 import json
 
 import pytest
-from bench_trainers_modules import bench, jobs, modelopt
 
+from benchmarks import bench_trainers as bench
+from benchmarks import bench_trainers_jobs as jobs
+from benchmarks import bench_trainers_modelopt as modelopt
 from specheads.train.config import load_config
 
 

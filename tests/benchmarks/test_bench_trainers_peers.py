@@ -1,4 +1,4 @@
-"""scripts/bench_trainers.py on a chat target: the peers' Vicuna view of it (its tokens as medusa-llm and
+"""benchmarks/bench_trainers.py on a chat target: the peers' Vicuna view of it (its tokens as medusa-llm and
 eagle-llm count them, the index eagle-llm reads), what the table says each peer changed there, and the rows and
 prompts (the target's own answers to the seed prompts; MT-Bench for tau)."""
 
@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from bench_trainers_modules import eagle, jobs, medusa
+
+from benchmarks import bench_trainers_eagle as eagle
+from benchmarks import bench_trainers_jobs as jobs
+from benchmarks import bench_trainers_medusa as medusa
 
 
 def test_vicuna_text_is_fastchats_one_turn_prompt():

@@ -24,7 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_trainers_jobs import load_average, specheads_cmd
+# Run by path (python benchmarks/X.py) as well as with -m: the repository root, for `benchmarks`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_trainers_jobs import load_average, specheads_cmd
 
 
 def start(recipe: str, steps: int, keep: bool, out: Path, overrides: list[str], threads: int):

@@ -1,10 +1,16 @@
-"""scripts/bench_trainers.py's (and its modules') pure parts: the budgets matched to the peers', and the table (no training here:
+"""benchmarks/bench_trainers.py's (and its modules') pure parts: the budgets matched to the peers', and the table (no training here:
 tests/consumers/test_consumer_trainers.py runs the peers' trainers). The peers' view of a chat target and its rows:
 test_bench_trainers_peers.py; Model Optimizer's budget and job, and the EAGLE-3 ablations:
 test_bench_trainers_modelopt.py."""
 
 import pytest
-from bench_trainers_modules import bench, eagle, jobs, medusa, modelopt, report
+
+from benchmarks import bench_trainers as bench
+from benchmarks import bench_trainers_eagle as eagle
+from benchmarks import bench_trainers_jobs as jobs
+from benchmarks import bench_trainers_medusa as medusa
+from benchmarks import bench_trainers_modelopt as modelopt
+from benchmarks import bench_trainers_report as report
 
 
 def test_eagle_budget_follows_main_py_split_epochs_and_batch():
