@@ -75,7 +75,7 @@ EAGLE-3  modelopt runs in its own env (tests/consumers/modelopt_env.py: its tran
 
 --methods picks what runs; the other methods' rows are carried from --report's JSON, each with the command
 that measured it. Writes REPORT/bench_trainers.json and REPORT/bench_trainers.md (the table) after every
-run, REPORT/learning_curve.png at the end (--report, default docs/bench_trainers/; --render redraws both
+run, REPORT/learning_curve.png at the end (--report, default benchmarks/records/; --render redraws both
 from the JSON); the checkpoints and logs stay in --out (runs/bench-trainers).
 
 Beside it: bench_trainers_jobs.py (budgets, data, running and evaluating one side), bench_trainers_eagle.py

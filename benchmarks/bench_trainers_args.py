@@ -73,7 +73,7 @@ def arg_parser(description: str = "") -> argparse.ArgumentParser:
         "--eval-prompts",
         type=int,
         help="prompts tau is measured on (default: the tiny target's 12 held-out files, SmolLM2's 32 MT-Bench "
-        "first turns; 8 were too few to judge a difference of 2%%: docs/bench_trainers/eagle3-smollm2/s40-eval32)",
+        "first turns; 8 were too few to judge a difference of 2%%: benchmarks/records/eagle3-smollm2/2026-12-05-eval32)",
     )
     p.add_argument("--eval-new-tokens", type=int, default=48)
     p.add_argument("--our-eval-batches", type=int, default=2, help="our trainer's end-of-run held-out loss")

@@ -117,7 +117,7 @@ def test_the_verdicts_and_the_goal_carry_the_paired_comparison_where_the_runs_ke
 
 @pytest.mark.parametrize(("target", "n"), [("tiny", 12), ("smollm2", 32)])
 def test_tau_is_measured_on_32_mt_bench_prompts_on_smollm2_unless_told(target, n):
-    """8 MT-Bench prompts made level heads look 1.2%-1.7% apart (docs/bench_trainers/eagle3-smollm2/s40-eval32)."""
+    """8 MT-Bench prompts made level heads look 1.2%-1.7% apart (benchmarks/records/eagle3-smollm2/2026-12-05-eval32)."""
 
     def parsed(*argv):
         return bench.bench_trainers_args.with_target_defaults(bench.arg_parser().parse_args(argv))

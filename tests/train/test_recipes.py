@@ -116,7 +116,7 @@ def check_smollm2(path, cfg, text):
         assert cfg.eagle3_layers == [2, 15, 27] and cfg.draft_vocab_size == 8192
     if cfg.method == "medusa":
         # a projection a head, as in the paper and medusa-llm: one frozen shared copy trailed medusa-llm by 2%
-        # on 32 MT-Bench prompts (docs/bench_trainers/medusa-smollm2/s41-eval32)
+        # on 32 MT-Bench prompts (benchmarks/records/medusa-smollm2/2026-12-05-eval32)
         assert not cfg.share_lm_head
     if cfg.method == "medusa2":
         assert cfg.share_lm_head  # one copy of the tied 49152-row projection beside the target's adapter

@@ -1,8 +1,8 @@
-"""Gather the forty-third session's recipe-budget runs into runs.json: each process's `/usr/bin/time -v`, our
+"""Gather the forty-third session's recipe-budget runs into runs.json.gz: each process's `/usr/bin/time -v`, our
 train summaries, Model Optimizer's out.json, each eval (with its per-prompt records) and the prompt-by-prompt
 comparisons (scripts/bench_trainers_paired.py).
 
-    python docs/bench_trainers/eagle3-smollm2/s43-recipe-budget-xeon/assemble.py RUN_DIR OUT.json
+    python benchmarks/records/eagle3-smollm2/2026-12-05-recipe-budget-xeon/assemble.py RUN_DIR OUT.json
 
 Run from the repository root. RUN_DIR holds what pair.sh (and the two runs of ours beside it) wrote:
 prep-s0.log, modelopt-s0/, ours-s0/, ours-s0-fp32/, ours-s1/, each NAME with NAME.log (time -v) and eval-NAME/.

@@ -1,9 +1,9 @@
-"""Gather the forty-fifth session's recipe-budget pairs into runs.json, with the earlier runs they are compared
-with taken from ../s44-teacher-recipe-budget/runs.json: each process's `/usr/bin/time -v`, our train summaries,
+"""Gather the forty-fifth session's recipe-budget pairs into runs.json.gz, with the earlier runs they are compared
+with taken from ../2026-12-05-teacher-recipe-budget/runs.json.gz: each process's `/usr/bin/time -v`, our train summaries,
 Model Optimizer's out.json, each eval (with its per-prompt records), target tokens seen and tokens/s side by
 side, and the prompt-by-prompt comparisons (scripts/bench_trainers_paired.py).
 
-    python docs/bench_trainers/eagle3-smollm2/s45-side-by-side/assemble.py RUN_DIR OUT.json
+    python benchmarks/records/eagle3-smollm2/2026-12-05-side-by-side/assemble.py RUN_DIR OUT.json
 
 Run from the repository root. RUN_DIR holds pair.sh's runs: modelopt-sM/, ours-t15-sO/, each NAME with NAME.log
 (time -v), eval-NAME/, prep-sM.log, and count-sO.log (prep_rows.py's line for ours' seed: its tokens seen).
@@ -31,7 +31,7 @@ def tokens(log: Path) -> int:
     return json.loads(log.read_text().strip().splitlines()[-1])["tokens"]
 
 
-earlier = json.loads((HERE.parent / "s44-teacher-recipe-budget" / "runs.json").read_text())["runs"]
+earlier = json.loads((HERE.parent / "2026-12-05-teacher-recipe-budget" / "runs.json.gz").read_text())["runs"]
 runs = {}
 for mo_seed, ours_seed, ours, extra in PAIRS:
     mo_name, ours_name = f"modelopt-s{mo_seed}", f"{ours}-s{ours_seed}"

@@ -4,12 +4,12 @@
 # The script that ran (as `pair.sh W DATA 2 3 ours-t15`, then `pair.sh W DATA 3 4 ours-t15`, then
 # `pair.sh W DATA 4 2 ours-t1 eagle3_teacher_temperature=1.0`).
 #
-#   bash docs/bench_trainers/eagle3-smollm2/s45-side-by-side/pair.sh RUN_DIR DATA MS OS NAME [OVERRIDES...]
+#   bash benchmarks/records/eagle3-smollm2/2026-12-05-side-by-side/pair.sh RUN_DIR DATA MS OS NAME [OVERRIDES...]
 #
 # Run from the repository root. DATA is the recipe's distilled data (its header's command).
 set -euo pipefail
 R=$(realpath "$1"); DATA=$(realpath "$2"); MS=$3; OS=$4; NAME=$5; shift 5
-S29=docs/bench_trainers/eagle3-smollm2/s29-recipe-budget
+S29=benchmarks/records/eagle3-smollm2/2026-12-02-recipe-budget
 mkdir -p "$R"
 python $S29/prep_rows.py "$DATA" "$R/rows-s$MS.jsonl" "$MS" | tee "$R/prep-s$MS.log"
 python $S29/modelopt_job.py "$R/rows-s$MS.jsonl" "$R/modelopt-s$MS" "$MS" 336 8116

@@ -1,8 +1,8 @@
-"""Gather the forty-fourth session's recipe-budget runs into runs.json, beside the forty-third's they pair with:
+"""Gather the forty-fourth session's recipe-budget runs into runs.json.gz, beside the forty-third's they pair with:
 each process's `/usr/bin/time -v`, our train summaries, Model Optimizer's out.json, each eval (with its per-prompt
 records) and the prompt-by-prompt comparisons (scripts/bench_trainers_paired.py).
 
-    python docs/bench_trainers/eagle3-smollm2/s44-teacher-recipe-budget/assemble.py S43_DIR S44_DIR OUT.json
+    python benchmarks/records/eagle3-smollm2/2026-12-05-teacher-recipe-budget/assemble.py S43_DIR S44_DIR OUT.json
 
 Run from the repository root. S43_DIR holds s43's pair.sh runs (modelopt-s0/, ours-s0/, ours-s1/, prep-s*.log);
 S44_DIR this session's: pair.sh's modelopt-s1/ and ours-t15-s0/, t15.sh's ours-t15-s1/ and ours-t15-s2/, each

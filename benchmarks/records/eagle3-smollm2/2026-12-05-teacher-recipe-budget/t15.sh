@@ -2,7 +2,7 @@
 # Ours with eagle3_teacher_temperature=1.5 at the SmolLM2 EAGLE-3 recipe's budget, seed SEED, one thread, then
 # decoded with per-prompt records (seeds 1 and 2 ran side by side; neither beside Model Optimizer).
 #
-#   bash docs/bench_trainers/eagle3-smollm2/s44-teacher-recipe-budget/t15.sh RUN_DIR DATA SEED
+#   bash benchmarks/records/eagle3-smollm2/2026-12-05-teacher-recipe-budget/t15.sh RUN_DIR DATA SEED
 #
 # Run from the repository root after pair.sh (it reads RUN_DIR/mt-bench-eval.jsonl).
 # The script that ran, tidied to take its folders as arguments.

@@ -1,8 +1,8 @@
-"""Gather the forty-ninth session's runs into runs.json: five settings of the SmolLM2 EAGLE-3 recipe's heads, each
+"""Gather the forty-ninth session's runs into runs.json.gz: five settings of the SmolLM2 EAGLE-3 recipe's heads, each
 decoded on all 80 MT-Bench first turns and set against the recipe's own heads of the same seeds and against Model
-Optimizer's five (`../s48-mt80/runs.json`).
+Optimizer's five (`../2026-12-06-mt80/runs.json.gz`).
 
-    python docs/bench_trainers/eagle3-smollm2/s49-ideas/assemble.py OUT.json RUN_DIR
+    python benchmarks/records/eagle3-smollm2/2026-12-06-ideas/assemble.py OUT.json RUN_DIR
 
 Run from the repository root. RUN_DIR holds `eval80-NAME/` for each NAME of VARIANTS (`specheads eval` as in
 README.md), and `NAME/` with train_summary.json for the trained ones.
@@ -24,11 +24,11 @@ VARIANTS = {
     "decay 1.0": {0: "ours-d1-s0", 1: "ours-d1-s1"},
     "muon_dtype float32": {0: "ours-fp32-s0", 1: "ours-fp32-s1"},
 }
-s48 = json.loads((HERE.parent / "s48-mt80" / "runs.json").read_text())["runs"]
+s48 = json.loads((HERE.parent / "2026-12-06-mt80" / "runs.json.gz").read_text())["runs"]
 
 
 def line(names: list[str]) -> list[dict]:
-    """Runs of s48-mt80 with their steps on all 80 prompts (the bench's 32 and the other 48)."""
+    """Runs of 2026-12-06-mt80 with their steps on all 80 prompts (the bench's 32 and the other 48)."""
     return [{"per_prompt": {**s48[n]["per_prompt_32"], **s48[n]["per_prompt_48"]}} for n in names]
 
 

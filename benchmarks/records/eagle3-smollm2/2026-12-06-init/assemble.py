@@ -1,9 +1,9 @@
-"""Gather `draft_head_init=target` on five seeds into runs.json: seeds 0 and 1 from the fifty-first session
-(`../s51-vocab/runs.json`), seeds 2 to 4 decoded here, each on all 80 MT-Bench first turns, set against the
-recipe's own five heads and Model Optimizer's five (`../s48-mt80/runs.json`), prompt by prompt: all five a side,
+"""Gather `draft_head_init=target` on five seeds into runs.json.gz: seeds 0 and 1 from the fifty-first session
+(`../2026-12-06-vocab/runs.json.gz`), seeds 2 to 4 decoded here, each on all 80 MT-Bench first turns, set against the
+recipe's own five heads and Model Optimizer's five (`../2026-12-06-mt80/runs.json.gz`), prompt by prompt: all five a side,
 and each seed against the recipe's head of the same seed.
 
-    python docs/bench_trainers/eagle3-smollm2/s52-init/assemble.py OUT.json RUN_DIR [SEEDS]
+    python benchmarks/records/eagle3-smollm2/2026-12-06-init/assemble.py OUT.json RUN_DIR [SEEDS]
 
 Run from the repository root. RUN_DIR holds `eval80-ours-init-sS/` and `ours-init-sS/` (with
 train_summary.json) for each seed S of SEEDS past 1 (commands in README.md). SEEDS: comma-separated, 0,1,2,3,4
@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent / "s49-ideas"))
+sys.path.insert(0, str(HERE.parent / "2026-12-06-ideas"))
 from assemble import line, paired, record, s48  # noqa: E402
 
 SEEDS = (0, 1, 2, 3, 4)
-EARLIER = json.loads((HERE.parent / "s51-vocab" / "runs.json").read_text())["draft_head_init target"]["runs"]
+EARLIER = json.loads((HERE.parent / "2026-12-06-vocab" / "runs.json.gz").read_text())["draft_head_init target"]["runs"]
 
 
 def assemble(run_dir: Path, seeds=SEEDS) -> dict:

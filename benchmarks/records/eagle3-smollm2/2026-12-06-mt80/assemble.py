@@ -1,12 +1,12 @@
-"""Gather the forty-eighth session's runs into runs.json: Model Optimizer seed 4 beside ours seed 4 (a fifth pair
+"""Gather the forty-eighth session's runs into runs.json.gz: Model Optimizer seed 4 beside ours seed 4 (a fifth pair
 since the held-out evaluations read only the teacher's columns), and every head of seeds 0-4 a side decoded on all
 80 MT-Bench first turns: the bench's 32 (each pair's `eval-NAME/`) and the 48 it leaves out (`eval48-NAME/`).
 
-    python docs/bench_trainers/eagle3-smollm2/s48-mt80/assemble.py OUT.json SEED=RUN_DIR [SEED=RUN_DIR ...]
+    python benchmarks/records/eagle3-smollm2/2026-12-06-mt80/assemble.py OUT.json SEED=RUN_DIR [SEED=RUN_DIR ...]
 
 Run from the repository root, with RUN_DIR the folder of seed SEED's pair (`pair.sh RUN_DIR DATA SEED SEED
 ours-t15`: modelopt-sS/, ours-t15-sS/, their logs, eval-*/, eval48-*/, prep-sS.log). A seed whose pair an
-earlier session's runs.json reports (`EARLIER`) is checked against it: its 32 prompts must decode in the same
+earlier session's runs.json.gz reports (`EARLIER`) is checked against it: its 32 prompts must decode in the same
 steps as that report says. A seed that none reports is the new pair, recorded with its speeds side by side.
 """
 
@@ -30,10 +30,10 @@ from bench_trainers_paired import (  # noqa: E402
 HERE = Path(__file__).parent
 STEPS = 200
 KINDS = ("modelopt", "ours-t15")
-# the session whose runs.json reports each earlier pair, as made on this machine
-EARLIER = {0: "s46-teacher-columns", 1: "s47-pairs", 2: "s47-pairs", 3: "s47-pairs"}
+# the session whose runs.json.gz reports each earlier pair, as made on this machine
+EARLIER = {0: "2026-12-06-teacher-columns", 1: "2026-12-06-pairs", 2: "2026-12-06-pairs", 3: "2026-12-06-pairs"}
 # where seed 4 was made before (s45, on this Xeon type)
-BEFORE_S4 = "s45-side-by-side"
+BEFORE_S4 = "2026-12-05-side-by-side"
 
 DEPTH = 5  # dynamic-16's depth: results.json's accept_rate_per_depth has one entry a depth
 
@@ -64,7 +64,7 @@ runs, pair_speeds, same_32 = {}, {}, {}
 for arg in sys.argv[2:]:
     seed, run_dir = arg.split("=", 1)
     seed, run_dir = int(seed), Path(run_dir)
-    report = json.loads((HERE.parent / EARLIER[seed] / "runs.json").read_text()) if seed in EARLIER else None
+    report = json.loads((HERE.parent / EARLIER[seed] / "runs.json.gz").read_text()) if seed in EARLIER else None
     for kind in KINDS:
         name = f"{kind}-s{seed}"
         ev32, ev48 = results(run_dir / f"eval-{name}"), results(run_dir / f"eval48-{name}")
@@ -91,7 +91,7 @@ for arg in sys.argv[2:]:
         ours = with_speeds(
             ours_record(run_dir, us, tokens, **about, beside=mo, overrides=[f"seed={seed}"]), STEPS
         )
-        before = json.loads((HERE.parent / BEFORE_S4 / "runs.json").read_text())["runs"]
+        before = json.loads((HERE.parent / BEFORE_S4 / "runs.json.gz").read_text())["runs"]
         pair_speeds[f"{us} / {mo}"] = {
             "runs": {mo: theirs, us: ours},
             "side_by_side": side_by_side(ours, theirs),
@@ -103,7 +103,7 @@ for arg in sys.argv[2:]:
         for name in (mo, us):
             same_32[name] = pair_speeds[f"{us} / {mo}"]["same_steps_as_before"][name]
 
-s47 = json.loads((HERE.parent / "s47-pairs" / "runs.json").read_text())["since_teacher_columns"]["pairs"]
+s47 = json.loads((HERE.parent / "2026-12-06-pairs" / "runs.json.gz").read_text())["since_teacher_columns"]["pairs"]
 since = s47 | {k: v["side_by_side"] for k, v in pair_speeds.items()}
 
 

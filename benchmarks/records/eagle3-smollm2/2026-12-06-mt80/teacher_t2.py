@@ -1,7 +1,7 @@
 """The recipe with its teacher at T 2 in place of 1.5 (seeds 0 and 1, side by side), decoded on all 80 MT-Bench
-first turns, set against the recipe's own heads of the same seeds and against Model Optimizer's five (runs.json).
+first turns, set against the recipe's own heads of the same seeds and against Model Optimizer's five (runs.json.gz).
 
-    python docs/bench_trainers/eagle3-smollm2/s48-mt80/teacher_t2.py OUT.json RUN_DIR
+    python benchmarks/records/eagle3-smollm2/2026-12-06-mt80/teacher_t2.py OUT.json RUN_DIR
 
 Run from the repository root after assemble.py. RUN_DIR holds `ours-t2-sS/` (`specheads train
 recipes/smollm2-135m/eagle3.yaml data=[DATA] seed=S eagle3_teacher_temperature=2.0 output_dir=RUN_DIR/ours-t2-sS
@@ -18,7 +18,7 @@ from bench_trainers_paired import eval_record, paired  # noqa: E402
 
 HERE = Path(__file__).parent
 out, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
-runs = json.loads((HERE / "runs.json").read_text())["runs"]
+runs = json.loads((HERE / "runs.json.gz").read_text())["runs"]
 t2 = {s: eval_record(run_dir / f"eval80-ours-t2-s{s}") for s in (0, 1)}
 summaries = {s: json.loads((run_dir / f"ours-t2-s{s}" / "train_summary.json").read_text()) for s in (0, 1)}
 ids48 = set(runs["ours-t15-s0"]["per_prompt_48"])

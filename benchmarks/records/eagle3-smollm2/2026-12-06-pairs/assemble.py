@@ -1,10 +1,10 @@
-"""Gather the forty-seventh session's pairs into runs.json: Model Optimizer seed S beside ours seed S (the recipe
+"""Gather the forty-seventh session's pairs into runs.json.gz: Model Optimizer seed S beside ours seed S (the recipe
 as it ships), for each pair folder given, each process's `/usr/bin/time -v`, ours' train summary, Model
 Optimizer's loop time and losses, each eval with its per-prompt records, tokens/s side by side, and whether each
 run decoded exactly as the same seed did before (the earlier sessions' runs of that seed: the same steps on every
 prompt), with every pair since the held-out evaluations read only the teacher's columns (s46's and these).
 
-    python docs/bench_trainers/eagle3-smollm2/s47-pairs/assemble.py OUT.json SEED=RUN_DIR [SEED=RUN_DIR ...]
+    python benchmarks/records/eagle3-smollm2/2026-12-06-pairs/assemble.py OUT.json SEED=RUN_DIR [SEED=RUN_DIR ...]
 
 Run from the repository root. RUN_DIR holds `pair.sh RUN_DIR DATA SEED SEED ours-t15`'s runs (modelopt-sS/,
 ours-t15-sS/, their .log files, eval-*/ and prep-sS.log, whose last line gives the tokens seed S draws: the
@@ -23,22 +23,22 @@ HERE = Path(__file__).parent
 STEPS = 200
 # where each seed's run was made before (Model Optimizer's on this Xeon; ours at T 1.5, the recipe's teacher)
 BEFORE = {
-    ("modelopt", 0): "s43-recipe-budget-xeon",
-    ("modelopt", 1): "s44-teacher-recipe-budget",
-    ("modelopt", 2): "s45-side-by-side",
-    ("modelopt", 3): "s45-side-by-side",
-    ("modelopt", 4): "s45-side-by-side",
-    ("ours-t15", 0): "s44-teacher-recipe-budget",
-    ("ours-t15", 1): "s44-teacher-recipe-budget",
-    ("ours-t15", 2): "s44-teacher-recipe-budget",
-    ("ours-t15", 3): "s45-side-by-side",
-    ("ours-t15", 4): "s45-side-by-side",
+    ("modelopt", 0): "2026-12-05-recipe-budget-xeon",
+    ("modelopt", 1): "2026-12-05-teacher-recipe-budget",
+    ("modelopt", 2): "2026-12-05-side-by-side",
+    ("modelopt", 3): "2026-12-05-side-by-side",
+    ("modelopt", 4): "2026-12-05-side-by-side",
+    ("ours-t15", 0): "2026-12-05-teacher-recipe-budget",
+    ("ours-t15", 1): "2026-12-05-teacher-recipe-budget",
+    ("ours-t15", 2): "2026-12-05-teacher-recipe-budget",
+    ("ours-t15", 3): "2026-12-05-side-by-side",
+    ("ours-t15", 4): "2026-12-05-side-by-side",
 }
 
 
 def earlier(kind: str, seed: int) -> dict:
     folder = BEFORE[(kind, seed)]
-    return json.loads((HERE.parent / folder / "runs.json").read_text())["runs"][f"{kind}-s{seed}"] | {
+    return json.loads((HERE.parent / folder / "runs.json.gz").read_text())["runs"][f"{kind}-s{seed}"] | {
         "session": folder
     }
 
@@ -78,7 +78,7 @@ for arg in sys.argv[2:]:
     pairs[f"{us} / {mo}"] = side_by_side(runs[us], runs[mo])
 
 before = {name: earlier(name.rsplit("-s", 1)[0], int(name.rsplit("-s", 1)[1])) for name in runs}
-s46 = json.loads((HERE.parent / "s46-teacher-columns" / "runs.json").read_text())
+s46 = json.loads((HERE.parent / "2026-12-06-teacher-columns" / "runs.json.gz").read_text())
 # every pair whose evaluations read only the teacher's columns (s46 made one)
 since = {"ours-t15-s0 / modelopt-s0 (s46)": s46["side_by_side"]} | pairs
 result = {

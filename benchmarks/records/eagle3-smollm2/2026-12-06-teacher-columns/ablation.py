@@ -1,8 +1,8 @@
-"""Gather the forty-sixth session's ablation into ablation.json: the recipe with its loss on the assistant's
+"""Gather the forty-sixth session's ablation into ablation.json.gz: the recipe with its loss on the assistant's
 tokens alone (`loss_on=assistant`, so its draft vocabulary is counted over them too), seeds 0 and 1, against the
 recipe as it ships on the same seeds (s44) and Model Optimizer's five seeds (s43, s44, s45), prompt by prompt.
 
-    python docs/bench_trainers/eagle3-smollm2/s46-teacher-columns/ablation.py RUN_DIR OUT.json
+    python benchmarks/records/eagle3-smollm2/2026-12-06-teacher-columns/ablation.py RUN_DIR OUT.json
 
 Run from the repository root. RUN_DIR holds answer-s0/ and answer-s1/ (each `specheads train ... seed=N
 loss_on=assistant`, one thread each, side by side), their .log files (time -v) and eval-answer-sN/.
@@ -20,7 +20,7 @@ run_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
 
 
 def earlier(folder: str) -> dict:
-    return json.loads((HERE.parent / folder / "runs.json").read_text())["runs"]
+    return json.loads((HERE.parent / folder / "runs.json.gz").read_text())["runs"]
 
 
 runs = {}
@@ -33,9 +33,9 @@ for seed in (0, 1):
         "eval": eval_record(run_dir / f"eval-{name}"),
     }
 s44, s43, s45 = (
-    earlier("s44-teacher-recipe-budget"),
-    earlier("s43-recipe-budget-xeon"),
-    earlier("s45-side-by-side"),
+    earlier("2026-12-05-teacher-recipe-budget"),
+    earlier("2026-12-05-recipe-budget-xeon"),
+    earlier("2026-12-05-side-by-side"),
 )
 recipe = [s44["ours-t15-s0"], s44["ours-t15-s1"]]
 modelopt = [

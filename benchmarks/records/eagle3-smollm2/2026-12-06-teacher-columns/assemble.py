@@ -1,10 +1,10 @@
-"""Gather the forty-sixth session's pair into runs.json: Model Optimizer seed 0 beside ours seed 0 (the recipe
+"""Gather the forty-sixth session's pair into runs.json.gz: Model Optimizer seed 0 beside ours seed 0 (the recipe
 as it ships, with the held-out evaluations' teacher columns and the loss's gather of 2026-12-06), each
 process's `/usr/bin/time -v`, ours' train summary, Model Optimizer's loop time and losses, each eval with its
 per-prompt records, tokens/s side by side, and whether each run decoded exactly as the same seed did before
 (s43's Model Optimizer seed 0, s44's ours at T 1.5 seed 0: the same steps on every prompt).
 
-    python docs/bench_trainers/eagle3-smollm2/s46-teacher-columns/assemble.py RUN_DIR OUT.json
+    python benchmarks/records/eagle3-smollm2/2026-12-06-teacher-columns/assemble.py RUN_DIR OUT.json
 
 Run from the repository root. RUN_DIR holds pair.sh's runs (modelopt-s0/, ours-t15-s0/, their .log files,
 eval-*/ and prep-s0.log, whose last line gives the tokens seed 0 draws: the same rows for both trainers).
@@ -45,14 +45,14 @@ ours = ours_record(
 runs = {"modelopt-s0": with_speeds(theirs, STEPS), "ours-t15-s0": with_speeds(ours, STEPS)}
 
 before = {
-    "modelopt-s0": json.loads((HERE.parent / "s43-recipe-budget-xeon" / "runs.json").read_text())["runs"][
+    "modelopt-s0": json.loads((HERE.parent / "2026-12-05-recipe-budget-xeon" / "runs.json.gz").read_text())["runs"][
         "modelopt-s0"
     ],
-    "ours-t15-s0": json.loads((HERE.parent / "s44-teacher-recipe-budget" / "runs.json").read_text())["runs"][
+    "ours-t15-s0": json.loads((HERE.parent / "2026-12-05-teacher-recipe-budget" / "runs.json.gz").read_text())["runs"][
         "ours-t15-s0"
     ],
 }
-s45 = json.loads((HERE.parent / "s45-side-by-side" / "runs.json").read_text())
+s45 = json.loads((HERE.parent / "2026-12-05-side-by-side" / "runs.json.gz").read_text())
 result = {
     "machine": "2-core Intel Xeon (AVX512-BF16, AMX-BF16), fp32, one thread a process, side by side",
     "date": "2026-12-06",

@@ -1,9 +1,9 @@
-"""Gather the fifty-first session's runs into runs.json: the SmolLM2 EAGLE-3 recipe with larger draft vocabularies
+"""Gather the fifty-first session's runs into runs.json.gz: the SmolLM2 EAGLE-3 recipe with larger draft vocabularies
 (`draft_vocab_size=16384`, `32768`) and with `draft_head_init=target`, each decoded on all 80 MT-Bench first turns
 and set against the recipe's own heads of the same seeds and against Model Optimizer's five
-(`../s48-mt80/runs.json`), prompt by prompt.
+(`../2026-12-06-mt80/runs.json.gz`), prompt by prompt.
 
-    python docs/bench_trainers/eagle3-smollm2/s51-vocab/assemble.py OUT.json RUN_DIR
+    python benchmarks/records/eagle3-smollm2/2026-12-06-vocab/assemble.py OUT.json RUN_DIR
 
 Run from the repository root. RUN_DIR holds `eval80-NAME/` and `NAME/` (with train_summary.json) for each NAME
 of VARIANTS (commands in README.md).
@@ -12,7 +12,7 @@ of VARIANTS (commands in README.md).
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "s49-ideas"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "2026-12-06-ideas"))
 from assemble import main  # noqa: E402
 
 # change -> {seed: the head's folder name in RUN_DIR}

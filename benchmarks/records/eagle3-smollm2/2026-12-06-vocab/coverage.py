@@ -2,7 +2,7 @@
 vocabulary is the 8,192 most frequent label tokens of its training rows (heads/eagle3.py draft_vocab_from_counts;
 unseen tokens fill the rest in id order), and a token outside it can never be drafted.
 
-    python docs/bench_trainers/eagle3-smollm2/s51-vocab/coverage.py HEADS PROMPTS OUT.json [ANSWERS.json]
+    python benchmarks/records/eagle3-smollm2/2026-12-06-vocab/coverage.py HEADS PROMPTS OUT.json [ANSWERS.json]
 
 Run from the repository root. HEADS: a head folder trained by the recipe (its label_counts.safetensors are the
 training rows' label counts, whatever its own vocabulary). PROMPTS: the 80 MT-Bench first turns as `specheads eval`
