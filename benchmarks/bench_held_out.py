@@ -1,6 +1,6 @@
 """What keeping the target's held-out states saves (train/held_out.py, `eval_cache_mib`), JSON out.
 
-    python scripts/bench_held_out.py recipes/smollm2-135m/eagle3.yaml "data=[data/smollm2-seed-sd-all]" \
+    python benchmarks/bench_held_out.py recipes/smollm2-135m/eagle3.yaml "data=[data/smollm2-seed-sd-all]" \
         max_steps=10 eval_every=2 --threads 1 --out runs/bench-held-out.json
 
 Runs `specheads train RECIPE OVERRIDES` twice, one after the other, each in its own process: with

@@ -1,6 +1,6 @@
 """What `keep_host_memory` (train/host_memory.py) does to a CPU training run, JSON out.
 
-    python scripts/bench_host_memory.py recipes/smollm2-135m/eagle3.yaml --steps 8 \
+    python benchmarks/bench_host_memory.py recipes/smollm2-135m/eagle3.yaml --steps 8 \
         --out runs/host-memory.json -- "data=[DIR]"
 
 Trains the recipe twice at once, side by side on one thread each, with `keep_host_memory=false` and `=true`

@@ -1,6 +1,6 @@
 """Muon's step on an EAGLE-3 head of SmolLM2-135M's shape, per Newton-Schulz dtype, JSON out.
 
-    python scripts/bench_muon.py --out runs/bench-muon.json [--threads 1] [--steps 10]
+    python benchmarks/bench_muon.py --out runs/bench-muon.json [--threads 1] [--steps 10]
 
 Times MuonWithAdamW.step (train/optimizers.py: torch's Muon on the head's hidden matrices, AdamW on the rest)
 over random gradients, with muon_dtype float32 and bfloat16, after two untimed steps. The head is an Eagle3Head

@@ -6,7 +6,7 @@ standard-library training data (the tiny target's own), then reads it back the w
 CachedRows + collate_cached through a DataLoader, in order, shuffled, and shuffled with every row
 checked against the dataset's tokens. Also the checksum pass `CachedRows(verify=True)` makes.
 
-    python scripts/bench_offline.py --rows 512 --out runs/bench-offline.json
+    python benchmarks/bench_offline.py --rows 512 --out runs/bench-offline.json
 
 Comparing the online step time with the target's forward is another benchmark's; speed is measured
 here, never asserted in tests.

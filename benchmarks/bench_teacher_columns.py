@@ -1,6 +1,6 @@
 """What the EAGLE-3 loss's teacher costs, op by op, at a target's shapes, JSON out.
 
-    python scripts/bench_teacher_columns.py --threads 1 --out runs/bench-teacher-columns.json
+    python benchmarks/bench_teacher_columns.py --threads 1 --out runs/bench-teacher-columns.json
 
 The loss reads the target's logits (B, T, V) twice: their argmax over the whole vocabulary, and their
 columns of the draft vocabulary (Vd ids) as the teacher (train/eagle_losses.py). It times, on random

@@ -1,6 +1,6 @@
 """Training cost on the embedded tiny target (issue 7), JSON out.
 
-    python scripts/bench_train.py --out runs/bench-train.json
+    python benchmarks/bench_train.py --out runs/bench-train.json
 
 1. Online step time against the target's forward-only time, per method (medusa, medusa2, eagle,
    eagle3): a short `specheads train` run of each tiny recipe; the loop times every target forward
@@ -14,7 +14,7 @@
    `--memory-hidden H` also runs it on a random Llama of width H (8 layers, the tiny tokenizer), whose
    weights are not lost in that footprint.
 
-Bytes per token of the offline cache and its read throughput: scripts/bench_offline.py. Every run is a
+Bytes per token of the offline cache and its read throughput: benchmarks/bench_offline.py. Every run is a
 subprocess (its own RSS, no state shared); the machine is shared, so the times are noisy.
 """
 

@@ -1,7 +1,7 @@
 """Side by side with the peers' own trainers on the tiny target, and SmolLM2 for EAGLE-3 (issue 21): tau for the
 same budget.
 
-    nice -n 15 env OMP_NUM_THREADS=1 python scripts/bench_trainers.py --overwrite \
+    nice -n 15 env OMP_NUM_THREADS=1 python benchmarks/bench_trainers.py --overwrite \
         --medusa-ablations "warmup 10%,data labels,decay 1"
 
 For EAGLE (ours: `specheads train recipes/tiny/eagle.yaml` vs eagle-llm 1.2.1's ge_data + main.py),
@@ -29,7 +29,7 @@ runs     one run per seed: ours at each of --seeds (its `seed`), medusa-llm at e
          do not overlap (one run a side: "leads"/"trails", no verdict). The ranges speak for the seeds on
          one set of prompts: a second line compares the two prompt by prompt (greedy decoding is lossless:
          the same text, the steps apart), the prompts each is ahead on and a 95% bootstrap interval of the
-         difference over prompts and seeds (scripts/bench_trainers_paired.py).
+         difference over prompts and seeds (benchmarks/bench_trainers_paired.py).
 ablation --medusa-ablations: ours at the largest Medusa budget with one (or several, '+'-joined) of
          medusa-llm's settings in place of our recipe's (MEDUSA_ABLATIONS: its warm-up ratio, its
          unweighted heads, its text labels), at every seed: what each difference buys in tau. --medusa-lrs
@@ -75,8 +75,8 @@ EAGLE-3  modelopt runs in its own env (tests/consumers/modelopt_env.py: its tran
 
 --methods picks what runs; the other methods' rows are carried from --report's JSON, each with the command
 that measured it. Writes REPORT/bench_trainers.json and REPORT/bench_trainers.md (the table) after every
-run, REPORT/learning_curve.png at the end (--report, default benchmarks/records/; --render redraws both
-from the JSON); the checkpoints and logs stay in --out (runs/bench-trainers).
+run, REPORT/learning_curve.png at the end (--report, default runs/bench-trainers/report/; a kept record copies
+them to benchmarks/records/TOPIC/DATE-SLUG/; --render redraws both from the JSON); the checkpoints and logs stay in --out (runs/bench-trainers).
 
 Beside it: bench_trainers_jobs.py (budgets, data, running and evaluating one side), bench_trainers_eagle.py
 (eagle-llm's run and its saved states decoded), bench_trainers_medusa.py (medusa-llm's run and the Medusa

@@ -1,4 +1,4 @@
-"""scripts/bench_trainers.py's command line: every option, its default and what it means."""
+"""benchmarks/bench_trainers.py's command line: every option, its default and what it means."""
 
 from __future__ import annotations
 
@@ -41,7 +41,9 @@ def arg_parser(description: str = "") -> argparse.ArgumentParser:
         "equal generate()'s)",
     )
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-trainers", help="work directory")
-    p.add_argument("--report", type=Path, default=ROOT / "docs" / "bench_trainers", help="JSON, table, PNG")
+    p.add_argument(
+        "--report", type=Path, default=ROOT / "runs" / "bench-trainers" / "report", help="JSON, table, PNG"
+    )
     p.add_argument("--rows", type=int, default=16, help="conversations (N) for EAGLE")
     p.add_argument(
         "--medusa-rows", type=int, default=128, help="conversations for Medusa (the first N of the same)"

@@ -1,4 +1,4 @@
-"""The EAGLE row of scripts/bench_trainers.py: eagle-llm 1.2.1's side (its ge_data + main.py run at one
+"""The EAGLE row of benchmarks/bench_trainers.py: eagle-llm 1.2.1's side (its ge_data + main.py run at one
 learning rate, what the bench changes of it, and its saved states imported and decoded at each budget)."""
 
 from __future__ import annotations

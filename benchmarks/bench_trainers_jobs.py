@@ -1,4 +1,4 @@
-"""scripts/bench_trainers.py's shared parts: the budgets matched to the peers', the data both sides train
+"""benchmarks/bench_trainers.py's shared parts: the budgets matched to the peers', the data both sides train
 on, and the runs (our trainer, imports, evaluation, one child process measured), with the row each run
 gives. The per-method jobs and the command line stay in bench_trainers.py."""
 

@@ -1,4 +1,4 @@
-"""The Medusa row of scripts/bench_trainers.py: medusa-llm 0.1's side (its README's training command, what
+"""The Medusa row of benchmarks/bench_trainers.py: medusa-llm 0.1's side (its README's training command, what
 the bench changes of it, and one run of its train.py imported and decoded), and the ablations that put its
 settings, or other learning rates, into our recipe."""
 

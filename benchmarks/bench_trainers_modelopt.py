@@ -1,4 +1,4 @@
-"""The EAGLE-3 row of scripts/bench_trainers.py: NVIDIA Model Optimizer's side (the budget, the recipe
+"""The EAGLE-3 row of benchmarks/bench_trainers.py: NVIDIA Model Optimizer's side (the budget, the recipe
 overrides of tests/consumers/modelopt_train.py's job, what they change, and one run of it imported and
 decoded).
 

@@ -1,4 +1,4 @@
-"""Two lines of runs compared prompt by prompt, for scripts/bench_trainers.py's verdicts.
+"""Two lines of runs compared prompt by prompt, for benchmarks/bench_trainers.py's verdicts.
 
 The table's verdict sets the seeds' tau ranges side by side on one set of prompts, so it speaks for the
 seeds and not for the prompts: 8 or 32 MT-Bench questions are a sample too, and which ones were drawn moved

@@ -1,4 +1,4 @@
-"""The report of scripts/bench_trainers.py: its table, verdicts and learning curve, from the rows (pure apart
+"""The report of benchmarks/bench_trainers.py: its table, verdicts and learning curve, from the rows (pure apart
 from plot and render's files). `bench_trainers.py --render [--merge OTHER.json]` redraws them from the JSON.
 
 A row is one training run decoded once: method, trainer, budget (peer_rows, epochs, batch, grad_accum,

@@ -7,7 +7,7 @@ MLP), then the projection onto a draft vocabulary, its log-softmax and top-k: ea
 head's shapes. Shapes default to the tiny target's (hidden 128, 2 heads of 64, MLP 352) with 8 nodes over
 300 cached positions.
 
-    OMP_NUM_THREADS=1 python scripts/probe_compile_draft.py --out probe.json
+    OMP_NUM_THREADS=1 python benchmarks/probe_compile_draft.py --out probe.json
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ For each: the wall time a forward, the ops that took the most time (self time on
 where there is one), and on an accelerator the device's busy share: its kernels' time over the wall time. A
 small share means the forward is bound by the host (Python, launches), not by the device.
 
-    python scripts/profile_forward.py --target smollm2 --device cuda --dtype bfloat16 --out runs/profile.json
+    python benchmarks/profile_forward.py --target smollm2 --device cuda --dtype bfloat16 --out runs/profile.json
 
 Figures are measured here, never asserted in tests; the machine is named in the JSON with its load average.
 """

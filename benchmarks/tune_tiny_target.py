@@ -3,7 +3,7 @@
 For each candidate: time a few training steps, convert the budget to a step count, build it, and
 record the held-out loss. Used to choose TinyTargetConfig's defaults and STEPS_PER_MINUTE.
 
-    python scripts/tune_tiny_target.py --train-minutes 4.3 --out runs/tune_tiny_target.json
+    python benchmarks/tune_tiny_target.py --train-minutes 4.3 --out runs/tune_tiny_target.json
 """
 
 from __future__ import annotations

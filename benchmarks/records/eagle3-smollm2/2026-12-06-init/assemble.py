@@ -10,16 +10,19 @@ train_summary.json) for each seed S of SEEDS past 1 (commands in README.md). SEE
 unless given; the recipe's heads are taken on the same seeds, Model Optimizer's on all five.
 """
 
-import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root, for `benchmarks`
+from benchmarks.records import mt80_line as line
+from benchmarks.records import mt80_runs, paired, read_json, write_json
+from benchmarks.records import variant_record as record
+
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent / "2026-12-06-ideas"))
-from assemble import line, paired, record, s48  # noqa: E402
+s48 = mt80_runs()
 
 SEEDS = (0, 1, 2, 3, 4)
-EARLIER = json.loads((HERE.parent / "2026-12-06-vocab" / "runs.json.gz").read_text())["draft_head_init target"]["runs"]
+EARLIER = read_json(HERE.parent / "2026-12-06-vocab" / "runs.json")["draft_head_init target"]["runs"]
 
 
 def assemble(run_dir: Path, seeds=SEEDS) -> dict:
@@ -64,5 +67,5 @@ if __name__ == "__main__":
     out, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
     seeds = tuple(int(s) for s in sys.argv[3].split(",")) if len(sys.argv) > 3 else SEEDS
     result = assemble(run_dir, seeds)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out, result)
     show(result)

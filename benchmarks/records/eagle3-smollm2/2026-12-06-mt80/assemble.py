@@ -17,21 +17,28 @@ from pathlib import Path
 
 from specheads.evaluate.report import per_category, summarize
 
-sys.path.insert(0, "scripts")
-from bench_trainers_paired import (  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root, for `benchmarks`
+from benchmarks.records import (
     modelopt_record,
     ours_record,
     paired,
     prompt_steps,
+    read_json,
     side_by_side,
     with_speeds,
+    write_json,
 )
 
 HERE = Path(__file__).parent
 STEPS = 200
 KINDS = ("modelopt", "ours-t15")
 # the session whose runs.json.gz reports each earlier pair, as made on this machine
-EARLIER = {0: "2026-12-06-teacher-columns", 1: "2026-12-06-pairs", 2: "2026-12-06-pairs", 3: "2026-12-06-pairs"}
+EARLIER = {
+    0: "2026-12-06-teacher-columns",
+    1: "2026-12-06-pairs",
+    2: "2026-12-06-pairs",
+    3: "2026-12-06-pairs",
+}
 # where seed 4 was made before (s45, on this Xeon type)
 BEFORE_S4 = "2026-12-05-side-by-side"
 
@@ -64,7 +71,7 @@ runs, pair_speeds, same_32 = {}, {}, {}
 for arg in sys.argv[2:]:
     seed, run_dir = arg.split("=", 1)
     seed, run_dir = int(seed), Path(run_dir)
-    report = json.loads((HERE.parent / EARLIER[seed] / "runs.json.gz").read_text()) if seed in EARLIER else None
+    report = read_json(HERE.parent / EARLIER[seed] / "runs.json") if seed in EARLIER else None
     for kind in KINDS:
         name = f"{kind}-s{seed}"
         ev32, ev48 = results(run_dir / f"eval-{name}"), results(run_dir / f"eval48-{name}")
@@ -91,7 +98,7 @@ for arg in sys.argv[2:]:
         ours = with_speeds(
             ours_record(run_dir, us, tokens, **about, beside=mo, overrides=[f"seed={seed}"]), STEPS
         )
-        before = json.loads((HERE.parent / BEFORE_S4 / "runs.json.gz").read_text())["runs"]
+        before = read_json(HERE.parent / BEFORE_S4 / "runs.json")["runs"]
         pair_speeds[f"{us} / {mo}"] = {
             "runs": {mo: theirs, us: ours},
             "side_by_side": side_by_side(ours, theirs),
@@ -103,7 +110,7 @@ for arg in sys.argv[2:]:
         for name in (mo, us):
             same_32[name] = pair_speeds[f"{us} / {mo}"]["same_steps_as_before"][name]
 
-s47 = json.loads((HERE.parent / "2026-12-06-pairs" / "runs.json.gz").read_text())["since_teacher_columns"]["pairs"]
+s47 = read_json(HERE.parent / "2026-12-06-pairs" / "runs.json")["since_teacher_columns"]["pairs"]
 since = s47 | {k: v["side_by_side"] for k, v in pair_speeds.items()}
 
 
@@ -144,7 +151,7 @@ result = {
     "tau": {part: {kind: taus(kind, part) for kind in KINDS} for part in ("mt32", "mt48", "mt80")},
     "paired": {part: paired(line("ours", part), line("modelopt", part)) for part in ("mt32", "mt48", "mt80")},
 }
-out.write_text(json.dumps(result, indent=1) + "\n")
+write_json(out, result)
 for name, r in runs.items():
     print(name, *(f"{part} {r[part]['tau']:.4f} {r[part]['identical_to_baseline']}" for part in ("mt32", "mt48", "mt80")))  # fmt: skip
 for key in ("same_32_steps_as_reported", "tau", "paired", "since_teacher_columns"):

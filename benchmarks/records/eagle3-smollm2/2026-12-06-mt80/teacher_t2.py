@@ -13,12 +13,12 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, "scripts")
-from bench_trainers_paired import eval_record, paired  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root, for `benchmarks`
+from benchmarks.records import eval_record, paired, read_json, write_json
 
 HERE = Path(__file__).parent
 out, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
-runs = json.loads((HERE / "runs.json.gz").read_text())["runs"]
+runs = read_json(HERE / "runs.json")["runs"]
 t2 = {s: eval_record(run_dir / f"eval80-ours-t2-s{s}") for s in (0, 1)}
 summaries = {s: json.loads((run_dir / f"ours-t2-s{s}" / "train_summary.json").read_text()) for s in (0, 1)}
 ids48 = set(runs["ours-t15-s0"]["per_prompt_48"])
@@ -40,7 +40,7 @@ result = {
         "t2_over_modelopt_mt80": paired(ours_t2, line([f"modelopt-s{s}" for s in range(5)])),
     },
 }
-out.write_text(json.dumps(result, indent=1) + "\n")
+write_json(out, result)
 for name, r in result["runs"].items():
     print(
         name,

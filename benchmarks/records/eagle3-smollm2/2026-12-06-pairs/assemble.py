@@ -16,8 +16,16 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, "scripts")
-from bench_trainers_paired import modelopt_record, ours_record, paired, side_by_side, with_speeds  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root, for `benchmarks`
+from benchmarks.records import (
+    modelopt_record,
+    ours_record,
+    paired,
+    read_json,
+    side_by_side,
+    with_speeds,
+    write_json,
+)
 
 HERE = Path(__file__).parent
 STEPS = 200
@@ -38,9 +46,7 @@ BEFORE = {
 
 def earlier(kind: str, seed: int) -> dict:
     folder = BEFORE[(kind, seed)]
-    return json.loads((HERE.parent / folder / "runs.json.gz").read_text())["runs"][f"{kind}-s{seed}"] | {
-        "session": folder
-    }
+    return read_json(HERE.parent / folder / "runs.json")["runs"][f"{kind}-s{seed}"] | {"session": folder}
 
 
 def span(pairs: dict, key: str) -> list[float]:
@@ -78,7 +84,7 @@ for arg in sys.argv[2:]:
     pairs[f"{us} / {mo}"] = side_by_side(runs[us], runs[mo])
 
 before = {name: earlier(name.rsplit("-s", 1)[0], int(name.rsplit("-s", 1)[1])) for name in runs}
-s46 = json.loads((HERE.parent / "2026-12-06-teacher-columns" / "runs.json.gz").read_text())
+s46 = read_json(HERE.parent / "2026-12-06-teacher-columns" / "runs.json")
 # every pair whose evaluations read only the teacher's columns (s46 made one)
 since = {"ours-t15-s0 / modelopt-s0 (s46)": s46["side_by_side"]} | pairs
 result = {
@@ -106,7 +112,7 @@ result = {
         [r["eval"] for n, r in runs.items() if n.startswith("modelopt")],
     ),
 }
-out.write_text(json.dumps(result, indent=1) + "\n")
+write_json(out, result)
 for name, r in runs.items():
     print(name, round(r["eval"]["mean_accept_length"], 4), r["eval"]["identical_to_baseline"], r["wall_s"],
           r["tokens_per_s"], r["tokens_per_step_s"], r["peak_rss_mib"], r.get("train_summary", {}).get("eval_seconds"),

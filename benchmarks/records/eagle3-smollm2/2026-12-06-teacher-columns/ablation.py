@@ -12,15 +12,15 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, "scripts")
-from bench_trainers_paired import eval_record, paired, time_v  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root, for `benchmarks`
+from benchmarks.records import eval_record, paired, read_json, time_v, write_json
 
 HERE = Path(__file__).parent
 run_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
 
 
 def earlier(folder: str) -> dict:
-    return json.loads((HERE.parent / folder / "runs.json.gz").read_text())["runs"]
+    return read_json(HERE.parent / folder / "runs.json")["runs"]
 
 
 runs = {}
@@ -66,7 +66,7 @@ result = {
         "loss_on=assistant seeds 0-1 vs Model Optimizer seeds 0-4": paired(lines(answers), lines(modelopt)),
     },
 }
-out.write_text(json.dumps(result, indent=1) + "\n")
+write_json(out, result)
 for name, r in runs.items():
     s = r["train_summary"]
     print(name, round(r["eval"]["mean_accept_length"], 4), r["eval"]["identical_to_baseline"], r["wall_s"],

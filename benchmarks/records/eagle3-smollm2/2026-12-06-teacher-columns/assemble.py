@@ -14,8 +14,16 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, "scripts")
-from bench_trainers_paired import modelopt_record, ours_record, paired, side_by_side, with_speeds  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root, for `benchmarks`
+from benchmarks.records import (
+    modelopt_record,
+    ours_record,
+    paired,
+    read_json,
+    side_by_side,
+    with_speeds,
+    write_json,
+)
 
 HERE = Path(__file__).parent
 run_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
@@ -45,14 +53,14 @@ ours = ours_record(
 runs = {"modelopt-s0": with_speeds(theirs, STEPS), "ours-t15-s0": with_speeds(ours, STEPS)}
 
 before = {
-    "modelopt-s0": json.loads((HERE.parent / "2026-12-05-recipe-budget-xeon" / "runs.json.gz").read_text())["runs"][
+    "modelopt-s0": read_json(HERE.parent / "2026-12-05-recipe-budget-xeon" / "runs.json")["runs"][
         "modelopt-s0"
     ],
-    "ours-t15-s0": json.loads((HERE.parent / "2026-12-05-teacher-recipe-budget" / "runs.json.gz").read_text())["runs"][
+    "ours-t15-s0": read_json(HERE.parent / "2026-12-05-teacher-recipe-budget" / "runs.json")["runs"][
         "ours-t15-s0"
     ],
 }
-s45 = json.loads((HERE.parent / "2026-12-05-side-by-side" / "runs.json.gz").read_text())
+s45 = read_json(HERE.parent / "2026-12-05-side-by-side" / "runs.json")
 result = {
     "machine": "2-core Intel Xeon (AVX512-BF16, AMX-BF16), fp32, one thread a process, side by side",
     "date": "2026-12-06",
@@ -70,7 +78,7 @@ result = {
     "s45_side_by_side": s45["side_by_side"],
     "paired": paired([runs["ours-t15-s0"]["eval"]], [runs["modelopt-s0"]["eval"]]),
 }
-out.write_text(json.dumps(result, indent=1) + "\n")
+write_json(out, result)
 for name, r in runs.items():
     print(name, round(r["eval"]["mean_accept_length"], 4), r["eval"]["identical_to_baseline"], r["wall_s"],
           r["tokens_per_s"], r["tokens_per_step_s"], r["peak_rss_mib"], r.get("train_summary", {}).get("eval_seconds"),

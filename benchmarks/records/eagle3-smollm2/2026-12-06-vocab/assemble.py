@@ -12,8 +12,8 @@ of VARIANTS (commands in README.md).
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "2026-12-06-ideas"))
-from assemble import main  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root, for `benchmarks`
+from benchmarks.records import variants_main
 
 # change -> {seed: the head's folder name in RUN_DIR}
 VARIANTS = {
@@ -23,4 +23,4 @@ VARIANTS = {
 }
 
 if __name__ == "__main__":
-    main(VARIANTS, sys.argv)
+    variants_main(VARIANTS, sys.argv)

@@ -18,11 +18,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root, for `benchmarks`
+from benchmarks.records import write_json
+from specheads.builders.named_targets import resolve_target
+from specheads.core.target import FrozenTarget
 from specheads.evaluate.baseline import generate_rows
 from specheads.evaluate.prompts import encode_prompts, read_prompts
 from specheads.heads.eagle3 import draft_vocab_from_counts, vocab_maps
-from specheads.heads.named_targets import resolve_target
-from specheads.heads.target import FrozenTarget
 
 SIZES = (4096, 8192, 12288, 16384, 24576, 32768)
 heads, prompts_file, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
@@ -53,7 +55,7 @@ for size in SIZES:
         "labels": float(counts[inside].sum() / counts.sum()),
         "by_category": {c: round(float(inside[t].float().mean()), 4) for c, t in by_category.items()},
     }
-out.write_text(json.dumps(result, indent=1) + "\n")
+write_json(out, result)
 print(json.dumps({k: v for k, v in result.items() if k != "sizes"}))
 for size, r in result["sizes"].items():
     print(size, f"answers {r['answers']:.4f} labels {r['labels']:.4f}", r["by_category"])
