@@ -94,9 +94,12 @@ def write_json(path: str | Path, obj: Any) -> Path:
     return target
 
 
-def record_dir(topic: str, slug: str) -> Path:
-    """The one record folder of `topic` whose name is `DATE-slug`."""
+def record_dir(topic: str, slug: str, latest: bool = False) -> Path:
+    """The record folder of `topic` whose name is `DATE-slug`: the one there is, or with `latest` the newest of
+    them (the current figures of a measurement made again)."""
     found = sorted((RECORDS / topic).glob(f"????-??-??-{slug}"))
+    if latest and found:
+        return found[-1]
     if len(found) != 1:
         names = [p.name for p in found] or "none"
         raise FileNotFoundError(f"benchmarks/records/{topic}/*-{slug}: {names}; give the slug of one record")
