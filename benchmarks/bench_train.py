@@ -1,4 +1,4 @@
-"""Training cost on the embedded tiny target (issue 7), JSON out.
+"""Training cost on the embedded tiny target, JSON out.
 
     python benchmarks/bench_train.py --out runs/bench-train.json
 

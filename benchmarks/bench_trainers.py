@@ -1,4 +1,4 @@
-"""Side by side with the peers' own trainers on the tiny target, and SmolLM2 for EAGLE-3 (issue 21): tau for the
+"""Side by side with the peers' own trainers on the tiny target, and SmolLM2 for EAGLE-3: tau for the
 same budget.
 
     nice -n 15 env OMP_NUM_THREADS=1 python benchmarks/bench_trainers.py --overwrite \
@@ -59,7 +59,7 @@ EAGLE-3  modelopt runs in its own env (tests/consumers/modelopt_env.py: its tran
          number of tokens (our recipe's 2048, or the rows' distinct tokens when fewer: all its calibration can
          fill) from the same target layers (HF 1, 2, 3). --modelopt-variants: its recipe as it is
          ("defaults") and with some of our settings (MODELOPT_VARIANTS), each at every --peer-seeds (its
-         training.seed). The verdict adds whether ours clears the best peer's tau by issue 21's 5% (GOALS).
+         training.seed). The verdict adds whether ours clears the best peer's tau by the trainer comparison's 5% (GOALS).
 
 --target smollm2 runs every comparison on SmolLM2-135M-Instruct (README "A real target"): the rows are the
          target's own greedy answers (--answer-tokens at most) to the first --rows (--eagle3-rows,

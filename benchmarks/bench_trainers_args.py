@@ -103,7 +103,7 @@ def arg_parser(description: str = "") -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--ablations-only",
-        "--medusa-ablations-only",  # the names earlier sessions' commands use
+        "--medusa-ablations-only",  # the names earlier runs' commands use
         "--eagle3-ablations-only",
         dest="ablations_only",
         action="store_true",

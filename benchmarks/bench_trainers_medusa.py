@@ -45,7 +45,7 @@ def medusa_llm_changes(max_length: int, target: str = "tiny", lr: float = MEDUSA
     ]
 
 
-# Ours with one of medusa-llm's settings instead of our recipe's (issue 21 point 2: what each difference
+# Ours with one of medusa-llm's settings instead of our recipe's (what each difference
 # buys), as recipe overrides at a budget. Under Adam a per-head loss weight barely moves independent heads
 # (it scales the head's gradients, which Adam divides out), so "decay 1" is expected to change little.
 MEDUSA_ABLATIONS = {
@@ -55,7 +55,7 @@ MEDUSA_ABLATIONS = {
     # not theirs: ours with the target's top token as a hard label (the fix the "data labels" runs point to)
     "target top1": lambda b: {"labels": "target-top1"},
     # theirs: each head projects through a trainable copy of the target's lm_head. Every Medusa recipe's now
-    # (SmolLM2's since the forty-first session, when 32 prompts showed the shared one 2% behind medusa-llm), so
+    # (SmolLM2's since 2026-12-05, when 32 prompts showed the shared one 2% behind medusa-llm), so
     # a no-op on them; "shared lm_head" is the frozen shared projection SmolLM2's recipe had before
     "own lm_head": lambda b: {"share_lm_head": False},
     "shared lm_head": lambda b: {"share_lm_head": True},

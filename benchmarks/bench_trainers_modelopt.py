@@ -35,7 +35,7 @@ MODELOPT_LOGGING = {"training.report_to": "none", "training.disable_tqdm": True,
 MODELOPT_CPU = {**MODELOPT_LOGGING, "training.bf16": False, "training.tf32": False,
                 "eagle.eagle_use_torch_compile": False}  # fmt: skip
 # On a GPU its recipe's bf16 and tf32 stay; torch.compile is off as ours never compiles (a compile's minutes
-# would be most of a short GPU loan's run, and neither side's tokens/s would then be its training's).
+# would be most of a short GPU run, and neither side's tokens/s would then be its training's).
 MODELOPT_CUDA = {**MODELOPT_LOGGING, "eagle.eagle_use_torch_compile": False}
 WHERE = {
     "cpu": "CPU fp32: bf16, tf32 and eagle_use_torch_compile false (recipe: true); logging_steps 1, report_to none",
@@ -93,7 +93,7 @@ MODELOPT_CHANGES = [
     WHERE["cpu"],
     "num_train_epochs E, per_device_train_batch_size B for the budget (recipe: 1, 1); training_seq_len "
     "the longest row in the target's chat template rounded up to a multiple of 8, at most --max-length "
-    "(recipe: 2048; its collator pads every row to it; --max-length itself before 2026-12-04's 37th session)",
+    "(recipe: 2048; its collator pads every row to it; --max-length itself before 2026-12-04)",
     "draft vocabulary the size of ours, by its calibrate_frequent_vocab over the rows (recipe: the whole "
     "vocabulary), its ids put in id order before training (as ours keeps them)",
     "exported without the recipe's YaRN rope_scaling (factor 32, on a draft trained without it; its "

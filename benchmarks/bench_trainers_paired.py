@@ -2,7 +2,7 @@
 
 The table's verdict sets the seeds' tau ranges side by side on one set of prompts, so it speaks for the
 seeds and not for the prompts: 8 or 32 MT-Bench questions are a sample too, and which ones were drawn moved
-a difference of a few percent by more than the difference (the fortieth session: a 1.2%-2.3% loss on the
+a difference of a few percent by more than the difference (2026-12-05: a 1.2%-2.3% loss on the
 first 8 prompts was level on 32). Greedy decoding is lossless, so every run decodes the same text from a
 prompt (the target's own answer) and two trainers' heads differ there only in the steps they take over it:
 the prompts pair. This measures the difference in tau on the prompts both lines decoded, counts the prompts
@@ -122,7 +122,7 @@ def eval_record(folder: Path) -> dict:
 
 def modelopt_record(run_dir: Path, name: str, tokens_seen: int, **about) -> dict:
     """A Model Optimizer run of a pair (`pair.sh`'s `NAME/` with out.json and job.json, `NAME.log`, and
-    `eval-NAME/`): its `time -v` figures, its loop time and losses, `about` (session, seed, ...) first."""
+    `eval-NAME/`): its `time -v` figures, its loop time and losses, `about` (record, seed, ...) first."""
     out = json.loads((run_dir / name / "out.json").read_text())
     losses = [h["loss"] for h in out["log_history"] if "loss" in h]
     return {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from benchmarks.bench_trainers_paired import paired, paired_line
 
-# Issue 21's goals: ours above the best peer by this fraction of its tau (in the mean), per method.
+# The trainer comparison's goals: ours above the best peer by this fraction of its tau (in the mean), per method.
 GOALS = {"EAGLE-3": 0.05}
 
 
@@ -332,7 +332,7 @@ def plot(rows: list[dict], path: Path, target: str = "tiny") -> None:
 def report_json(report: dict) -> str:
     """The report as JSON: a key per line, and each run in "rows" on one line of its own, after the other keys.
     It is the same JSON as indent=1 gives, in fewer bytes (the tracked reports, whose runs are mostly long
-    strings, by 9%; they count against the room a device call leaves the repository: tests/test_gpu_scripts.py),
+    strings, by 9%; they count against the room a GPU job leaves the repository: tests/benchmarks/test_gpu_scripts.py),
     and a run is one line in a diff."""
     head = {k: v for k, v in report.items() if k != "rows"}
     rows = ",\n  ".join(json.dumps(r, default=str) for r in report.get("rows", []))

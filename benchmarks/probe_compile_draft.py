@@ -1,4 +1,4 @@
-"""Does `torch.compile` speed up one EAGLE draft level on this machine? (issue 18; JSON out)
+"""Does `torch.compile` speed up one EAGLE draft level on this machine? (JSON out)
 
 One draft level of the tiny target's head, as `decode/draft_layer.py` runs it (the fused q/k/v projection,
 rope, the cache's keys and values appended, SDPA under a mask, the output projection, RMSNorm, the gated

@@ -1,6 +1,6 @@
-# Sourced by benchmarks/gpu/*.sh on a lent GPU machine (bare, offline, its own python3 with torch and
+# Sourced by benchmarks/gpu/*.sh on a GPU machine (bare, offline, its own python3 with torch and
 # transformers): installs the carried wheels once into /tmp/site, puts the repository on the path as
-# `specheads`, and keeps what later calls on the same machine need under /tmp/keep.
+# `specheads`, and keeps what later jobs on the same machine need under /tmp/keep.
 #   .gpu/c1/whl/{a,b,c}/   datasets + dill + multiprocess, newest first (a needs pyarrow >= 24, b >= 21, c >= 15)
 #   .gpu/c1/whl/*.whl      gguf (the smollm2 builder)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false

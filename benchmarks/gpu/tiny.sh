@@ -1,5 +1,5 @@
-# Device call 1: the CUDA path on the tiny target. With TRAIN=1, training steps in bf16 with sdpa for each
-# method (they ran on the first loan); else the heads carried in .gpu/c1/tinyheads (the quickstart's, trained
+# GPU job 1: the CUDA path on the tiny target. With TRAIN=1, training steps in bf16 with sdpa for each
+# method (they ran on the first H100 run, 2026-11-26); else the heads carried in .gpu/c1/tinyheads (the quickstart's, trained
 # on the CPU). Then the decoder against generate() on the GPU in fp32 and bf16 (greedy: identical N/N), and
 # the decoder-efficiency benchmark. Also parks .gpu/c1/partA (the first part of the smollm2 wheel) for
 # benchmarks/gpu/smollm2.sh. Results: $OUT/tiny.tgz (everything) and a summary at the end of the output.
@@ -9,7 +9,7 @@ cp .gpu/c1/partA /tmp/keep/partA &
 cp -r .gpu/c1/cache/. /tmp/keep/cache/
 DEV=${DEV:-cuda}; TRAIN_EXTRA=${TRAIN_EXTRA:-}
 R=/tmp/res/tiny; mkdir -p $R
-save() { tar czf $OUT/tiny.tgz -C /tmp/res tiny 2>/dev/null; }  # after every stage: a killed call still returns
+save() { tar czf $OUT/tiny.tgz -C /tmp/res tiny 2>/dev/null; }  # after every stage: a killed job still returns
 trap save EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $R/gpu.txt
 python3 - <<'PY' | tee $R/versions.txt
@@ -40,7 +40,7 @@ for dt in ${COMPARE_DTYPES:-float32 bfloat16}; do  # bf16 decodes slower on this
     grep -E "^\|" $R/compare-$dt/report.md 2>/dev/null | head -12
     tail -n 3 $R/compare-$dt.log; save
 done
-# issue 18 asks the GPU for efficiency in bf16 (>= 0.85); fp32 beside it, as the first loan measured
+# the GPU's goal is an efficiency of 0.85 in bf16; fp32 beside it, as the first H100 run measured
 MED=$(echo $H | cut -d' ' -f1)
 if [ -z "${EFF_VOCABS+x}" ] && [ -f "$MED/label_counts.safetensors" ] && [ $(echo $H | wc -w) = 3 ]; then
     EFF_EXTRA_HEADS=$MED; EFF_EXTRA_TREES=medusa-63; EFF_VOCABS="0 1024 0 1024"
@@ -54,7 +54,7 @@ for dt in ${EFF_DTYPES:-float32 bfloat16}; do
     echo "efficiency $dt rc=$?" | tee -a $R/summary.txt; cat $R/efficiency-$dt.md 2>/dev/null | head -8; save
 done
 # A/B: bf16 with cuDNN's SDPA backend left on (SPECHEADS_CUDNN_SDPA=1), as decoding ran before decode/step.py
-# turned it off; the second loan's bf16 decoding was 4-7x slower than fp32 here (README "On a GPU")
+# turned it off; the second H100 run's bf16 decoding was 4-7x slower than fp32 here (README "On a GPU")
 SPECHEADS_CUDNN_SDPA=1 timeout 60 python3 scripts/bench_efficiency.py --target tiny --heads $H --tree $TR \
     --num-prompts ${NPE:-4} --max-new-tokens ${NEW:-96} --device $DEV --dtype bfloat16 \
     --out $R/efficiency-bfloat16-cudnn.json > $R/efficiency-bfloat16-cudnn.log 2>&1

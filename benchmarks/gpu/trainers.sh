@@ -1,5 +1,5 @@
-# Device call 3 of a trainer-comparison loan (prepare.sh --trainers; calls 1 and 2: setup.sh, then
-# `bash benchmarks/gpu/park.sh .gpu/c2`, which builds the `smollm2` target): issue 21's EAGLE-3 comparison on
+# GPU job 3 of a trainer-comparison run (prepare.sh --trainers; jobs 1 and 2: setup.sh, then
+# `bash benchmarks/gpu/park.sh .gpu/c2`, which builds the `smollm2` target): the EAGLE-3 trainer comparison on
 # SmolLM2 at a larger budget than the CPU's, ours against NVIDIA Model Optimizer 0.47.0, on the GPU.
 # Installs Model Optimizer's directory from the carried wheels alone (tests/consumers/modelopt_env.py's pins,
 # PIP_NO_INDEX), and what its import needs that the image lacks; then benchmarks/bench_trainers.py --device cuda:
@@ -14,7 +14,7 @@ source benchmarks/gpu/env.sh
 ROWS=${ROWS:-512}; ANSWER=${ANSWER:-256}; EPOCHS=${EPOCHS:-4}; BATCH=${BATCH:-8}; SEEDS=${SEEDS:-0}
 EVAL=${EVAL:-8}; NEW=${NEW:-128}; TREE=${TREE:-dynamic-16}
 # ABLATIONS: ours also with these changes to its recipe, each a run (none by default: the recipe has had Model
-# Optimizer's 3 test steps since 2026-12-02, which the sixth loan's ablation was; e.g. ABLATIONS="teacher T 1")
+# Optimizer's 3 test steps since 2026-12-02, which an H100 run of 2026-11-27 ablated; e.g. ABLATIONS="teacher T 1")
 VARIANTS=${VARIANTS:-lr 2e-3+warmup 10%}; ABLATIONS=${ABLATIONS-}
 R=/tmp/res/bt; mkdir -p $R
 save() {  # the logs, ours' evals, and each run's own summary (ours: train_summary.json and metrics; Model

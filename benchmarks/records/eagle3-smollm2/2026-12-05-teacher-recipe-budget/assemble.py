@@ -1,11 +1,12 @@
-"""Gather the forty-fourth session's recipe-budget runs into runs.json.gz, beside the forty-third's they pair with:
+"""Gather this record's recipe-budget runs (T 1.5) into runs.json.gz, beside `../2026-12-05-recipe-budget-xeon/`'s
+(T 1) they pair with:
 each process's `/usr/bin/time -v`, our train summaries, Model Optimizer's out.json, each eval (with its per-prompt
 records) and the prompt-by-prompt comparisons (benchmarks/bench_trainers_paired.py).
 
-    python benchmarks/records/eagle3-smollm2/2026-12-05-teacher-recipe-budget/assemble.py S43_DIR S44_DIR OUT.json
+    python benchmarks/records/eagle3-smollm2/2026-12-05-teacher-recipe-budget/assemble.py XEON_DIR RUN_DIR OUT.json
 
-Run from the repository root. S43_DIR holds s43's pair.sh runs (modelopt-s0/, ours-s0/, ours-s1/, prep-s*.log);
-S44_DIR this session's: pair.sh's modelopt-s1/ and ours-t15-s0/, t15.sh's ours-t15-s1/ and ours-t15-s2/, each
+Run from the repository root. XEON_DIR holds `../2026-12-05-recipe-budget-xeon/`'s pair.sh runs (modelopt-s0/, ours-s0/, ours-s1/, prep-s*.log);
+RUN_DIR this record's: pair.sh's modelopt-s1/ and ours-t15-s0/, t15.sh's ours-t15-s1/ and ours-t15-s2/, each
 NAME with NAME.log (time -v) and eval-NAME/.
 """
 
@@ -17,18 +18,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository r
 from benchmarks.records import eval_record as evaluation
 from benchmarks.records import paired, time_v, write_json
 
-s43, s44, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+XEON, HERE = (
+    "2026-12-05-recipe-budget-xeon",
+    "2026-12-05-teacher-recipe-budget",
+)  # the records the runs are of
+
+xeon_dir, run_dir, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 
 tokens = {
-    s: json.loads((s43 / f"prep-s{s}.log").read_text().strip().splitlines()[-1])["tokens"] for s in (0, 1)
+    s: json.loads((xeon_dir / f"prep-s{s}.log").read_text().strip().splitlines()[-1])["tokens"]
+    for s in (0, 1)
 }
 runs = {}
-for session, folder, seed in (("s43", s43, 0), ("s44", s44, 1)):
+for record, folder, seed in ((XEON, xeon_dir, 0), (HERE, run_dir, 1)):
     mo = json.loads((folder / f"modelopt-s{seed}" / "out.json").read_text())
     losses = [h["loss"] for h in mo["log_history"] if "loss" in h]
     runs[f"modelopt-s{seed}"] = {
-        "session": session,
-        "trainer": "Model Optimizer 0.47.0, lr 2e-3 and a 10% warm-up (s29's modelopt_job.py)",
+        "record": record,
+        "trainer": "Model Optimizer 0.47.0, lr 2e-3 and a 10% warm-up (2026-12-02-recipe-budget/modelopt_job.py)",
         "seed": seed,
         **time_v(folder / f"modelopt-s{seed}.log"),
         "loop_s": mo["seconds"]["train"],
@@ -36,18 +43,18 @@ for session, folder, seed in (("s43", s43, 0), ("s44", s44, 1)):
         "loss_first_last": [losses[0], losses[-1]],
         "overrides": json.loads((folder / f"modelopt-s{seed}" / "job.json").read_text())["overrides"],
     }
-for session, folder, name, seed, extra in (
-    ("s43", s43, "ours-s0", 0, []),
-    ("s43", s43, "ours-s1", 1, []),
-    ("s44", s44, "ours-t15-s0", 0, ["eagle3_teacher_temperature=1.5"]),
-    ("s44", s44, "ours-t15-s1", 1, ["eagle3_teacher_temperature=1.5"]),
-    ("s44", s44, "ours-t15-s2", 2, ["eagle3_teacher_temperature=1.5"]),
+for record, folder, name, seed, extra in (
+    (XEON, xeon_dir, "ours-s0", 0, []),
+    (XEON, xeon_dir, "ours-s1", 1, []),
+    (HERE, run_dir, "ours-t15-s0", 0, ["eagle3_teacher_temperature=1.5"]),
+    (HERE, run_dir, "ours-t15-s1", 1, ["eagle3_teacher_temperature=1.5"]),
+    (HERE, run_dir, "ours-t15-s2", 2, ["eagle3_teacher_temperature=1.5"]),
 ):
     if not (folder / name / "train_summary.json").exists():
         continue
     summary = json.loads((folder / name / "train_summary.json").read_text())
     runs[name] = {
-        "session": session,
+        "record": record,
         "trainer": "specheads, recipes/smollm2-135m/eagle3.yaml as it was on 2026-12-05 (T 1)",
         "seed": seed,
         "overrides": [f"seed={seed}", *extra],
@@ -56,7 +63,7 @@ for session, folder, name, seed, extra in (
         "train_summary": summary,
     }
 for name, r in runs.items():
-    folder = s43 if r["session"] == "s43" else s44
+    folder = xeon_dir if r["record"] == XEON else run_dir
     r["tokens_seen"] = tokens.get(r["seed"])  # seed 2's rows were not counted apart
     r["eval"] = evaluation(folder / f"eval-{name}")
     if r["tokens_seen"]:

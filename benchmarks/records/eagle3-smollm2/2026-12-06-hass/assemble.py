@@ -1,4 +1,4 @@
-"""Gather the fiftieth session's runs into runs.json.gz: the SmolLM2 EAGLE-3 recipe with HASS's top-K distillation
+"""Gather the 2026-12-06 runs into runs.json.gz: the SmolLM2 EAGLE-3 recipe with HASS's top-K distillation
 (`eagle3_topk_loss=10`) and with `decay=0.65`, each seed decoded on all 80 MT-Bench first turns and set against
 the recipe's own heads of the same seeds and against Model Optimizer's five (`../2026-12-06-mt80/runs.json.gz`), prompt by
 prompt.

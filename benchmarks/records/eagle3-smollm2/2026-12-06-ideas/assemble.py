@@ -1,4 +1,4 @@
-"""Gather the forty-ninth session's runs into runs.json.gz: five settings of the SmolLM2 EAGLE-3 recipe's heads, each
+"""Gather the 2026-12-06 runs into runs.json.gz: five settings of the SmolLM2 EAGLE-3 recipe's heads, each
 decoded on all 80 MT-Bench first turns and set against the recipe's own heads of the same seeds and against Model
 Optimizer's five (`../2026-12-06-mt80/runs.json.gz`).
 

@@ -1,4 +1,4 @@
-"""Gather `draft_head_init=target` on five seeds into runs.json.gz: seeds 0 and 1 from the fifty-first session
+"""Gather `draft_head_init=target` on five seeds into runs.json.gz: seeds 0 and 1 from 2026-12-06
 (`../2026-12-06-vocab/runs.json.gz`), seeds 2 to 4 decoded here, each on all 80 MT-Bench first turns, set against the
 recipe's own five heads and Model Optimizer's five (`../2026-12-06-mt80/runs.json.gz`), prompt by prompt: all five a side,
 and each seed against the recipe's head of the same seed.
@@ -19,7 +19,7 @@ from benchmarks.records import mt80_runs, paired, read_json, write_json
 from benchmarks.records import variant_record as record
 
 HERE = Path(__file__).parent
-s48 = mt80_runs()
+mt80 = mt80_runs()
 
 SEEDS = (0, 1, 2, 3, 4)
 EARLIER = read_json(HERE.parent / "2026-12-06-vocab" / "runs.json")["draft_head_init target"]["runs"]
@@ -36,9 +36,9 @@ def assemble(run_dir: Path, seeds=SEEDS) -> dict:
     return {
         "seeds": list(seeds),
         "runs": runs,
-        "recipe": {name: s48[name]["mt80"]["tau"] for name in recipe},
-        "recipe_depths": {name: s48[name]["mt80"]["accept_rate_per_depth"][:3] for name in recipe},
-        "modelopt": {name: s48[name]["mt80"]["tau"] for name in modelopt},
+        "recipe": {name: mt80[name]["mt80"]["tau"] for name in recipe},
+        "recipe_depths": {name: mt80[name]["mt80"]["accept_rate_per_depth"][:3] for name in recipe},
+        "modelopt": {name: mt80[name]["mt80"]["tau"] for name in modelopt},
         "per_seed_over_recipe": {s: paired([m], line([f"ours-t15-s{s}"])) for s, m in zip(seeds, mine)},
         "over_recipe": paired(mine, line(recipe)),
         "over_modelopt": paired(mine, line(modelopt)),

@@ -1,4 +1,4 @@
-"""Gather the forty-eighth session's runs into runs.json.gz: Model Optimizer seed 4 beside ours seed 4 (a fifth pair
+"""Gather the 2026-12-06 runs into runs.json.gz: Model Optimizer seed 4 beside ours seed 4 (a fifth pair
 since the held-out evaluations read only the teacher's columns), and every head of seeds 0-4 a side decoded on all
 80 MT-Bench first turns: the bench's 32 (each pair's `eval-NAME/`) and the 48 it leaves out (`eval48-NAME/`).
 
@@ -6,7 +6,7 @@ since the held-out evaluations read only the teacher's columns), and every head 
 
 Run from the repository root, with RUN_DIR the folder of seed SEED's pair (`pair.sh RUN_DIR DATA SEED SEED
 ours-t15`: modelopt-sS/, ours-t15-sS/, their logs, eval-*/, eval48-*/, prep-sS.log). A seed whose pair an
-earlier session's runs.json.gz reports (`EARLIER`) is checked against it: its 32 prompts must decode in the same
+earlier run's runs.json.gz reports (`EARLIER`) is checked against it: its 32 prompts must decode in the same
 steps as that report says. A seed that none reports is the new pair, recorded with its speeds side by side.
 """
 
@@ -32,14 +32,14 @@ from benchmarks.records import (
 HERE = Path(__file__).parent
 STEPS = 200
 KINDS = ("modelopt", "ours-t15")
-# the session whose runs.json.gz reports each earlier pair, as made on this machine
+# the run whose runs.json.gz reports each earlier pair, as made on this machine
 EARLIER = {
     0: "2026-12-06-teacher-columns",
     1: "2026-12-06-pairs",
     2: "2026-12-06-pairs",
     3: "2026-12-06-pairs",
 }
-# where seed 4 was made before (s45, on this Xeon type)
+# where seed 4 was made before (../2026-12-05-side-by-side, on this Xeon type)
 BEFORE_S4 = "2026-12-05-side-by-side"
 
 DEPTH = 5  # dynamic-16's depth: results.json's accept_rate_per_depth has one entry a depth
@@ -89,10 +89,10 @@ for arg in sys.argv[2:]:
         }
         if report:
             same_32[name] = report["runs"][name]["eval"]["per_prompt"] == runs[name]["per_prompt_32"]
-    # the new pair: its speeds side by side, and its identity with s45's runs of the seed
+    # the new pair: its speeds side by side, and its identity with ../2026-12-05-side-by-side's runs of the seed
     if seed not in EARLIER:
         tokens = json.loads((run_dir / f"prep-s{seed}.log").read_text().strip().splitlines()[-1])["tokens"]
-        about = {"session": "s48", "seed": seed}
+        about = {"record": "2026-12-06-mt80", "seed": seed}
         mo, us = (f"{k}-s{seed}" for k in KINDS)
         theirs = with_speeds(modelopt_record(run_dir, mo, tokens, **about, beside=us), STEPS)
         ours = with_speeds(
@@ -110,8 +110,8 @@ for arg in sys.argv[2:]:
         for name in (mo, us):
             same_32[name] = pair_speeds[f"{us} / {mo}"]["same_steps_as_before"][name]
 
-s47 = read_json(HERE.parent / "2026-12-06-pairs" / "runs.json")["since_teacher_columns"]["pairs"]
-since = s47 | {k: v["side_by_side"] for k, v in pair_speeds.items()}
+pairs_before = read_json(HERE.parent / "2026-12-06-pairs" / "runs.json")["since_teacher_columns"]["pairs"]
+since = pairs_before | {k: v["side_by_side"] for k, v in pair_speeds.items()}
 
 
 def span(key: str) -> list[float]:

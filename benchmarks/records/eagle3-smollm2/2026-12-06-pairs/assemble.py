@@ -1,8 +1,8 @@
-"""Gather the forty-seventh session's pairs into runs.json.gz: Model Optimizer seed S beside ours seed S (the recipe
+"""Gather the 2026-12-06 pairs into runs.json.gz: Model Optimizer seed S beside ours seed S (the recipe
 as it ships), for each pair folder given, each process's `/usr/bin/time -v`, ours' train summary, Model
 Optimizer's loop time and losses, each eval with its per-prompt records, tokens/s side by side, and whether each
-run decoded exactly as the same seed did before (the earlier sessions' runs of that seed: the same steps on every
-prompt), with every pair since the held-out evaluations read only the teacher's columns (s46's and these).
+run decoded exactly as the same seed did before (the earlier runs' runs of that seed: the same steps on every
+prompt), with every pair since the held-out evaluations read only the teacher's columns (../2026-12-06-teacher-columns's and these).
 
     python benchmarks/records/eagle3-smollm2/2026-12-06-pairs/assemble.py OUT.json SEED=RUN_DIR [SEED=RUN_DIR ...]
 
@@ -46,7 +46,7 @@ BEFORE = {
 
 def earlier(kind: str, seed: int) -> dict:
     folder = BEFORE[(kind, seed)]
-    return read_json(HERE.parent / folder / "runs.json")["runs"][f"{kind}-s{seed}"] | {"session": folder}
+    return read_json(HERE.parent / folder / "runs.json")["runs"][f"{kind}-s{seed}"] | {"record": folder}
 
 
 def span(pairs: dict, key: str) -> list[float]:
@@ -65,8 +65,8 @@ for arg in sys.argv[2:]:
         run_dir,
         mo,
         tokens,
-        session="s47",
-        trainer="Model Optimizer 0.47.0, lr 2e-3 and a 10% warm-up (s29's modelopt_job.py)",
+        record="2026-12-06-pairs",
+        trainer="Model Optimizer 0.47.0, lr 2e-3 and a 10% warm-up (2026-12-02-recipe-budget/modelopt_job.py)",
         seed=seed,
         beside=us,
     )
@@ -74,7 +74,7 @@ for arg in sys.argv[2:]:
         run_dir,
         us,
         tokens,
-        session="s47",
+        record="2026-12-06-pairs",
         trainer="specheads, recipes/smollm2-135m/eagle3.yaml as it ships (T 1.5, the held-out teacher columns)",
         seed=seed,
         beside=mo,
@@ -84,9 +84,9 @@ for arg in sys.argv[2:]:
     pairs[f"{us} / {mo}"] = side_by_side(runs[us], runs[mo])
 
 before = {name: earlier(name.rsplit("-s", 1)[0], int(name.rsplit("-s", 1)[1])) for name in runs}
-s46 = read_json(HERE.parent / "2026-12-06-teacher-columns" / "runs.json")
-# every pair whose evaluations read only the teacher's columns (s46 made one)
-since = {"ours-t15-s0 / modelopt-s0 (s46)": s46["side_by_side"]} | pairs
+columns = read_json(HERE.parent / "2026-12-06-teacher-columns" / "runs.json")
+# every pair whose evaluations read only the teacher's columns (../2026-12-06-teacher-columns made one)
+since = {"ours-t15-s0 / modelopt-s0 (2026-12-06-teacher-columns)": columns["side_by_side"]} | pairs
 result = {
     "machine": "2-core Intel Xeon (AVX512-BF16, AMX-BF16), fp32, one thread a process, side by side",
     "date": "2026-12-06",
@@ -98,7 +98,7 @@ result = {
         name: runs[name]["eval"]["per_prompt"] == before[name]["eval"]["per_prompt"] for name in runs
     },
     "before": {
-        name: {"session": b["session"], "tau": b["eval"]["mean_accept_length"]} for name, b in before.items()
+        name: {"record": b["record"], "tau": b["eval"]["mean_accept_length"]} for name, b in before.items()
     },
     "since_teacher_columns": {
         "pairs": since,

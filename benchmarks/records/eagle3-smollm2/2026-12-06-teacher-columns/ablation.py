@@ -1,6 +1,7 @@
-"""Gather the forty-sixth session's ablation into ablation.json.gz: the recipe with its loss on the assistant's
+"""Gather the 2026-12-06 ablation into ablation.json.gz: the recipe with its loss on the assistant's
 tokens alone (`loss_on=assistant`, so its draft vocabulary is counted over them too), seeds 0 and 1, against the
-recipe as it ships on the same seeds (s44) and Model Optimizer's five seeds (s43, s44, s45), prompt by prompt.
+recipe as it ships on the same seeds (../2026-12-05-teacher-recipe-budget) and Model Optimizer's five seeds (../2026-12-05-recipe-budget-xeon,
+teacher-recipe-budget and side-by-side), prompt by prompt.
 
     python benchmarks/records/eagle3-smollm2/2026-12-06-teacher-columns/ablation.py RUN_DIR OUT.json
 
@@ -32,18 +33,18 @@ for seed in (0, 1):
         "train_summary": json.loads((run_dir / name / "train_summary.json").read_text()),
         "eval": eval_record(run_dir / f"eval-{name}"),
     }
-s44, s43, s45 = (
+teacher, xeon, side = (
     earlier("2026-12-05-teacher-recipe-budget"),
     earlier("2026-12-05-recipe-budget-xeon"),
     earlier("2026-12-05-side-by-side"),
 )
-recipe = [s44["ours-t15-s0"], s44["ours-t15-s1"]]
+recipe = [teacher["ours-t15-s0"], teacher["ours-t15-s1"]]
 modelopt = [
-    s43["modelopt-s0"],
-    s44["modelopt-s1"],
-    s45["modelopt-s2"],
-    s45["modelopt-s3"],
-    s45["modelopt-s4"],
+    xeon["modelopt-s0"],
+    teacher["modelopt-s1"],
+    side["modelopt-s2"],
+    side["modelopt-s3"],
+    side["modelopt-s4"],
 ]
 answers = [runs["answer-s0"], runs["answer-s1"]]
 
@@ -58,8 +59,8 @@ result = {
     "runs": runs,
     "tau": {
         "loss_on=assistant": [r["eval"]["mean_accept_length"] for r in answers],
-        "the recipe (loss on every token), s44": [r["eval"]["mean_accept_length"] for r in recipe],
-        "Model Optimizer, s43-s45": [r["eval"]["mean_accept_length"] for r in modelopt],
+        "the recipe (loss on every token), seeds 0-1": [r["eval"]["mean_accept_length"] for r in recipe],
+        "Model Optimizer, seeds 0-4": [r["eval"]["mean_accept_length"] for r in modelopt],
     },
     "paired": {
         "loss_on=assistant vs the recipe, seeds 0-1": paired(lines(answers), lines(recipe)),

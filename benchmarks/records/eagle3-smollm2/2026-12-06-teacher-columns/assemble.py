@@ -1,8 +1,8 @@
-"""Gather the forty-sixth session's pair into runs.json.gz: Model Optimizer seed 0 beside ours seed 0 (the recipe
+"""Gather the 2026-12-06 pair into runs.json.gz: Model Optimizer seed 0 beside ours seed 0 (the recipe
 as it ships, with the held-out evaluations' teacher columns and the loss's gather of 2026-12-06), each
 process's `/usr/bin/time -v`, ours' train summary, Model Optimizer's loop time and losses, each eval with its
 per-prompt records, tokens/s side by side, and whether each run decoded exactly as the same seed did before
-(s43's Model Optimizer seed 0, s44's ours at T 1.5 seed 0: the same steps on every prompt).
+(../2026-12-05-recipe-budget-xeon's Model Optimizer seed 0, ../2026-12-05-teacher-recipe-budget's ours at T 1.5 seed 0: the same steps on every prompt).
 
     python benchmarks/records/eagle3-smollm2/2026-12-06-teacher-columns/assemble.py RUN_DIR OUT.json
 
@@ -34,8 +34,8 @@ theirs = modelopt_record(
     run_dir,
     "modelopt-s0",
     tokens,
-    session="s46",
-    trainer="Model Optimizer 0.47.0, lr 2e-3 and a 10% warm-up (s29's modelopt_job.py)",
+    record="2026-12-06-teacher-columns",
+    trainer="Model Optimizer 0.47.0, lr 2e-3 and a 10% warm-up (2026-12-02-recipe-budget/modelopt_job.py)",
     seed=0,
     beside="ours-t15-s0",
 )
@@ -43,7 +43,7 @@ ours = ours_record(
     run_dir,
     "ours-t15-s0",
     tokens,
-    session="s46",
+    record="2026-12-06-teacher-columns",
     trainer="specheads, recipes/smollm2-135m/eagle3.yaml as it ships (T 1.5, eval_cache_mib 1024), with the "
     "held-out teacher columns and the loss's gather by indexing (2026-12-06)",
     seed=0,
@@ -60,7 +60,7 @@ before = {
         "ours-t15-s0"
     ],
 }
-s45 = read_json(HERE.parent / "2026-12-05-side-by-side" / "runs.json")
+side = read_json(HERE.parent / "2026-12-05-side-by-side" / "runs.json")
 result = {
     "machine": "2-core Intel Xeon (AVX512-BF16, AMX-BF16), fp32, one thread a process, side by side",
     "date": "2026-12-06",
@@ -72,10 +72,10 @@ result = {
         name: runs[name]["eval"]["per_prompt"] == before[name]["eval"]["per_prompt"] for name in runs
     },
     "tau_before": {name: before[name]["eval"]["mean_accept_length"] for name in runs},
-    "ours_eval_seconds_s45": [
-        r["train_summary"]["eval_seconds"] for r in s45["runs"].values() if "train_summary" in r
+    "ours_eval_seconds_before": [
+        r["train_summary"]["eval_seconds"] for r in side["runs"].values() if "train_summary" in r
     ],
-    "s45_side_by_side": s45["side_by_side"],
+    "side_by_side_before": side["side_by_side"],
     "paired": paired([runs["ours-t15-s0"]["eval"]], [runs["modelopt-s0"]["eval"]]),
 }
 write_json(out, result)
@@ -87,8 +87,8 @@ for key in (
     "side_by_side",
     "same_steps_as_before",
     "tau_before",
-    "ours_eval_seconds_s45",
-    "s45_side_by_side",
+    "ours_eval_seconds_before",
+    "side_by_side_before",
 ):
     print(key, json.dumps(result[key]))
 print("paired", {k: round(v, 4) if isinstance(v, float) else v for k, v in result["paired"].items()})

@@ -1,4 +1,4 @@
-"""Gather the fifty-first session's runs into runs.json.gz: the SmolLM2 EAGLE-3 recipe with larger draft vocabularies
+"""Gather the 2026-12-06 runs into runs.json.gz: the SmolLM2 EAGLE-3 recipe with larger draft vocabularies
 (`draft_vocab_size=16384`, `32768`) and with `draft_head_init=target`, each decoded on all 80 MT-Bench first turns
 and set against the recipe's own heads of the same seeds and against Model Optimizer's five
 (`../2026-12-06-mt80/runs.json.gz`), prompt by prompt.
