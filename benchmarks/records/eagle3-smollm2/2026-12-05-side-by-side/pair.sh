@@ -9,10 +9,10 @@
 # Run from the repository root. DATA is the recipe's distilled data (its header's command).
 set -euo pipefail
 R=$(realpath "$1"); DATA=$(realpath "$2"); MS=$3; OS=$4; NAME=$5; shift 5
-S29=benchmarks/records/eagle3-smollm2/2026-12-02-recipe-budget
+BUDGET=benchmarks/records/eagle3-smollm2/2026-12-02-recipe-budget
 mkdir -p "$R"
-python $S29/prep_rows.py "$DATA" "$R/rows-s$MS.jsonl" "$MS" | tee "$R/prep-s$MS.log"
-python $S29/modelopt_job.py "$R/rows-s$MS.jsonl" "$R/modelopt-s$MS" "$MS" 336 8116
+python $BUDGET/prep_rows.py "$DATA" "$R/rows-s$MS.jsonl" "$MS" | tee "$R/prep-s$MS.log"
+python $BUDGET/modelopt_job.py "$R/rows-s$MS.jsonl" "$R/modelopt-s$MS" "$MS" 336 8116
 ENV=$(python -c "import sys; sys.path.insert(0, 'tests/consumers'); import modelopt_env; print(modelopt_env.ensure_env())")
 export GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1125899906842624
 uptime
