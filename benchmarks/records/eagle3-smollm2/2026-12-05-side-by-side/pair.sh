@@ -23,7 +23,7 @@ PYTHONPATH=$ENV HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 /usr/bin/time -v python tests
 wait
 uptime
 specheads import-heads --format eagle3 --checkpoint "$R/modelopt-s$MS/export" --target smollm2 --out "$R/modelopt-s$MS/native"
-[ -f "$R/mt-bench-eval.jsonl" ] || python -c "import sys; sys.path.insert(0, 'scripts'); from pathlib import Path; from bench_trainers_jobs import eval_prompts; eval_prompts('smollm2', Path(sys.argv[1]), 32)" "$R"
+[ -f "$R/mt-bench-eval.jsonl" ] || python -c "import sys; from pathlib import Path; from benchmarks.bench_trainers_jobs import eval_prompts; eval_prompts('smollm2', Path(sys.argv[1]), 32)" "$R"
 for h in modelopt-s$MS/native $NAME-s$OS; do
   specheads eval --target smollm2 --heads "$R/$h" --prompts "$R/mt-bench-eval.jsonl" --tree dynamic-16 --dtype float32 \
     --num-prompts 32 --max-new-tokens 64 --threads 1 --out "$R/eval-${h%%/*}" > "$R/eval-${h%%/*}.log" 2>&1 &
