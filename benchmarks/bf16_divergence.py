@@ -7,7 +7,7 @@ prints, for every output that is not identical, the first token that differs and
 generate()'s token and the method's (positive: fp32 agrees with generate()), beside the bf16 spacing at
 that logit's size.
 
-    python benchmarks/bf16_divergence.py --run docs/..../compare-dir --target TARGET_DIR [--prompts heldout]
+    python benchmarks/bf16_divergence.py --run COMPARE_DIR --target TARGET_DIR [--prompts heldout]
 """
 
 from __future__ import annotations
