@@ -35,3 +35,18 @@ def test_a_script_runs_as_a_module_from_the_root():
         text=True,
     )
     assert proc.returncode == 0 and "--steps" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_no_test_loads_a_script_by_its_file_path():
+    """Tests import what they need (`from scripts import bench_decode`, `from benchmarks import ...`): a
+    module loaded from its file path is a second copy, which a test's monkeypatch of the imported one misses.
+    (tests/consumers/trainer_run.py runs the peers' own trainers with runpy: their code, not ours.)"""
+    loaders = ("spec_from_file_location", "SourceFileLoader", "run_path(", "machinery.SourceFileLoader")
+    found = [
+        f"{path.relative_to(ROOT)}: {word}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if path != Path(__file__).resolve()
+        for word in loaders
+        if word in path.read_text()
+    ]
+    assert not found, found
