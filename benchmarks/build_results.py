@@ -37,6 +37,11 @@ def rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
+def link(path: Path) -> str:
+    """A Markdown link from docs/results.md to a record's folder."""
+    return f"[{rel(path)}/](../{rel(path)}/)"
+
+
 def spread(values: list[float], digits: int = 3) -> str:
     """mean [min-max] (n), or the one value (1)."""
     if len(values) == 1:
@@ -74,19 +79,21 @@ def eagle3_row() -> tuple[list[str], list[str]]:
         f"**{verdict(rec['over_modelopt'])}**; every output equals `generate()`'s ({', '.join(sorted(identical))})",
     ]
     notes = [
-        f"EAGLE-3: `{rel(folder)}/` (ours, `recipes/smollm2-135m/eagle3.yaml` as it ships) and "
-        f"`{rel(record_dir('eagle3-smollm2', 'mt80'))}/` (Model Optimizer, each seed trained side by side with "
+        f"EAGLE-3: {link(folder)} (ours, `recipes/smollm2-135m/eagle3.yaml` as it ships) and "
+        f"{link(record_dir('eagle3-smollm2', 'mt80'))} (Model Optimizer, each seed trained side by side with "
         "ours). Machine: 2-core Intel Xeon (AVX512-BF16, AMX-BF16) for seeds 0-1 and Model Optimizer's five, "
         "2-core AMD EPYC Zen 4 for our seeds 2-4; fp32 decoding, one thread a process. Reproduce, for each seed S "
         "(DATA: the recipe's distilled data, made by the command in its header; P: the 80 first turns, "
         '`python -c "from pathlib import Path; from benchmarks.bench_trainers_jobs import eval_prompts; '
         "eval_prompts('smollm2', Path('mt80'), 80)\"`):",
         "",
-        "      bash benchmarks/records/eagle3-smollm2/2026-12-05-side-by-side/pair.sh W DATA S S ours-t15  "
+        "  ```bash",
+        "  bash benchmarks/records/eagle3-smollm2/2026-12-05-side-by-side/pair.sh W DATA S S ours-t15  "
         "# Model Optimizer and ours, side by side",
-        '      specheads train recipes/smollm2-135m/eagle3.yaml "data=[DATA]" seed=S output_dir=W/ours-sS --threads 1',
-        "      specheads eval --target smollm2 --heads W/ours-sS --prompts P --tree dynamic-16 --dtype float32 "
+        '  specheads train recipes/smollm2-135m/eagle3.yaml "data=[DATA]" seed=S output_dir=W/ours-sS --threads 1',
+        "  specheads eval --target smollm2 --heads W/ours-sS --prompts P --tree dynamic-16 --dtype float32 "
         "--num-prompts 80 --max-new-tokens 64 --threads 1 --out W/eval80-ours-sS",
+        "  ```",
     ]
     return row, notes
 
@@ -110,10 +117,12 @@ def bench_row(topic: str, slug: str, method: str, steps: int, peer_label: str, b
         f"**{verdict(paired(ours, theirs))}**; every output equals `generate()`'s ({', '.join(sorted(identical))})",
     ]
     notes = [
-        f"{method}: `{rel(folder)}/`. Machine: {machine['cpu_count']}-core {machine['processor']}, fp32, "
+        f"{method}: {link(folder)}. Machine: {machine['cpu_count']}-core {machine['processor']}, fp32, "
         f"OMP_NUM_THREADS={machine['OMP_NUM_THREADS']}, Python {machine['python']}. Reproduce:",
         "",
-        f"      python -m benchmarks.bench_trainers {command}",
+        "  ```bash",
+        f"  python -m benchmarks.bench_trainers {command}",
+        "  ```",
     ]
     return row, notes
 
@@ -188,7 +197,7 @@ def quickstart_zen5() -> tuple[str, dict[str, dict], str]:
     rec = read_json(folder / "builds.json")
     builds = "; ".join(f"{b['name']}: {b['settings']}" for b in rec["builds"])
     about = f"{rec['machine']}; {len(rec['builds'])} fresh builds, {rec['date']} ({builds})"
-    return about, rec["methods"], rel(folder)
+    return about, rec["methods"], link(folder)
 
 
 def quickstart_xeon() -> tuple[str, dict[str, dict], str]:
@@ -204,7 +213,7 @@ def quickstart_xeon() -> tuple[str, dict[str, dict], str]:
         "EAGLE and EAGLE-3 were then trained with AdamW: their recipes now train with Muon, so their rows are "
         "left out"
     )
-    return about, {m: v for m, v in methods.items() if m not in ("eagle", "eagle3")}, rel(folder)
+    return about, {m: v for m, v in methods.items() if m not in ("eagle", "eagle3")}, link(folder)
 
 
 def quickstart_section() -> list[str]:
@@ -218,7 +227,9 @@ def quickstart_section() -> list[str]:
         "so each build may train another target: the ranges are over fresh builds, each from an empty cache. "
         "Reproduce on a fresh clone:",
         "",
-        '    pip install "torch==2.13.0" -e ".[dev]" && specheads quickstart',
+        "```bash",
+        'pip install "torch==2.13.0" -e ".[dev]" && specheads quickstart',
+        "```",
         "",
     ]
     for title, (about, methods, where) in (
@@ -228,7 +239,7 @@ def quickstart_section() -> list[str]:
         lines += [
             f"### {title}",
             "",
-            f"{about} (`{where}/`).",
+            f"{about} ({where}).",
             "",
             "| method | τ | speedup over `generate()` | identical to `generate()` |",
             "| --- | --- | --- | --- |",
