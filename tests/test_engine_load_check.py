@@ -2,17 +2,10 @@
 engines run from scripts/check_engines.py --load): a parameter left unfilled, a fused projection missing a
 part, a key that lands nowhere and a wrong value are each caught; vocabulary padding is not a failure."""
 
-import importlib.util
-from pathlib import Path
-
 import torch
 from torch import nn
 
-spec = importlib.util.spec_from_file_location(
-    "engine_load_run", Path(__file__).parents[1] / "scripts" / "engine_load_run.py"
-)
-run = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run)
+from scripts import engine_load_run as run
 
 
 class ToyEngine(nn.Module):

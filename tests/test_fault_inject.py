@@ -2,31 +2,20 @@
 --small sizes `tiny-target`, `distill`, `train` with `export`), each checked against an uninterrupted run;
 and the checks it makes catch what they are for."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from scripts import fault_inject
+
 from helpers import save_tiny_target
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fault_inject.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("fault_inject", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_killed_cache_resumes_to_the_same_bytes(tmp_path):
     target = save_tiny_target("llama", tmp_path / "target")
     report_path = tmp_path / "report.json"
     argv = ["--commands", "cache", "--kills", "1", "--seed", "0", "--rows", "128", "--target", str(target)]
-    rc = load_script().main([*argv, "--work", str(tmp_path / "work"), "--out", str(report_path)])
+    rc = fault_inject.main([*argv, "--work", str(tmp_path / "work"), "--out", str(report_path)])
     report = json.loads(report_path.read_text())
     cache = report["commands"]["cache"]
     assert rc == 0 and report["all_identical"], cache["problems"]
@@ -59,7 +48,7 @@ def test_a_killed_command_ends_as_an_uninterrupted_one(tmp_path, commands):
 
 
 def test_the_checks_see_leftovers_and_differences(tmp_path):
-    fi = load_script()
+    fi = fault_inject
     out = tmp_path / "chain" / "out"
     (out / "checkpoints" / ".tmp-step-5").mkdir(parents=True)
     (out / "checkpoints" / "step-0").mkdir()

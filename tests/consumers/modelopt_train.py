@@ -1,5 +1,5 @@
 """Train EAGLE-3 heads as NVIDIA Model Optimizer's examples/speculative_decoding does, on the CPU (run in the
-modelopt env: tests/consumers/modelopt_env.py), for scripts/bench_trainers.py.
+modelopt env: tests/consumers/modelopt_env.py), for benchmarks/bench_trainers.py.
 
     python modelopt_train.py JOB.json
 

@@ -3,7 +3,7 @@ the consumer env, one process per trainer: each builds its own accelerate state)
 
     python trainer_run.py JOB.json     # {"kind": "eagle" | "medusa", "work", "target", "inputs", "out"}
 
-The tests (test_consumer_trainers.py) and scripts/bench_trainers.py both start it with `start_trainer` and
+The tests (test_consumer_trainers.py) and benchmarks/bench_trainers.py both start it with `start_trainer` and
 read its out file with `finish_trainer` (this file, imported by path: tests/consumers on sys.path). Job
 keys beyond the above: eagle "lr", "bs" (main.py's --bs, default 4); medusa "lr", "steps", "max_length",
 and "args" (train.py flags that replace or add to the defaults below, e.g. {"--num_train_epochs": "6"};
@@ -257,7 +257,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-# -- started from the tests and scripts/bench_trainers.py (the project's environment) ---------------
+# -- started from the tests and benchmarks/bench_trainers.py (the project's environment) ---------------
 
 
 def eagle_draft_config(target: Path, out: Path) -> Path:

@@ -1,19 +1,16 @@
 """scripts/bench_batched.py runs end to end on a tiny random target with fresh heads (a smoke test: speed
 is measured by the script, never asserted)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from scripts import bench_batched
 from specheads.core.target import FrozenTarget
 from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from, save_heads
 
 from helpers import save_tiny_target
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_batched.py"
 
 
 def fresh_heads(method: str, target: FrozenTarget):
@@ -34,10 +31,7 @@ def test_bench_batched_writes_its_report(tmp_path, method, tree):
         "".join(json.dumps({"question_id": i, "turns": [q]}) + "\n" for i, q in enumerate(questions))
     )
 
-    spec = importlib.util.spec_from_file_location("bench_batched", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    out = tmp_path / "bench.json"
+    out = tmp_path / "bench_batched.json"
     args = [
         "--target",
         str(target_dir),
@@ -47,7 +41,7 @@ def test_bench_batched_writes_its_report(tmp_path, method, tree):
         str(tmp_path / "q.jsonl"),
     ]
     args += ["--max-new-tokens", "10", "--batch-sizes", "1", "2", "--tree", tree, "--out", str(out)]
-    assert bench.main(args) == 0
+    assert bench_batched.main(args) == 0
 
     report = json.loads(out.read_text())
     assert report["method"] == method and report["tree"]["name"] == tree

@@ -1,16 +1,13 @@
 """scripts/bench_decode.py runs end to end on a tiny target with fresh heads (a smoke test: speed is
 measured by the script, never asserted)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
+from scripts import bench_decode
 from specheads.core.target import FrozenTarget
 from specheads.heads import MedusaConfig, MedusaHeads, save_heads
 
 from helpers import save_tiny_target
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_decode.py"
 
 
 def test_bench_decode_writes_its_report(tmp_path):
@@ -20,10 +17,7 @@ def test_bench_decode_writes_its_report(tmp_path):
     save_heads(heads.init_lm_heads_from(target.lm_head), tmp_path / "heads", target.record())
     (tmp_path / "prompts.txt").write_text('def add(a, b):\n{"prompt": "import os\\nimport sys\\n"}\n')
 
-    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    out = tmp_path / "bench.json"
+    out = tmp_path / "bench_decode.json"
     args = [
         "--target",
         str(target_dir),
@@ -32,7 +26,7 @@ def test_bench_decode_writes_its_report(tmp_path):
         "--prompts",
         str(tmp_path / "prompts.txt"),
     ]
-    assert bench.main([*args, "--max-new-tokens", "12", "--tree", "medusa-15", "--out", str(out)]) == 0
+    assert bench_decode.main([*args, "--max-new-tokens", "12", "--tree", "medusa-15", "--out", str(out)]) == 0
 
     report = json.loads(out.read_text())
     assert report["prompts"] == 2 and report["identical_to_baseline"] == "2 of 2"

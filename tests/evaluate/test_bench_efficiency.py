@@ -1,20 +1,18 @@
 """scripts/bench_efficiency.py end to end on a tiny target with fresh Medusa and EAGLE heads: its figures
 hang together (speed is measured by the script, never asserted)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from scripts import bench_efficiency
 from specheads.core.target import FrozenTarget
 from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from, save_heads
 from specheads.methods import methods
 
 from helpers import save_tiny_target
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_efficiency.py"
 QUESTIONS = [
     {"question_id": 1, "category": "coding", "turns": ["def add(a, b):"]},
     {"question_id": 2, "category": "coding", "turns": ["import os\nimport sys\n"]},
@@ -32,14 +30,11 @@ def test_bench_efficiency_reports_the_ideal_and_the_measured_speedup(tmp_path):
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
 
-    spec = importlib.util.spec_from_file_location("bench_efficiency", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     out = tmp_path / "eff.json"
     argv = ["--target", str(target_dir), "--heads", str(tmp_path / "medusa"), str(tmp_path / "eagle")]
     argv += ["--tree", "medusa-15", "dynamic-8", "--prompts", str(questions), "--max-new-tokens", "10"]
     argv += ["--draft-vocab", "0", "20"]
-    assert bench.main([*argv, "--sizes", "1", "4", "--repeats", "2", "--out", str(out)]) == 0
+    assert bench_efficiency.main([*argv, "--sizes", "1", "4", "--repeats", "2", "--out", str(out)]) == 0
 
     report = json.loads(out.read_text())
     assert [r["method"] for r in report["heads"]] == ["medusa", "eagle"]
@@ -75,13 +70,10 @@ def test_bench_efficiency_decodes_heads_in_the_targets_dtype(tmp_path):
     questions = tmp_path / "questions.jsonl"
     questions.write_text(json.dumps(QUESTIONS[0]) + "\n")
 
-    spec = importlib.util.spec_from_file_location("bench_efficiency", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     out = tmp_path / "eff.json"
     argv = ["--target", str(target_dir), "--heads", str(tmp_path / "medusa"), "--tree", "medusa-15"]
     argv += ["--prompts", str(questions), "--max-new-tokens", "6", "--sizes", "1", "--repeats", "1"]
-    assert bench.main([*argv, "--dtype", "bfloat16", "--out", str(out)]) == 0
+    assert bench_efficiency.main([*argv, "--dtype", "bfloat16", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["heads"][0]["tau"] >= 1.0
 
 
@@ -95,21 +87,18 @@ def test_cost_curve_times_the_tree_forward_alone(tmp_path, monkeypatch):
     medusa = MedusaHeads(MedusaConfig(target.hidden_size, target.vocab_size, num_heads=2))
     save_heads(medusa.init_lm_heads_from(target.lm_head), tmp_path / "medusa", target.record())
 
-    spec = importlib.util.spec_from_file_location("bench_efficiency", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     from specheads.decode import SpeculativeDecoder
     from specheads.decode.drafter_factory import drafter_for
 
-    heads, config = bench.load_heads(tmp_path / "medusa", target=target, methods=methods())
+    heads, config = bench_efficiency.load_heads(tmp_path / "medusa", target=target, methods=methods())
     drafter, _ = drafter_for(heads, config, target, "medusa-15", methods=methods())
-    inputs = bench.batched_tree_inputs
+    inputs = bench_efficiency.batched_tree_inputs
 
     def slow_inputs(*args, **kwargs):
         time.sleep(0.3)
         return inputs(*args, **kwargs)
 
-    monkeypatch.setattr(bench, "batched_tree_inputs", slow_inputs)
-    curve = bench.CostCurve(SpeculativeDecoder(target, drafter), past=12, sizes=[1, 8])
+    monkeypatch.setattr(bench_efficiency, "batched_tree_inputs", slow_inputs)
+    curve = bench_efficiency.CostCurve(SpeculativeDecoder(target, drafter), past=12, sizes=[1, 8])
     curve.sweep(0)
     assert all(len(s) == 1 and s[0] < 0.3 for s in curve.samples.values())

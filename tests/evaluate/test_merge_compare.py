@@ -1,18 +1,12 @@
 """scripts/merge_compare.py: compare runs over disjoint prompts merged into what one run over all of them gives."""
 
-import importlib.util
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from scripts import merge_compare
 from specheads.evaluate.compare_records import method_entry
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "merge_compare.py"
-spec = importlib.util.spec_from_file_location("merge_compare", SCRIPT)
-merge_compare = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(merge_compare)
 
 PHASES = {
     "prefill": 0.1,

@@ -2,8 +2,6 @@
 metrics as a forward each time, with no decoder layer run, before and after the heads train further; for
 EAGLE-3 only the draft vocabulary's columns of the lm_head."""
 
-import functools
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from benchmarks import bench_held_out, bench_teacher_columns
 from specheads.methods import method_named, methods
 from specheads.train import loop
 from specheads.train.config import load_config
@@ -41,21 +40,12 @@ def set_up(method: str, text_data: Path, tmp_path: Path, **overrides):
     return cfg, accelerator, loop.set_up(cfg, method_named(cfg.method), accelerator)
 
 
-@functools.cache
-def script(name: str):
-    """A module of scripts/, loaded from its file once."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def same_metrics(a: dict, b: dict) -> bool:
-    """The same metrics, to float rounding (floats to a relative 1e-6, as scripts/bench_held_out.py compares
+    """The same metrics, to float rounding (floats to a relative 1e-6, as benchmarks/bench_held_out.py compares
     them): a kept EAGLE-3 batch's teacher columns come from a product over fewer rows of the lm_head, the same
     to the last bit on the CPUs measured, not promised elsewhere. A count or accuracy that moved by one token
     moves by far more than this."""
-    return script("bench_held_out").close_records(a, b)
+    return bench_held_out.close_records(a, b)
 
 
 class LayerCalls:
@@ -179,12 +169,13 @@ def test_a_run_with_kept_states_logs_and_saves_what_one_without_does(text_data, 
 
 
 def test_bench_held_out_reports_both_runs(text_data, tmp_path):
-    """scripts/bench_held_out.py end to end on the tiny recipe (a smoke test: times are never asserted)."""
-    bench = script("bench_held_out")
+    """benchmarks/bench_held_out.py end to end on the tiny recipe (a smoke test: times are never asserted)."""
     overrides = [f"data=[{text_data}]", "max_steps=2", "eval_every=1", "eval_batches=2"]
     overrides += ["batch_size=4", "max_length=48"]
     out = tmp_path / "bench.json"
-    result = bench.main([str(REPO / "recipes" / "tiny" / "eagle3.yaml"), *overrides, "--out", str(out)])
+    result = bench_held_out.main(
+        [str(REPO / "recipes" / "tiny" / "eagle3.yaml"), *overrides, "--out", str(out)]
+    )
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     assert result["evaluations"] == 2 and result["close_eval_metrics"] and result["same_heads"]
     assert set(result["runs"]) == {"forward_each_time", "kept"}
@@ -192,13 +183,12 @@ def test_bench_held_out_reports_both_runs(text_data, tmp_path):
 
 
 def test_bench_teacher_columns_finds_the_same_gathers(tmp_path):
-    """scripts/bench_teacher_columns.py on small shapes (a smoke test: times are never asserted)."""
-    bench = script("bench_teacher_columns")
+    """benchmarks/bench_teacher_columns.py on small shapes (a smoke test: times are never asserted)."""
     out = tmp_path / "columns.json"
     sizes = ["--hidden", "16", "--vocab", "64", "--draft-vocab", "8", "--batch", "2", "--tokens", "5"]
-    result = bench.main([*sizes, "--repeats", "1", "--out", str(out)])
+    result = bench_teacher_columns.main([*sizes, "--repeats", "1", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     assert result["gather_equal"] and result["shapes"]["draft_vocab"] == 8
     assert set(result["seconds"]) == {"index_select", "indexing", "full_product", "argmax", "columns_product"}
     with pytest.raises(SystemExit):
-        bench.main([*sizes[:4], "--draft-vocab", "65"])
+        bench_teacher_columns.main([*sizes[:4], "--draft-vocab", "65"])

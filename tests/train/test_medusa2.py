@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from scripts import bench_efficiency
 from specheads.core.target import FrozenTarget
 from specheads.data import collate, load_rows, tokenize_rows
 from specheads.heads import MedusaConfig, MedusaHeads
@@ -465,21 +466,16 @@ def test_compare_keeps_an_adapted_target_to_its_own_heads(cli_run, tmp_path):
 def test_bench_efficiency_times_medusa2_heads_on_their_adapted_target(cli_run, tmp_path, monkeypatch):
     """scripts/bench_efficiency.py decodes Medusa-2 heads, and runs generate(), on the base with their
     adapter merged (as eval does), and refuses them beside heads of the plain target (as compare does)."""
-    import importlib.util
 
     out, _, target_dir = cli_run
-    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_efficiency.py"
-    spec = importlib.util.spec_from_file_location("bench_efficiency", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     seen = []
-    decoder = bench.SpeculativeDecoder
-    monkeypatch.setattr(bench, "SpeculativeDecoder", lambda t, d: seen.append(t) or decoder(t, d))
+    decoder = bench_efficiency.SpeculativeDecoder
+    monkeypatch.setattr(bench_efficiency, "SpeculativeDecoder", lambda t, d: seen.append(t) or decoder(t, d))
     prompts = tmp_path / "questions.jsonl"
     prompts.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     argv = ["--target", str(target_dir), "--prompts", str(prompts), "--max-new-tokens", "6", "--sizes", "1"]
     argv += ["--repeats", "1", "--tree", "medusa-15", "--out", str(tmp_path / "eff.json")]
-    assert bench.main([*argv, "--heads", str(out)]) == 0
+    assert bench_efficiency.main([*argv, "--heads", str(out)]) == 0
     merged = dict(
         FrozenTarget.from_pretrained(str(target_dir)).with_adapter(out / "adapter").model.named_parameters()
     )
@@ -490,4 +486,4 @@ def test_bench_efficiency_times_medusa2_heads_on_their_adapted_target(cli_run, t
     plain = tmp_path / "plain"
     shutil.copytree(out, plain, ignore=shutil.ignore_patterns("adapter"))
     with pytest.raises(ValueError, match="carry a Medusa-2 adapter, which makes the target another model"):
-        bench.main([*argv, "--heads", str(out), str(plain)])
+        bench_efficiency.main([*argv, "--heads", str(out), str(plain)])

@@ -1,6 +1,5 @@
 """`specheads train` end to end on a tiny random target: losses fall, files are whole, all launch forms work."""
 
-import importlib.util
 import json
 import os
 import socket
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from scripts import add_label_counts
 from specheads.cli import main as cli_main
 from specheads.core.target import FrozenTarget
 from specheads.heads import load_heads
@@ -107,13 +107,8 @@ def test_train_cli_learns_and_writes_a_whole_checkpoint(tiny_target_dirs, text_d
         assert torch.equal(read_label_counts(folder), counts), folder
     top = draft_vocab_ids(out, 16, target.vocab_size)
     # heads saved without them get the same counts from scripts/add_label_counts.py
-    spec = importlib.util.spec_from_file_location(
-        "add_label_counts", REPO / "scripts" / "add_label_counts.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     (out / "checkpoints" / "step-20" / "label_counts.safetensors").unlink()
-    assert script.main([str(out / "checkpoints" / "step-20"), str(tmp_path / "counted")]) == 0
+    assert add_label_counts.main([str(out / "checkpoints" / "step-20"), str(tmp_path / "counted")]) == 0
     assert torch.equal(read_label_counts(tmp_path / "counted"), counts)
     assert (
         top.tolist() == sorted(top.tolist()) and counts[top].min() >= counts.sort(descending=True).values[15]
