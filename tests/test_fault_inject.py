@@ -38,7 +38,7 @@ def test_a_killed_command_ends_as_an_uninterrupted_one(tmp_path, commands):
     report_path = tmp_path / "report.json"
     argv = ["--commands", *commands, "--kills", "1", "--seed", "0", "--rows", "128", "--small"]
     argv += ["--target", str(target), "--work", str(tmp_path / "work"), "--out", str(report_path)]
-    rc = load_script().main(argv)
+    rc = fault_inject.main(argv)
     report = json.loads(report_path.read_text())
     for name in commands:
         done = report["commands"][name]
