@@ -68,7 +68,7 @@ class TinyTargetConfig:
     minutes: float = 5.0  # budget, converted to steps with STEPS_PER_MINUTE
     steps: int | None = None  # exact step count; overrides `minutes`
     vocab_size: int = 4096
-    # Chosen with scripts/tune_tiny_target.py at a 4.3-minute training budget (held-out nats/token):
+    # Chosen with benchmarks/tune_tiny_target.py at a 4.3-minute training budget (held-out nats/token):
     # h256 b16 5.80, h192 b16 5.59, h256 b8 5.69, h192 b8 lr 2e-3 5.34, h192 b8 5.33, h128 b8 4.79.
     # Under-trained at this budget, smaller models that take more steps win.
     hidden_size: int = 128

@@ -61,7 +61,7 @@ from specheads.decode.trees import DraftTree, StaticTree
 # "0" grows every level. The tree is the same either way; only the cost differs. The check reads each level's
 # values back, a synchronisation on an accelerator. Unset: on for the CPU, where it saves draft forwards, and
 # off elsewhere (an H100 in bf16, SmolLM2, dynamic-60: off was faster in 3 of 4 paired runs, 1.10x in the
-# geometric mean; benchmarks/records/gpu-h100/2026-11-27-smollm2-early-stop-ab/)
+# geometric mean; benchmarks/records/gpu-h100/2026-11-27-smollm2-bf16-table/)
 EARLY_STOP = "SPECHEADS_EAGLE_EARLY_STOP"
 
 

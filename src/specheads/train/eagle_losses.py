@@ -306,7 +306,7 @@ def eagle3_loss(
         # every step, then their columns, cost about a fifth of a SmolLM2 step (V 49,152, Vd 8,192)
         # (by index, not the t2d mask: a mask's columns are found with a nonzero, a GPU synchronisation;
         # indexing, not index_select(-1, ...): the same gather, which torch runs several times quicker on
-        # the last dimension on a CPU: scripts/bench_teacher_columns.py): (B, T, Vd)
+        # the last dimension on a CPU: benchmarks/bench_teacher_columns.py): (B, T, Vd)
         teacher_logits = target_logits[..., head.vocab_target_ids().to(target_logits.device)]
     elif target_logits.shape[-1] == head.config.draft_vocab_size:
         teacher_logits = target_logits  # the columns alone

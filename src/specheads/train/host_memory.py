@@ -7,7 +7,7 @@ all of those pages in again, zeroed by the kernel. On SmolLM2's EAGLE-3 recipe (
 runs side by side) that was 5.99 M minor page faults over the run against 0.66 M with mmap and
 trimming off (what `keep_freed_memory` does), 17.7 s a step against 15.4 (1.15x), 32.6 s of system time
 against 8.8, the same losses to the last digit, at 3% more peak memory (3.20 GB against 3.11);
-scripts/bench_host_memory.py measures it, JSON out. It is PyTorch's CPU tuning guide's advice (a caching
+benchmarks/bench_host_memory.py measures it, JSON out. It is PyTorch's CPU tuning guide's advice (a caching
 allocator such as jemalloc or TCMalloc) without a preloaded library.
 
 The settings are process-wide, so on exit `keep_freed_memory` sets both back to what the process started
