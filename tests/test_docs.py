@@ -296,3 +296,34 @@ def test_every_relative_link_points_to_a_file(page):
     assert not missing, f"{page.relative_to(ROOT)} links to files that do not exist: {missing}"
     for target in links:
         assert (page.parent / target.split("#")[0]).resolve().is_relative_to(ROOT), target
+
+
+def script_commands() -> list[tuple[str, str, list[str]]]:
+    """(page, script path, its --flags) of every `python scripts/NAME.py ...` line in a fenced block."""
+    found = []
+    for page in PAGES:
+        for number, line in fenced_lines(page):
+            if not re.match(r"python3? scripts/", line):
+                continue
+            words = shlex.split(line, comments=True)
+            if len(words) > 1 and words[0] in ("python", "python3") and words[1].startswith("scripts/"):
+                flags = [w.split("=")[0] for w in words[2:] if w.startswith("--")]
+                found.append((f"{page.relative_to(ROOT)}:{number}", words[1], flags))
+    return found
+
+
+def test_every_documented_script_takes_the_flags_shown():
+    """The documented scripts exist and their --help names every flag the guides give them."""
+    import subprocess
+    import sys
+
+    shown = script_commands()
+    assert {script for _, script, _ in shown} >= {"scripts/bench_decode.py", "scripts/bench_batched.py"}
+    helps: dict[str, str] = {}
+    for where, script, flags in shown:
+        assert (ROOT / script).is_file(), f"{where}: {script} does not exist"
+        if script not in helps:
+            run = [sys.executable, str(ROOT / script), "--help"]
+            helps[script] = subprocess.run(run, capture_output=True, text=True, check=True, cwd=ROOT).stdout
+        missing = [f for f in flags if f not in helps[script]]
+        assert not missing, f"{where}: {script} takes no {missing}"
