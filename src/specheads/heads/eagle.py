@@ -179,6 +179,18 @@ def stock_layer_classes(config) -> tuple[type[nn.Module], type[nn.Module]]:
     return layer_cls, rotary_cls
 
 
+def draft_embedding(config: DraftLayerConfig, embed_tokens: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """(..., ) token ids -> (..., H) the embeddings an EAGLE head of `config` reads.
+
+    A Llama draft layer reads a plain lookup of the target's embedding table, as the engines' drafts do
+    (vLLM / SGLang / speculators share the table's weights; a scale the target applies to its embeddings,
+    Gemma's sqrt(H), is the target model's, not the draft's). A head of the target's family ("target")
+    reads the target's embedding module as it always has (Gemma's scaled one included)."""
+    if config.draft_arch == "llama":
+        return nn.functional.embedding(ids, embed_tokens.weight)
+    return embed_tokens(ids)
+
+
 @dataclass(frozen=True)
 class DraftLayerConfig:
     """What both EAGLE heads are built from: the config of their one decoder layer
@@ -252,6 +264,10 @@ class EagleHead(nn.Module):
         layer, self.rotary_emb = config.stock_layer()
         layer.input_layernorm = nn.Identity()  # EAGLE-1 has no first input norm
         self.layers = nn.ModuleList([layer])
+
+    def embed(self, embed_tokens: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """The head's input embeddings of `ids` from the target's `embed_tokens` (draft_embedding)."""
+        return draft_embedding(self.config, embed_tokens, ids)
 
     @property
     def capture_layers(self) -> tuple[int, ...]:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from specheads.core.hf_compat import cache_kwargs
-from specheads.heads.eagle import DraftLayerConfig, clone_norm
+from specheads.heads.eagle import DraftLayerConfig, clone_norm, draft_embedding
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
@@ -191,6 +191,10 @@ class Eagle3Head(nn.Module):
         d2t, t2d = vocab_maps(torch.arange(vd), config.vocab_size)
         self.register_buffer("d2t", d2t)
         self.register_buffer("t2d", t2d)
+
+    def embed(self, embed_tokens: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """The head's input embeddings of `ids` from the target's `embed_tokens` (draft_embedding)."""
+        return draft_embedding(self.config, embed_tokens, ids)
 
     @property
     def capture_layers(self) -> tuple[int, ...]:
