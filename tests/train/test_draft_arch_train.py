@@ -1,0 +1,122 @@
+"""`specheads train` of EAGLE / EAGLE-3 heads on tiny random targets of other families (Qwen3, Qwen3-MoE,
+Mixtral, Phi-3, Gemma-3 text), brought as HF directories: the recipe's default draft_arch (llama) trains a
+Llama draft layer online, the checkpoint records it, `specheads export` writes the engines' formats, and
+the trained head decodes as the target's generate()."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specheads.cli import main as cli_main
+from specheads.core.target import FrozenTarget
+from specheads.decode import SpeculativeDecoder, default_tree
+from specheads.decode.eagle_drafter import EagleDrafter
+from specheads.heads import load_heads
+
+from helpers import OTHER_FAMILIES, save_tiny_target
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("families")
+    return {f: save_tiny_target(f, root / f, **overrides) for f, overrides in OTHER_FAMILIES.items()}
+
+
+def train(recipe: str, target: Path, data: Path, out: Path, *extra: str) -> list[dict]:
+    args = [
+        str(REPO / "recipes" / "tiny" / recipe),
+        f"target={target}",
+        f"data={data}",
+        "max_length=64",
+        "batch_size=8",
+        "lr=0.01",
+        "optimizer=adamw",
+        "warmup_steps=1",
+        "max_steps=8",
+        "eval_fraction=0.1",
+        "eval_data=[]",
+        "eval_every=8",
+        "eval_batches=1",
+        "log_every=4",
+        f"output_dir={out}",
+        *extra,
+    ]
+    assert cli_main(["train", *args, "--no-progress"]) == 0
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def greedy_equals_generate(target: FrozenTarget, drafter) -> list[int]:
+    accepted = []
+    for seed in (1, 2):
+        prompt = torch.tensor([list(b"abcdefghij0123"[seed:])])  # the training text's bytes
+        out = SpeculativeDecoder(target, drafter).generate(prompt, max_new_tokens=24)
+        reference = target.model.generate(prompt, max_new_tokens=24, do_sample=False)[:, prompt.shape[1] :]
+        assert torch.equal(out.tokens, reference), prompt.tolist()
+        accepted += out.accept_lengths
+    return accepted
+
+
+def exports(heads: Path, target_dir: Path, out: Path, formats: tuple[str, ...]) -> None:
+    for fmt in formats:
+        flags = ["--target", str(target_dir)] if fmt == "speculators" else []
+        args = ["export", "--heads", str(heads), "--format", fmt, "--out", str(out / fmt), *flags]
+        assert cli_main(args) == 0
+        layer = json.loads((out / fmt / "config.json").read_text())
+        layer = layer.get("transformer_layer_config", layer)
+        assert (layer["model_type"], layer["num_hidden_layers"]) == ("llama", 1)
+
+
+@pytest.mark.parametrize("family", sorted(OTHER_FAMILIES))
+def test_eagle3_trains_a_llama_draft_over_every_family(family_dirs, text_data, tmp_path, family):
+    target_dir = family_dirs[family]
+    out = tmp_path / "eagle3"
+    metrics = train("eagle3.yaml", target_dir, text_data, out, "ttt_steps=2", "draft_vocab_size=200")
+    steps = [m for m in metrics if m["split"] == "train"]
+    assert [m["step"] for m in steps] == [4, 8] and steps[-1]["loss"] < steps[0]["loss"]
+    target = FrozenTarget.from_pretrained(str(target_dir), dtype="float32")
+    head, config = load_heads(out, target)
+    assert config["head_config"]["draft_arch"] == "llama"
+    assert type(head.layer).__name__ == "LlamaDecoderLayer" and type(head.layer.mlp).__name__ == "LlamaMLP"
+    assert head.layer.mlp.gate_proj.out_features == target.config.intermediate_size
+    assert config["training"]["draft_arch"] == "llama"
+    exports(out, target_dir, tmp_path / "exports", ("eagle3", "speculators"))
+    greedy_equals_generate(target, EagleDrafter(head.eval(), target, top_k=4, depth=4, total_tokens=16))
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gemma3_text"])
+def test_eagle_trains_a_llama_draft(family_dirs, text_data, tmp_path, family):
+    target_dir = family_dirs[family]
+    out = tmp_path / "eagle"
+    metrics = train("eagle.yaml", target_dir, text_data, out, "fc_bias=false")
+    steps = [m for m in metrics if m["split"] == "train"]
+    assert steps[-1]["feature_loss"] < steps[0]["feature_loss"]
+    target = FrozenTarget.from_pretrained(str(target_dir), dtype="float32")
+    head, config = load_heads(out, target)
+    assert config["head_config"]["draft_arch"] == "llama" and type(head.layer).__name__ == "LlamaDecoderLayer"
+    exports(out, target_dir, tmp_path / "exports", ("eagle",))
+    greedy_equals_generate(target, EagleDrafter(head.eval(), target, default_tree("medusa-15")))
+
+
+def test_draft_arch_target_trains_the_targets_family_and_its_export_is_refused(
+    family_dirs, text_data, tmp_path, capsys
+):
+    target_dir = family_dirs["qwen3"]
+    out = tmp_path / "eagle3"
+    train(
+        "eagle3.yaml", target_dir, text_data, out, "ttt_steps=1", "draft_vocab_size=200", "draft_arch=target"
+    )
+    head, config = load_heads(out, FrozenTarget.from_pretrained(str(target_dir), dtype="float32"))
+    assert (
+        config["head_config"]["draft_arch"] == "target" and type(head.layer).__name__ == "Qwen3DecoderLayer"
+    )
+    capsys.readouterr()
+    args = ["export", "--heads", str(out), "--format", "eagle3", "--out", str(tmp_path / "eagle3-export")]
+    assert cli_main(args) != 0
+    assert "Train the head with draft_arch: llama" in capsys.readouterr().err
+    assert not (tmp_path / "eagle3-export").exists()
