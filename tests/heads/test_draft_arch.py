@@ -119,6 +119,29 @@ def test_the_llama_layer_keeps_a_rope_scaling():
     assert head.rotary_emb.rope_type == "linear"
 
 
+@pytest.mark.parametrize(
+    "family, overrides, rope_type, theta",
+    [
+        ("gpt_oss", dict(head_dim=16, num_local_experts=4), "yarn", 150000.0),
+        ("gemma2", dict(head_dim=16), "default", 10000.0),
+    ],
+)
+def test_configs_of_families_built_with_eager_attention_give_a_llama_layer(
+    family, overrides, rope_type, theta
+):
+    """gpt-oss (YaRN rope, experts of the config's intermediate size) and Gemma-2 need eager attention in
+    the target; their Llama draft layer is built from the config alone, its rope the target's."""
+    config = tiny_config(family, **overrides)
+    layer = llama_layer_config_from(config)
+    assert (layer["rope_parameters"]["rope_type"], layer["rope_parameters"]["rope_theta"]) == (
+        rope_type,
+        theta,
+    )
+    assert layer["intermediate_size"] == config.intermediate_size and layer["hidden_act"] == "silu"
+    head = Eagle3Head(Eagle3Config(layer, draft_arch="llama", draft_vocab_size=VD))
+    assert head.rotary_emb.rope_type == rope_type and type(head.layer.mlp).__name__ == "LlamaMLP"
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_heads_of_every_family_are_llama_layers_and_the_moe_head_no_mixture(targets, family):
     target = targets[family]

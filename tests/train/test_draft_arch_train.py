@@ -120,3 +120,39 @@ def test_draft_arch_target_trains_the_targets_family_and_its_export_is_refused(
     assert cli_main(args) != 0
     assert "Train the head with draft_arch: llama" in capsys.readouterr().err
     assert not (tmp_path / "eagle3-export").exists()
+
+
+@pytest.mark.parametrize("family", ["phi3", "qwen3_moe"])
+def test_offline_training_of_a_llama_draft_logs_the_online_losses(family_dirs, text_data, tmp_path, family):
+    """From a hidden-state cache, the Llama draft of a Phi-3 or Qwen3-MoE target (final norms of their own
+    RMSNorm classes, which start the draft's LlamaRMSNorm: draft_head_init=target) trains as online: the
+    first step's losses agree, before any update could part them."""
+    target_dir = family_dirs[family]
+    extra = ("ttt_steps=2", "draft_vocab_size=200", "draft_head_init=target", "max_steps=2", "log_every=1")
+    args = [
+        str(REPO / "recipes" / "tiny" / "eagle3.yaml"),
+        f"target={target_dir}",
+        f"data={text_data}",
+        "max_length=64",
+        "batch_size=8",
+        "optimizer=adamw",
+        "eval_fraction=0.1",
+        "eval_data=[]",
+        "eval_every=2",
+        "eval_batches=1",
+        *extra,
+    ]
+    cache = tmp_path / "cache"
+    assert cli_main(["cache", *args, "--out", str(cache), "--dtype", "float32", "--no-progress"]) == 0
+    runs = {}
+    for mode in ("online", "offline"):
+        more = ["mode=offline", f"cache_dir={cache}"] if mode == "offline" else []
+        assert cli_main(["train", *args, *more, f"output_dir={tmp_path / mode}", "--no-progress"]) == 0
+        runs[mode] = [
+            json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()
+        ]
+        recorded = json.loads((tmp_path / mode / "config.json").read_text())["head_config"]
+        assert recorded["draft_arch"] == "llama"
+    first = {mode: records[0] for mode, records in runs.items()}
+    for key in ("loss", "step0/top1", "step1/top1"):
+        assert first["online"][key] == pytest.approx(first["offline"][key], rel=1e-4, abs=1e-6), key
