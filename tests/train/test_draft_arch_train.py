@@ -156,3 +156,41 @@ def test_offline_training_of_a_llama_draft_logs_the_online_losses(family_dirs, t
     first = {mode: records[0] for mode, records in runs.items()}
     for key in ("loss", "step0/top1", "step1/top1"):
         assert first["online"][key] == pytest.approx(first["offline"][key], rel=1e-4, abs=1e-6), key
+
+
+def test_the_qwen3_8b_eagle3_recipe_trains_a_llama_draft_that_exports(tmp_path):
+    """recipes/qwen3-8b/eagle3.yaml as written (bf16 target and autocast, layers (2, 18, 33), chat data
+    with assistant-only loss), on a tiny random 36-layer Qwen3 and a few chat rows for a few steps: the
+    head is a Llama draft and exports to eagle3 and speculators with the recipe's layer ids."""
+    target_dir = save_tiny_target("qwen3", tmp_path / "qwen3-36", num_hidden_layers=36)
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"count from {i}"},
+                {"role": "assistant", "content": "0123456789"},
+            ]
+        }
+        for i in range(24)
+    ]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    args = [
+        str(REPO / "recipes" / "qwen3-8b" / "eagle3.yaml"),
+        f"target={target_dir}",
+        f"data={data}",
+        "max_length=64",
+        "max_steps=2",
+        "warmup_steps=1",
+        "eval_fraction=0.1",
+        "report_to=none",
+        f"output_dir={out}",
+    ]
+    assert cli_main(["train", *args, "--no-progress"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["head_config"]["draft_arch"] == "llama"
+    assert config["head_config"]["layer_config"]["model_type"] == "llama"
+    exports(out, target_dir, tmp_path / "exports", ("eagle3", "speculators"))
+    for fmt in ("eagle3", "speculators"):
+        written = json.loads((tmp_path / "exports" / fmt / "config.json").read_text())
+        assert written["eagle_aux_hidden_state_layer_ids"] == [2, 18, 33]
