@@ -184,9 +184,11 @@ def draft_embedding(config: DraftLayerConfig, embed_tokens: nn.Module, ids: torc
 
     A Llama draft layer reads a plain lookup of the target's embedding table, as the engines' drafts do
     (vLLM / SGLang / speculators share the table's weights; a scale the target applies to its embeddings,
-    Gemma's sqrt(H), is the target model's, not the draft's). A head of the target's family ("target")
-    reads the target's embedding module as it always has (Gemma's scaled one included)."""
-    if config.draft_arch == "llama":
+    Gemma's sqrt(H) `embed_scale`, is the target model's, not the draft's). An embedding module without a
+    scale is called as it is (so that hooks on it run: ZeRO-3 gathers its sharded table in them). A head
+    of the target's family ("target") reads the target's embedding module as it always has (Gemma's
+    scaled one included)."""
+    if config.draft_arch == "llama" and getattr(embed_tokens, "embed_scale", None) is not None:
         return nn.functional.embedding(ids, embed_tokens.weight)
     return embed_tokens(ids)
 
