@@ -13,9 +13,11 @@ from specheads.cli import main as cli_main
 from specheads.core.target import FrozenTarget
 from specheads.decode import SpeculativeDecoder, default_tree
 from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.heads import load_heads
+from specheads.heads import MedusaConfig, MedusaHeads, load_heads, save_heads
+from specheads.train.checkpointing import check_resumable
+from specheads.train.config import TrainConfig
 
-from helpers import OTHER_FAMILIES, save_tiny_target
+from helpers import OTHER_FAMILIES, save_tiny_target, tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -194,3 +196,20 @@ def test_the_qwen3_8b_eagle3_recipe_trains_a_llama_draft_that_exports(tmp_path):
     for fmt in ("eagle3", "speculators"):
         written = json.loads((tmp_path / "exports" / fmt / "config.json").read_text())
         assert written["eagle_aux_hidden_state_layer_ids"] == [2, 18, 33]
+
+
+def test_resuming_a_run_written_before_draft_arch_needs_draft_arch_target(tmp_path):
+    """A checkpoint's config without draft_arch holds the target's own layer: resuming it as a Llama draft
+    is refused with the key to set; a Medusa run's is not concerned."""
+    target = FrozenTarget(tiny_model("qwen3"))
+    save_heads(MedusaHeads(MedusaConfig(64, 264, num_heads=1)), tmp_path / "ckpt", target.record())
+    for method in ("eagle", "eagle3", "medusa"):
+        old = {k: v for k, v in TrainConfig(method=method).to_dict().items() if k != "draft_arch"}
+        state = {"num_processes": 1, "config": old}
+        if method == "medusa":
+            check_resumable(state, TrainConfig(method=method), 1, target.record(), tmp_path / "ckpt")
+            continue
+        with pytest.raises(ValueError, match="draft_arch: checkpoint 'target', this run 'llama'"):
+            check_resumable(state, TrainConfig(method=method), 1, target.record(), tmp_path / "ckpt")
+        as_before = TrainConfig(method=method, draft_arch="target")
+        check_resumable(state, as_before, 1, target.record(), tmp_path / "ckpt")
