@@ -160,6 +160,18 @@ def test_offline_training_of_a_llama_draft_logs_the_online_losses(family_dirs, t
         assert first["online"][key] == pytest.approx(first["offline"][key], rel=1e-4, abs=1e-6), key
 
 
+@pytest.fixture
+def fresh_accelerator_state():
+    """The recipe's bf16 autocast needs an accelerate state of its own in this process (earlier runs made
+    one without); reset before and after."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.usefixtures("fresh_accelerator_state")
 def test_the_qwen3_8b_eagle3_recipe_trains_a_llama_draft_that_exports(tmp_path):
     """recipes/qwen3-8b/eagle3.yaml as written (bf16 target and autocast, layers (2, 18, 33), chat data
     with assistant-only loss), on a tiny random 36-layer Qwen3 and a few chat rows for a few steps: the
