@@ -164,6 +164,16 @@ def test_phi3_fused_qkv_refuses_a_target_layer_and_takes_a_llama_one(targets):
     assert head.layer.self_attn.q_proj.in_features == 2 * target.hidden_size
 
 
+def test_a_config_without_the_sizes_is_refused_naming_draft_arch_target():
+    class CustomConfig:  # a remote-code family that names its MLP width otherwise
+        hidden_size, num_attention_heads, num_hidden_layers, vocab_size, ffn_dim = 64, 4, 4, 264, 128
+
+    with pytest.raises(
+        ValueError, match=r"CustomConfig has no \['intermediate_size'\]: train with draft_arch: target"
+    ):
+        llama_layer_config_from(CustomConfig())
+
+
 def test_draft_arch_is_checked():
     llama = llama_layer_config_from(tiny_config("qwen3"))
     with pytest.raises(ValueError, match="draft_arch must be one of"):

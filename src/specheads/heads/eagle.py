@@ -91,6 +91,13 @@ def llama_layer_config_from(target_config) -> dict[str, Any]:
     expert's), Mixtral's and gpt-oss's one expert's width (their only intermediate size).
     """
     config = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    needed = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+    missing = [key for key in needed if getattr(config, key, None) is None]
+    if missing:
+        raise ValueError(
+            f"a Llama draft layer is sized from the target's config, and {type(config).__name__} has no "
+            f"{missing}: train with draft_arch: target (a layer of the target's own family)"
+        )
     hidden, heads = config.hidden_size, config.num_attention_heads
     layer = {
         "model_type": "llama",
