@@ -17,6 +17,16 @@ from specheads.builders.tiny_target import TinyTargetConfig
 from specheads.evaluate.prompts import HELDOUT_FILE
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+# Families whose EAGLE heads take a Llama draft layer (draft_arch: llama), with the overrides that keep their
+# tiny configs tiny (a few small experts for the mixtures of experts) and the decoder's attention (Gemma-3's
+# layers all full attention: the decoder refuses a sliding window)
+OTHER_FAMILIES = {
+    "qwen3": {},
+    "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "phi3": {},
+    "gemma3_text": dict(head_dim=16, layer_types=["full_attention"] * 4),
+}
 
 # The embedded tiny target at test size: 2 layers of 64, 3 steps on 24 training files (seconds to build).
 SMALL_TINY_TARGET = TinyTargetConfig(
@@ -114,10 +124,10 @@ def tiny_model(family: str, seed: int = 0, attn_implementation: str = "sdpa", **
     return model.eval()
 
 
-def save_tiny_target(family: str, path: Path, seed: int = 0) -> Path:
+def save_tiny_target(family: str, path: Path, seed: int = 0, **overrides) -> Path:
     """Save a tiny random `family` model and its tokenizer as an HF directory at `path`."""
     tokenizer = tiny_tokenizer()
-    model = tiny_model(family, seed=seed, vocab_size=len(tokenizer))
+    model = tiny_model(family, seed=seed, vocab_size=len(tokenizer), **overrides)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return Path(path)

@@ -62,6 +62,7 @@ def test_unknown_keys_are_rejected_with_a_suggestion(tmp_path):
         ("lora_dropout=1", r"lora_dropout must be in \[0, 1\)"),
         ("max_bad_rows=2.5", r"a float max_bad_rows is a fraction of the rows, in \[0, 1\]; got 2.5"),
         ("max_bad_rows=-1", "max_bad_rows must be a count"),
+        ("draft_arch=qwen3", "draft_arch must be 'llama' or 'target', got 'qwen3'"),
     ],
 )
 def test_bad_values_are_clear_errors(override, message):

@@ -58,6 +58,9 @@ class OracleHead(nn.Module):
     def logits(self, predicted, lm_head=None):
         return predicted if lm_head is None else lm_head(predicted)
 
+    def embed(self, embed_tokens, ids):
+        return embed_tokens(ids)
+
 
 def embedding():
     torch.manual_seed(0)

@@ -259,7 +259,9 @@ class EagleDrafter:
         return self.draft_layer(residual, attn_input, positions, mask, self.cache)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(tokens.to(self.embed_tokens.weight.device)).to(self.head.fc.weight)
+        return self.head.embed(self.embed_tokens, tokens.to(self.embed_tokens.weight.device)).to(
+            self.head.fc.weight
+        )
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         return additive_mask(allowed, self.head.fc.weight.dtype)

@@ -4,7 +4,14 @@ Stands on core/ alone.
 """
 
 from specheads.heads.checkpoint import load_heads, read_head_config, save_heads
-from specheads.heads.eagle import EagleConfig, EagleHead, layer_config_from
+from specheads.heads.eagle import (
+    DRAFT_ARCHS,
+    EagleConfig,
+    EagleHead,
+    draft_layer_config,
+    layer_config_from,
+    llama_layer_config_from,
+)
 from specheads.heads.eagle3 import (
     Eagle3Config,
     Eagle3Head,
@@ -15,6 +22,7 @@ from specheads.heads.eagle3 import (
 from specheads.heads.medusa import MedusaConfig, MedusaHeads, ResBlock
 
 __all__ = [
+    "DRAFT_ARCHS",
     "Eagle3Config",
     "Eagle3Head",
     "EagleConfig",
@@ -26,7 +34,9 @@ __all__ = [
     "read_head_config",
     "save_heads",
     "default_eagle3_layers",
+    "draft_layer_config",
     "draft_vocab_from_counts",
     "layer_config_from",
+    "llama_layer_config_from",
     "vocab_maps",
 ]

@@ -14,10 +14,16 @@ lm_head(f_{t+1})) (soft cross-entropy); train/eagle_losses.py holds the loss and
 At decoding time, t is the root's predecessor: the feature f_t comes from the target and x_{t+1} is the
 root, so f̂_{t+1} drafts the tokens after the root, and feeding f̂ back drafts deeper ones.
 
-The decoder layer is the target family's own, built from the target's config with the stock Hugging
-Face class (no forked modelling code), with its first input norm replaced by the identity (the fc
-output goes into attention as it is, as in the reference). The target's embedding and lm_head are
-shared, frozen, and not stored in the head's checkpoint: callers pass them in.
+The decoder layer is built with a stock Hugging Face class (no forked modelling code), with its first
+input norm replaced by the identity (the fc output goes into attention as it is, as in the reference).
+Its architecture is the head config's `draft_arch`:
+  * "llama": a Llama layer whatever the target's family (the layer vLLM, SGLang, speculators and the
+    EAGLE repo build for a draft; SpecForge and speculators give every target one), sized from the
+    target's config by `llama_layer_config_from`. What new runs train (recipe key `draft_arch`).
+  * "target": a layer of the target's own family (`layer_config_from`). Heads saved before `draft_arch`
+    was recorded are of this kind and load as it; only Llama-family ones export to the engines.
+The target's embedding and lm_head are shared, frozen, and not stored in the head's checkpoint: callers
+pass them in.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ from specheads.core.hf_compat import cache_kwargs
 # Keys of a target's config that describe the file, not the model; left out of a head's layer config.
 _CONFIG_METADATA = ("transformers_version", "architectures", "_name_or_path", "dtype", "torch_dtype")
 
+# The draft layer's architecture (module docstring): the engines' Llama layer, or the target's family.
+DRAFT_ARCHS = ("llama", "target")
+
 
 def layer_config_from(target_config) -> dict[str, Any]:
     """The target's HF config as a plain dict, to build a draft decoder layer of the same family."""
@@ -45,6 +54,81 @@ def layer_config_from(target_config) -> dict[str, Any]:
     for key in ("hidden_size", "vocab_size", "num_hidden_layers"):
         config[key] = getattr(target_config, key)
     return config
+
+
+def _llama_rope(config) -> dict[str, Any]:
+    """The target's rope as a Llama config's keys, in the target config's convention.
+
+    Per-layer-type rope (Gemma-3: a local theta for the sliding layers, a global one with the scaling for
+    the full ones) gives the full-attention layers' (the draft attends to the whole context). A partial
+    rotary factor (Phi-3's key, 1 in its released configs) is left out: the Llama draft layer rotates the
+    whole head, as SpecForge's and speculators' do.
+    """
+    parameters = getattr(config, "rope_parameters", None)
+    if parameters is None:  # transformers 4: top-level rope_theta / rope_scaling
+        scaling = getattr(config, "rope_scaling", None)
+        return {"rope_theta": float(getattr(config, "rope_theta", 10000.0)), "rope_scaling": scaling}
+    parameters = dict(parameters)
+    if parameters and all(isinstance(v, dict) for v in parameters.values()):  # keyed by layer type
+        parameters = dict(parameters.get("full_attention") or next(iter(parameters.values())))
+    parameters.pop("partial_rotary_factor", None)
+    parameters.setdefault("rope_type", "default")
+    return {"rope_parameters": parameters}
+
+
+def llama_layer_config_from(target_config) -> dict[str, Any]:
+    """A Llama decoder layer's config, sized from the target's config whatever its family.
+
+    Taken from the target: hidden size, intermediate size, attention heads, KV heads, head dim, rope (theta
+    and scaling: `_llama_rope`), RMSNorm epsilon, max positions, vocabulary and special token ids; its
+    number of layers is kept too (layer ids are read against it; the built layer is one). Fixed by the
+    engines' Llama draft layer: SiLU MLP (vLLM / SGLang LlamaMLP take no other), no attention or MLP
+    biases (Qwen2's q/k/v biases are the target's, not the draft's), no q/k norms (Qwen3's), separate
+    q/k/v projections (Phi-3's fused qkv is the target's).
+
+    Mixture-of-experts targets get a dense MLP of the config's `intermediate_size`, as speculators'
+    `create_transformer_layer_config` builds it: Qwen3-MoE's dense width (not `moe_intermediate_size`, an
+    expert's), Mixtral's and gpt-oss's one expert's width (their only intermediate size).
+    """
+    config = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    needed = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+    missing = [key for key in needed if getattr(config, key, None) is None]
+    if missing:
+        raise ValueError(
+            f"a Llama draft layer is sized from the target's config, and {type(config).__name__} has no "
+            f"{missing}: train with draft_arch: target (a layer of the target's own family)"
+        )
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    layer = {
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": hidden,
+        "num_hidden_layers": config.num_hidden_layers,  # the target's: layer ids are read against it
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads": heads,
+        "num_key_value_heads": getattr(config, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(config, "head_dim", None) or hidden // heads,
+        "hidden_act": "silu",
+        "rms_norm_eps": getattr(config, "rms_norm_eps", None) or 1e-6,
+        "max_position_embeddings": getattr(config, "max_position_embeddings", None) or 2048,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        **_llama_rope(config),
+    }
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(config, key, None) is not None:
+            layer[key] = getattr(config, key)
+    return layer
+
+
+def draft_layer_config(target_config, draft_arch: str) -> dict[str, Any]:
+    """The head's layer config for a draft layer of `draft_arch` (DRAFT_ARCHS) over this target."""
+    if draft_arch == "llama":
+        return llama_layer_config_from(target_config)
+    if draft_arch == "target":
+        return layer_config_from(target_config)
+    raise ValueError(f"draft_arch must be one of {DRAFT_ARCHS}, got {draft_arch!r}")
 
 
 def with_rope_theta(layer_config: dict[str, Any], theta: float) -> dict[str, Any]:
@@ -102,18 +186,43 @@ def stock_layer_classes(config) -> tuple[type[nn.Module], type[nn.Module]]:
     return layer_cls, rotary_cls
 
 
+def draft_embedding(config: DraftLayerConfig, embed_tokens: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """(..., ) token ids -> (..., H) the embeddings an EAGLE head of `config` reads.
+
+    A Llama draft layer reads a plain lookup of the target's embedding table, as the engines' drafts do
+    (vLLM / SGLang / speculators share the table's weights; a scale the target applies to its embeddings,
+    Gemma's sqrt(H) `embed_scale`, is the target model's, not the draft's). An embedding module without a
+    scale is called as it is (so that hooks on it run: ZeRO-3 gathers its sharded table in them). A head
+    of the target's family ("target") reads the target's embedding module as it always has (Gemma's
+    scaled one included)."""
+    if config.draft_arch == "llama" and getattr(embed_tokens, "embed_scale", None) is not None:
+        return nn.functional.embedding(ids, embed_tokens.weight)
+    return embed_tokens(ids)
+
+
 @dataclass(frozen=True)
 class DraftLayerConfig:
-    """What both EAGLE heads are built from: the target's config (`layer_config_from(target.config)`),
-    from which their one decoder layer of the target's family is made."""
+    """What both EAGLE heads are built from: the config of their one decoder layer
+    (`draft_layer_config(target.config, draft_arch)`) and its architecture (DRAFT_ARCHS).
+
+    `draft_arch` defaults to "target": a head config saved without one (written before it was recorded)
+    holds the target's own config, and loads as it was built."""
 
     layer_config: dict[str, Any] = field(default_factory=dict)
+    draft_arch: str = "target"
 
     def __post_init__(self):
         missing = [k for k in ("model_type", "hidden_size", "vocab_size") if k not in self.layer_config]
         if missing:
             raise ValueError(
-                f"{type(self).__name__}.layer_config lacks {missing}; build it with layer_config_from()"
+                f"{type(self).__name__}.layer_config lacks {missing}; build it with draft_layer_config()"
+            )
+        if self.draft_arch not in DRAFT_ARCHS:
+            raise ValueError(f"draft_arch must be one of {DRAFT_ARCHS}, got {self.draft_arch!r}")
+        if self.draft_arch == "llama" and self.layer_config["model_type"] != "llama":
+            raise ValueError(
+                f"draft_arch 'llama' needs a Llama layer config, got model_type "
+                f"{self.layer_config['model_type']!r}; build it with llama_layer_config_from()"
             )
 
     @property
@@ -132,7 +241,7 @@ class DraftLayerConfig:
         return asdict(self)
 
     def stock_layer(self) -> tuple[nn.Module, nn.Module]:
-        """(a fresh decoder layer of the target's family, its rotary embedding), both from transformers."""
+        """(a fresh decoder layer of `layer_config`'s family, its rotary embedding), both from transformers."""
         layer_config = build_layer_config(self.layer_config)
         layer_cls, rotary_cls = stock_layer_classes(layer_config)
         # the rotary embedding has no weights: inv_freq is a non-persistent buffer
@@ -164,6 +273,10 @@ class EagleHead(nn.Module):
         layer, self.rotary_emb = config.stock_layer()
         layer.input_layernorm = nn.Identity()  # EAGLE-1 has no first input norm
         self.layers = nn.ModuleList([layer])
+
+    def embed(self, embed_tokens: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """The head's input embeddings of `ids` from the target's `embed_tokens` (draft_embedding)."""
+        return draft_embedding(self.config, embed_tokens, ids)
 
     @property
     def capture_layers(self) -> tuple[int, ...]:

@@ -23,6 +23,7 @@ vocabulary, True for the tokens the draft can propose. Both are buffers, stored 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ import torch
 from torch import nn
 
 from specheads.core.hf_compat import cache_kwargs
-from specheads.heads.eagle import DraftLayerConfig, clone_norm
+from specheads.heads.eagle import DraftLayerConfig, clone_norm, draft_embedding
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
@@ -97,6 +98,31 @@ def vocab_maps(draft_to_target: torch.Tensor, vocab_size: int) -> tuple[torch.Te
     return d2t, t2d
 
 
+@torch.no_grad()
+def rms_norm_state_like(draft_norm: nn.Module, norm: nn.Module) -> dict[str, torch.Tensor]:
+    """The state of `draft_norm` (an RMSNorm x · rsqrt(mean(x²) + eps) · w, a Llama draft layer's) with
+    which it computes what the target's final `norm` of another class does, e.g. Gemma's x · ... · (1 + w)
+    or Qwen3's own RMSNorm class: w is read off `norm`'s output on a constant input, whose RMS is so large
+    that eps does not count, then checked on random inputs. A norm that is no RMSNorm is refused."""
+    weight = draft_norm.weight
+    ref = next(iter(norm.parameters()), weight)
+    size = weight.numel()
+    big = torch.full((1, size), 1e3, dtype=torch.float32, device=ref.device)
+    scale = norm(big.to(ref.dtype))[0].to(weight.dtype)  # x / rms(x) is 1 here: the output is w
+    x = torch.randn(8, size, generator=torch.Generator().manual_seed(0)).to(ref.device)
+    theirs = norm(x.to(ref.dtype)).float()
+    candidate = copy.deepcopy(draft_norm).float()
+    candidate.weight.copy_(scale.to(ref.device))
+    ours = candidate.to(ref.device)(x)
+    tolerance = 16 * torch.finfo(ref.dtype).eps * float(theirs.abs().max())
+    if theirs.shape != ours.shape or float((theirs - ours).abs().max()) > tolerance:
+        raise ValueError(
+            f"the target's final norm {type(norm).__name__} is not an RMSNorm the draft's "
+            f"{type(draft_norm).__name__} can reproduce; train with draft_head_init: random"
+        )
+    return {"weight": scale}
+
+
 @dataclass(frozen=True)
 class Eagle3Config(DraftLayerConfig):
     """EAGLE-3 head: the target's config, the captured layers and the draft vocabulary size."""
@@ -153,7 +179,8 @@ class Eagle3Head(nn.Module):
             if not isinstance(old, nn.Linear):
                 raise TypeError(
                     f"EAGLE-3 needs separate q/k/v projections; {type(layer.self_attn).__name__} has no "
-                    f"nn.Linear {name!r}"
+                    f"nn.Linear {name!r}: train with draft_arch: llama (a Llama draft layer, whatever the "
+                    "target's family)"
                 )
             setattr(layer.self_attn, name, nn.Linear(2 * h, old.out_features, bias=old.bias is not None))
         layer.hidden_norm = clone_norm(layer.input_layernorm)
@@ -164,6 +191,10 @@ class Eagle3Head(nn.Module):
         d2t, t2d = vocab_maps(torch.arange(vd), config.vocab_size)
         self.register_buffer("d2t", d2t)
         self.register_buffer("t2d", t2d)
+
+    def embed(self, embed_tokens: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """The head's input embeddings of `ids` from the target's `embed_tokens` (draft_embedding)."""
+        return draft_embedding(self.config, embed_tokens, ids)
 
     @property
     def capture_layers(self) -> tuple[int, ...]:
@@ -198,13 +229,12 @@ class Eagle3Head(nn.Module):
                 f"the target's lm_head {tuple(weight.shape)} (bias: {getattr(lm_head, 'bias', None) is not None}) "
                 f"cannot start a draft lm_head of hidden size {self.lm_head.in_features} without a bias"
             )
-        if type(norm) is not type(self.norm):
-            raise ValueError(
-                f"the target's final norm is a {type(norm).__name__}; the draft's a {type(self.norm).__name__}"
-            )
+        norm_state = (
+            norm.state_dict() if type(norm) is type(self.norm) else rms_norm_state_like(self.norm, norm)
+        )
         # both checked before either is written: a refused target leaves the head as it was
         self.lm_head.weight.copy_(weight[self.vocab_target_ids().to(weight.device)])
-        self.norm.load_state_dict(norm.state_dict())
+        self.norm.load_state_dict(norm_state)
         return self
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from specheads.decode.calibrate_dynamic import calibrate_eagle
 from specheads.decode.drafter_factory import eagle_drafter_for
-from specheads.heads import EagleConfig, EagleHead, layer_config_from
+from specheads.heads import EagleConfig, EagleHead, draft_layer_config
 from specheads.heads.method import Method
 from specheads.methods.medusa import last_layer
 from specheads.train.eagle_losses import DraftMetrics, eagle_loss
 
 
 def build_heads(cfg, target, label_counts=None) -> tuple[EagleHead, dict]:
-    """One EAGLE layer shaped like the target's decoder layers."""
-    head = EagleHead(EagleConfig(layer_config_from(target.config), fc_bias=cfg.fc_bias))
+    """One EAGLE layer shaped like the target's decoder layers: a Llama layer, or one of the target's own
+    family (recipe key draft_arch)."""
+    layer_config = draft_layer_config(target.config, cfg.draft_arch)
+    head = EagleHead(EagleConfig(layer_config, draft_arch=cfg.draft_arch, fc_bias=cfg.fc_bias))
     return head.to(target.device), {}
 
 
@@ -49,7 +51,7 @@ EAGLE = Method(
     loss=loss,
     metric_shape=lambda cfg: (DraftMetrics.ROWS, 1),
     summarise=lambda cfg, sums: DraftMetrics.summarise(sums, [cfg.w_tok], cfg.topk, w_feat=cfg.w_feat),
-    recipe_keys=("w_feat", "w_tok", "noise", "fc_bias"),
+    recipe_keys=("w_feat", "w_tok", "noise", "fc_bias", "draft_arch"),
     check_recipe=lambda cfg: [(cfg.noise >= 0, f"noise must be >= 0, got {cfg.noise}")],
     drafter=eagle_drafter_for,
     draft_vocab="",

@@ -9,8 +9,8 @@ from specheads.heads import (
     Eagle3Config,
     Eagle3Head,
     default_eagle3_layers,
+    draft_layer_config,
     draft_vocab_from_counts,
-    layer_config_from,
 )
 from specheads.heads.eagle import with_rope_theta
 from specheads.heads.method import Method
@@ -24,11 +24,12 @@ def build_heads(cfg, target, label_counts) -> tuple[Eagle3Head, dict]:
     """An EAGLE-3 head whose draft vocabulary is the most frequent label tokens: `label_counts` (V,), the
     training rows' (train/loop.py counts them once a run)."""
     size = min(cfg.draft_vocab_size, target.vocab_size)
-    layer_config = layer_config_from(target.config)
+    layer_config = draft_layer_config(target.config, cfg.draft_arch)  # a Llama layer, or the target's family
     if cfg.draft_rope_theta:
         layer_config = with_rope_theta(layer_config, cfg.draft_rope_theta)
     config = Eagle3Config(
         layer_config,
+        draft_arch=cfg.draft_arch,
         draft_vocab_size=size,
         target_layers=tuple(target.layer_id(i) for i in cfg.eagle3_layers),
     )
@@ -139,6 +140,7 @@ EAGLE3 = Method(
         "eagle3_topk_loss",
         "eagle3_topk_loss_weight",
         "draft_rope_theta",
+        "draft_arch",
     ),
     check_recipe=check_recipe,
     drafter=eagle_drafter_for,

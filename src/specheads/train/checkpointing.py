@@ -234,8 +234,10 @@ def check_resumable(
     problems = []
     if state["num_processes"] != num_processes:
         problems.append(f"written by {state['num_processes']} processes, this run has {num_processes}")
-    now = cfg.to_dict()
-    for key, value in state["config"].items():
+    now, written = cfg.to_dict(), dict(state["config"])
+    if written.get("method") in ("eagle", "eagle3"):  # written before draft_arch: the target's own layer
+        written.setdefault("draft_arch", "target")
+    for key, value in written.items():
         if key not in RESUMABLE_CHANGES and now.get(key) != value:
             problems.append(f"{key}: checkpoint {value!r}, this run {now.get(key)!r}")
     if problems:

@@ -112,6 +112,8 @@ class TrainConfig:
     # the draft layer's rope theta; 0: the target's. Model Optimizer's EAGLE-3 draft uses 10000 whatever the
     # target (SmolLM2's own is 100000); exports write the draft's, as the engines build it from there
     draft_rope_theta: float = 0.0
+    # EAGLE / EAGLE-3 draft layer: "llama" (the engines', sized from any target) or "target" (its own family)
+    draft_arch: str = "llama"
     # optimisation
     batch_size: int = 8  # per process, per micro-step
     grad_accum: int = 1
@@ -198,6 +200,10 @@ class TrainConfig:
             (self.keep_checkpoints >= 0, f"keep_checkpoints must be >= 0, got {self.keep_checkpoints}"),
             (0 <= self.eval_fraction < 1, f"eval_fraction must be in [0, 1), got {self.eval_fraction}"),
             (bool(self.data), "data must name at least one source"),
+            (
+                self.draft_arch in ("llama", "target"),
+                f"draft_arch must be 'llama' or 'target', got {self.draft_arch!r}",
+            ),
         ]
         for name in (
             "batch_size",

@@ -219,7 +219,7 @@ def eagle_loss(
         features = features + (torch.rand_like(features) * 2 - 1) * noise
     predicted = head(
         features,
-        embed_tokens(next_tokens(input_ids, 1)).to(dtype),  # embed(x_{t+1}) at t
+        head.embed(embed_tokens, next_tokens(input_ids, 1)).to(dtype),  # embed(x_{t+1}) at t
         position_ids,
         draft_attention_mask(attention_mask, position_ids, dtype),
     )  # (B, T, H): f̂_{t+1} at t
@@ -295,7 +295,7 @@ def eagle3_loss(
     outputs = eagle3_unroll(
         head,
         fused,
-        embed_tokens(input_ids).to(dtype),
+        head.embed(embed_tokens, input_ids).to(dtype),
         position_ids,
         draft_attention_mask(attention_mask, position_ids, dtype),
         steps,

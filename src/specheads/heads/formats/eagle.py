@@ -106,8 +106,9 @@ def check_llama_layer(layer_config: dict[str, Any], fmt: str) -> None:
     if family not in LLAMA_FAMILIES:
         raise FormatError(
             f"format {fmt!r} holds a Llama decoder layer (SGLang / vLLM LlamaDecoderLayer); this head's layer "
-            f"is a {family!r} layer (from its target), which has no Llama equivalent here. "
-            f"Families that export: {list(LLAMA_FAMILIES)}"
+            f"is a {family!r} layer (draft_arch: target, the target's own family), which has no Llama "
+            f"equivalent. Train the head with draft_arch: llama (a Llama draft layer for any target, the "
+            f"default of new runs); draft_arch: target exports for families {list(LLAMA_FAMILIES)} only"
         )
     if layer_config.get("hidden_act", "silu") != "silu":
         raise FormatError(
@@ -324,6 +325,6 @@ def from_eagle(path, target: FrozenTarget) -> EagleHead:
         del tensors["fc.bias"]
     table = EAGLE_KEYS if fc_bias else tuple(r for r in EAGLE_KEYS if r[0] != "fc.bias")
     state = to_native(tensors, table, layer_sizes(layer_config, 1), what)
-    head = EagleHead(EagleConfig(layer_config, fc_bias=fc_bias))
+    head = EagleHead(EagleConfig(layer_config, draft_arch="llama", fc_bias=fc_bias))
     head.load_state_dict(state, strict=True)
     return head.eval()

@@ -325,7 +325,9 @@ def _build_eagle3(
     check_vocab_maps(tensors["d2t"], tensors["t2d"], vocab, what)
     sizes = {**layer_sizes(layer_config, 2), "Vd": draft_vocab}
     state = to_native(tensors, table, sizes, what)
-    head = Eagle3Head(Eagle3Config(layer_config, draft_vocab_size=draft_vocab, target_layers=tuple(ids)))
+    head = Eagle3Head(
+        Eagle3Config(layer_config, draft_arch="llama", draft_vocab_size=draft_vocab, target_layers=tuple(ids))
+    )
     head.load_state_dict(state, strict=True)
     return head.eval()
 
