@@ -28,6 +28,7 @@ from specheads.heads import (
 )
 from specheads.heads.eagle3 import rms_norm_state_like
 from specheads.heads.formats import FormatError, export_heads, import_heads
+from specheads.methods import methods
 from specheads.train.config import TrainConfig
 
 from helpers import OTHER_FAMILIES, causal_mask, perturbed, tiny_config, tiny_model, tiny_tokenizer
@@ -77,7 +78,11 @@ def outputs(head: nn.Module, target: FrozenTarget) -> list[torch.Tensor]:
 def exported(tmp_path, head: nn.Module, target: FrozenTarget, fmt: str, name: str):
     save_heads(head, tmp_path / f"{name}-native", target.record())
     export_heads(
-        tmp_path / f"{name}-native", fmt, tmp_path / name, target=target if fmt == "speculators" else None
+        tmp_path / f"{name}-native",
+        fmt,
+        tmp_path / name,
+        target=target if fmt == "speculators" else None,
+        methods=methods(),
     )
     config = json.loads((tmp_path / name / "config.json").read_text())
     return config, load_file(str(tmp_path / name / "model.safetensors"))
@@ -277,7 +282,7 @@ def test_a_target_family_layer_still_refuses_to_export_and_names_draft_arch_llam
         head = Eagle3Head(Eagle3Config(layer_config, draft_arch="target", draft_vocab_size=VD))
     save_heads(head, tmp_path / "native", target.record())
     with pytest.raises(FormatError, match="'qwen3' layer .*Train the head with draft_arch: llama"):
-        export_heads(tmp_path / "native", fmt, tmp_path / "out", target=target)
+        export_heads(tmp_path / "native", fmt, tmp_path / "out", target=target, methods=methods())
     assert not (tmp_path / "out").exists()
 
 
@@ -294,7 +299,7 @@ def test_a_head_config_without_draft_arch_loads_as_the_targets_family(tmp_path, 
     config = json.loads(path.read_text())
     assert config["head_config"].pop("draft_arch") == "target"
     path.write_text(json.dumps(config))
-    loaded, _ = load_heads(tmp_path / "old", target)
+    loaded, _ = load_heads(tmp_path / "old", target, methods=methods())
     assert loaded.config.draft_arch == "target" and type(loaded.layer).__name__ == "Qwen3DecoderLayer"
     for a, b in zip(outputs(head, target), outputs(loaded, target), strict=True):
         assert torch.equal(a, b)
@@ -306,7 +311,7 @@ def test_a_llama_draft_arch_is_recorded_and_loads_back(tmp_path, targets):
     save_heads(head, tmp_path / "new", target.record())
     recorded = json.loads((tmp_path / "new" / "config.json").read_text())["head_config"]
     assert recorded["draft_arch"] == "llama" and recorded["layer_config"]["model_type"] == "llama"
-    loaded, _ = load_heads(tmp_path / "new", target)
+    loaded, _ = load_heads(tmp_path / "new", target, methods=methods())
     assert loaded.config == head.config and type(loaded.layer).__name__ == "LlamaDecoderLayer"
 
 

@@ -14,6 +14,7 @@ from specheads.core.target import FrozenTarget
 from specheads.decode import SpeculativeDecoder, default_tree
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.heads import MedusaConfig, MedusaHeads, load_heads, save_heads
+from specheads.methods import methods
 from specheads.train.checkpointing import check_resumable
 from specheads.train.config import TrainConfig
 
@@ -82,7 +83,7 @@ def test_eagle3_trains_a_llama_draft_over_every_family(family_dirs, text_data, t
     steps = [m for m in metrics if m["split"] == "train"]
     assert [m["step"] for m in steps] == [4, 8] and steps[-1]["loss"] < steps[0]["loss"]
     target = FrozenTarget.from_pretrained(str(target_dir), dtype="float32")
-    head, config = load_heads(out, target)
+    head, config = load_heads(out, target, methods=methods())
     assert config["head_config"]["draft_arch"] == "llama"
     assert type(head.layer).__name__ == "LlamaDecoderLayer" and type(head.layer.mlp).__name__ == "LlamaMLP"
     assert head.layer.mlp.gate_proj.out_features == target.config.intermediate_size
@@ -99,7 +100,7 @@ def test_eagle_trains_a_llama_draft(family_dirs, text_data, tmp_path, family):
     steps = [m for m in metrics if m["split"] == "train"]
     assert steps[-1]["feature_loss"] < steps[0]["feature_loss"]
     target = FrozenTarget.from_pretrained(str(target_dir), dtype="float32")
-    head, config = load_heads(out, target)
+    head, config = load_heads(out, target, methods=methods())
     assert config["head_config"]["draft_arch"] == "llama" and type(head.layer).__name__ == "LlamaDecoderLayer"
     exports(out, target_dir, tmp_path / "exports", ("eagle",))
     greedy_equals_generate(target, EagleDrafter(head.eval(), target, default_tree("medusa-15")))
@@ -113,7 +114,9 @@ def test_draft_arch_target_trains_the_targets_family_and_its_export_is_refused(
     train(
         "eagle3.yaml", target_dir, text_data, out, "ttt_steps=1", "draft_vocab_size=200", "draft_arch=target"
     )
-    head, config = load_heads(out, FrozenTarget.from_pretrained(str(target_dir), dtype="float32"))
+    head, config = load_heads(
+        out, FrozenTarget.from_pretrained(str(target_dir), dtype="float32"), methods=methods()
+    )
     assert (
         config["head_config"]["draft_arch"] == "target" and type(head.layer).__name__ == "Qwen3DecoderLayer"
     )
