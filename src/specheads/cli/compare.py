@@ -8,8 +8,13 @@ import argparse
 from pathlib import Path
 
 from specheads.cli.commands import options_from
+from specheads.cli.eval_flags import (
+    add_overwrite_argument,
+    add_prompt_filter_arguments,
+    add_target_argument,
+    add_target_loading_arguments,
+)
 from specheads.cli.threads import add_threads_argument
-from specheads.core.target import DTYPES
 from specheads.evaluate.answers import ANSWERS_DIR
 from specheads.evaluate.compare import compare_heads
 from specheads.evaluate.eval_drafters import (
@@ -24,11 +29,7 @@ from specheads.methods import methods
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--target",
-        required=True,
-        help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")',
-    )
+    add_target_argument(p)
     p.add_argument(
         "--heads", nargs="*", default=[], help="native head checkpoint directories (any methods, any number)"
     )
@@ -38,13 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="mt-bench, spec-bench, a .jsonl of such questions, heldout (the target's heldout_files.json), "
         "or a .json file list in that format",
     )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the results --out holds (refused without it): once every input is checked and --out "
-        "locked, they are set aside, and go when the new run has kept its first prompt (an error before "
-        "that puts them back)",
-    )
+    add_overwrite_argument(p)
     p.add_argument("--out", required=True, type=Path, help="directory for results, report, plots, answers")
     p.add_argument(
         "--resume",
@@ -59,8 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"when --draft-model is given); {BASELINE} always runs: speedups and identity are against it",
     )
     p.add_argument("--draft-model", default=None, help="HF directory of the assistant model (same tokenizer)")
-    p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: all)")
-    p.add_argument("--category", default=None, help="only questions of this category")
+    add_prompt_filter_arguments(p)
     p.add_argument("--max-turns", type=int, default=None, help="ask at most N turns of each question")
     p.add_argument("--skip-long", action="store_true", help="skip prompts that outrun the target's positions")
     p.add_argument("--no-chat-template", action="store_true", help="questions as raw text, not chat turns")
@@ -103,14 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warmup", type=int, default=CompareOptions.warmup, help="untimed prompts every method decodes first"
     )
-    p.add_argument("--dtype", default=CompareOptions.dtype, choices=[*sorted(DTYPES), "auto"])
-    p.add_argument("--device", default=CompareOptions.device, help="cpu (default) or cuda[:i]")
-    p.add_argument(
-        "--attn",
-        default=CompareOptions.attn,
-        choices=["auto", "sdpa", "eager"],
-        help="attention implementation; auto: sdpa, or eager where transformers refuses sdpa",
-    )
+    add_target_loading_arguments(p, CompareOptions, "attention implementation")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
         "--allow-target-mismatch",

@@ -8,8 +8,13 @@ import argparse
 from pathlib import Path
 
 from specheads.cli.commands import options_from
+from specheads.cli.eval_flags import (
+    add_overwrite_argument,
+    add_prompt_filter_arguments,
+    add_target_argument,
+    add_target_loading_arguments,
+)
 from specheads.cli.threads import add_threads_argument
-from specheads.core.target import DTYPES
 from specheads.evaluate.eval_drafters import (
     add_draft_vocab_argument,
     add_recalibrate_argument,
@@ -25,11 +30,7 @@ D = EvalOptions  # the defaults
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--target",
-        required=True,
-        help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")',
-    )
+    add_target_argument(p)
     p.add_argument(
         "--heads", required=True, help="native head checkpoint directory (its config.json names the method)"
     )
@@ -39,13 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="mt-bench, spec-bench, a .jsonl of such questions, `heldout` (the target's "
         "heldout_files.json), or a .json file list in that format",
     )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the results --out holds (refused without it): once every input is checked and --out "
-        "locked, they are set aside, and go when the new run has kept its first prompt (an error before "
-        "that puts them back)",
-    )
+    add_overwrite_argument(p)
     p.add_argument(
         "--allow-target-mismatch",
         action="store_true",
@@ -58,8 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"go on from the prompts a stopped run kept in --out's {PROGRESS_FILE} (a re-run with the same "
         "settings on a folder holding only that file resumes too; other settings are refused)",
     )
-    p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: all)")
-    p.add_argument("--category", default=None, help="only questions of this category")
+    add_prompt_filter_arguments(p)
     p.add_argument("--no-chat-template", action="store_true", help="questions as raw text, not chat turns")
     p.add_argument(
         "--prompt-tokens",
@@ -106,14 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(with --temperature, batch i sampled with seed + i; each prompt's seconds are its batch's, shared "
         "evenly)",
     )
-    p.add_argument("--dtype", default=D.dtype, choices=[*sorted(DTYPES), "auto"])
-    p.add_argument("--device", default=D.device, help="cpu (default) or cuda[:i]")
-    p.add_argument(
-        "--attn",
-        default=D.attn,
-        choices=["auto", "sdpa", "eager"],
-        help="the target's attention implementation; auto: sdpa, or eager where transformers refuses sdpa",
-    )
+    add_target_loading_arguments(p, D, "the target's attention implementation")
     p.add_argument("--no-progress", action="store_true")
     add_threads_argument(p)
 

@@ -1,0 +1,45 @@
+"""The flags `specheads eval` and `specheads compare` share, defined once: both decode prompts with heads
+against the target and write a results folder, so the target, the results folder, the prompt selection and
+how the target is loaded read the same in both."""
+
+from __future__ import annotations
+
+import argparse
+
+from specheads.core.target import DTYPES
+
+
+def add_target_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target",
+        required=True,
+        help='HF directory or hub id of the target, or a named one ("tiny", "smollm2")',
+    )
+
+
+def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results --out holds (refused without it): once every input is checked and --out "
+        "locked, they are set aside, and go when the new run has kept its first prompt (an error before "
+        "that puts them back)",
+    )
+
+
+def add_prompt_filter_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: all)")
+    p.add_argument("--category", default=None, help="only questions of this category")
+
+
+def add_target_loading_arguments(p: argparse.ArgumentParser, defaults: type, attn_help: str) -> None:
+    """--dtype, --device and --attn, their defaults those of the options class `defaults`; `attn_help` opens
+    --attn's help."""
+    p.add_argument("--dtype", default=defaults.dtype, choices=[*sorted(DTYPES), "auto"])
+    p.add_argument("--device", default=defaults.device, help="cpu (default) or cuda[:i]")
+    p.add_argument(
+        "--attn",
+        default=defaults.attn,
+        choices=["auto", "sdpa", "eager"],
+        help=f"{attn_help}; auto: sdpa, or eager where transformers refuses sdpa",
+    )
