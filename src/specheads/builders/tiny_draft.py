@@ -41,16 +41,16 @@ import torch
 import torch.nn.functional as F
 from datasets import concatenate_datasets
 from safetensors import safe_open
-from tqdm.auto import tqdm
 
 from specheads.builders.tiny_target import (
     HELDOUT_FILE,
     TinyTargetConfig,
+    adamw_steps,
     default_cache_dir,
     eval_blocks,
     heldout_loss,
     load_corpus,
-    lr_at,
+    read_build_meta,
     token_stream,
     train_steps,
 )
@@ -357,27 +357,18 @@ def label_loss(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
 def train_on_rows(model, rows, make_batch, cfg: DistilledDraftConfig, progress: bool) -> None:
     """cfg.steps AdamW steps on batches of rows drawn without replacement, epoch after epoch (seeded);
     the loss is the mean over a batch's label tokens. Leaves the model in eval."""
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    gen = torch.Generator().manual_seed(cfg.seed)
     order: list[int] = []
-    bar = tqdm(range(cfg.steps), desc="tiny-draft (distilled)", disable=not progress, dynamic_ncols=True)
-    for step in bar:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
+
+    def loss_of(gen: torch.Generator) -> torch.Tensor:
+        nonlocal order
         while len(order) < cfg.batch_size:
             order += torch.randperm(len(rows), generator=gen).tolist()
         picked, order = order[: cfg.batch_size], order[cfg.batch_size :]
         batch = make_batch([rows[i] for i in picked])
         total, _ = label_loss(model, batch)
-        loss = total / batch["loss_mask"][:, 1:].sum().clamp(min=1)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr_at(step, cfg):.1e}")
-    bar.close()
-    model.eval()
+        return total / batch["loss_mask"][:, 1:].sum().clamp(min=1)
+
+    adamw_steps(model, cfg, cfg.steps, loss_of, progress, "tiny-draft (distilled)")
 
 
 @torch.no_grad()
@@ -473,12 +464,7 @@ def build_distilled(
 
 def read_meta(path: Path) -> dict | None:
     """The build record of a finished draft at `path`, or None if there is none."""
-    try:
-        meta = json.loads((Path(path) / META_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    needed = ("config.json", "model.safetensors", "tokenizer_config.json")
-    return meta if all((Path(path) / f).exists() for f in needed) else None
+    return read_build_meta(path, META_FILE, ("config.json", "model.safetensors", "tokenizer_config.json"))
 
 
 def default_output_dir(key: str) -> Path:

@@ -103,14 +103,21 @@ def default_output_dir(cfg: TinyTargetConfig) -> Path:
     return default_cache_dir() / "tiny-target" / cfg.key()
 
 
-def read_meta(path: Path) -> dict | None:
-    """The build record of a finished tiny target at `path`, or None if there is none."""
+def read_build_meta(path: Path, meta_file: str, needed: tuple[str, ...]) -> dict | None:
+    """The build record `meta_file` of a finished build at `path`, or None if it is unreadable or any of
+    the files `needed` is missing."""
     try:
-        meta = json.loads((Path(path) / META_FILE).read_text())
+        meta = json.loads((Path(path) / meta_file).read_text())
     except (OSError, ValueError):
         return None
-    needed = ("config.json", "model.safetensors", "tokenizer.json", HELDOUT_FILE)
     return meta if all((Path(path) / f).exists() for f in needed) else None
+
+
+def read_meta(path: Path) -> dict | None:
+    """The build record of a finished tiny target at `path`, or None if there is none."""
+    return read_build_meta(
+        path, META_FILE, ("config.json", "model.safetensors", "tokenizer.json", HELDOUT_FILE)
+    )
 
 
 # -- tokenizer ------------------------------------------------------------------------------------
@@ -214,19 +221,17 @@ def lr_at(step: int, cfg: TinyTargetConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def train_steps(model, stream: torch.Tensor, cfg: TinyTargetConfig, progress: bool, desc: str) -> None:
-    """Next-token training on random seq_len windows of `stream` for cfg.total_steps; leaves it in eval."""
+def adamw_steps(model, cfg, steps: int, loss_of, progress: bool, desc: str) -> None:
+    """`steps` AdamW steps at `lr_at(step, cfg)`, gradients clipped to norm 1, each on the loss `loss_of(gen)`
+    returns (`gen` a CPU generator seeded with cfg.seed, for its batch draws); leaves the model in eval."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
-    bar = tqdm(range(cfg.total_steps), desc=desc, disable=not progress, dynamic_ncols=True)
+    bar = tqdm(range(steps), desc=desc, disable=not progress, dynamic_ncols=True)
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        starts = torch.randint(0, stream.numel() - cfg.seq_len, (cfg.batch_size,), generator=gen)
-        x = torch.stack([stream[s : s + cfg.seq_len] for s in starts.tolist()])  # (B, T)
-        logits = model(input_ids=x).logits[:, :-1]
-        loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        loss = loss_of(gen)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -234,6 +239,18 @@ def train_steps(model, stream: torch.Tensor, cfg: TinyTargetConfig, progress: bo
         bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr_at(step, cfg):.1e}")
     bar.close()
     model.eval()
+
+
+def train_steps(model, stream: torch.Tensor, cfg: TinyTargetConfig, progress: bool, desc: str) -> None:
+    """Next-token training on random seq_len windows of `stream` for cfg.total_steps; leaves it in eval."""
+
+    def loss_of(gen: torch.Generator) -> torch.Tensor:
+        starts = torch.randint(0, stream.numel() - cfg.seq_len, (cfg.batch_size,), generator=gen)
+        x = torch.stack([stream[s : s + cfg.seq_len] for s in starts.tolist()])  # (B, T)
+        logits = model(input_ids=x).logits[:, :-1]
+        return F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+
+    adamw_steps(model, cfg, cfg.total_steps, loss_of, progress, desc)
 
 
 # -- build ----------------------------------------------------------------------------------------
