@@ -24,7 +24,7 @@ from specheads.evaluate.compare import CompareOptions, command_line, compare_hea
 from specheads.evaluate.eval_drafters import EAGLE_TOTAL_TOKENS, default_tree_name
 from specheads.evaluate.evaluate import REPORT_FILE
 from specheads.heads.checkpoint import CONFIG_FILE, read_head_config
-from specheads.train.config import find_recipe, load_config, recipe_values
+from specheads.train.config import config_from_record, find_recipe, load_config, recipe_values
 from specheads.train.loop import train
 from specheads.train.optimizers import muon_missing
 
@@ -105,11 +105,10 @@ def recipe_for(method: str) -> Path:
 def trained_with(heads_dir: Path, recipe: Path, overrides: list[str]) -> bool:
     """Whether `heads_dir` holds finished heads trained with exactly this recipe and overrides."""
     try:
-        saved = json.loads((heads_dir / CONFIG_FILE).read_text())["training"]
-    except (OSError, ValueError, KeyError):
+        saved = config_from_record(json.loads((heads_dir / CONFIG_FILE).read_text())["training"])
+    except (OSError, ValueError, KeyError, TypeError):
         return False
-    wanted = load_config(recipe, overrides).to_dict()
-    return all(saved.get(k) == v for k, v in wanted.items())
+    return saved == load_config(recipe, overrides)
 
 
 def without_muon(method: str, recipe: Path, overrides: list[str]) -> list[str]:

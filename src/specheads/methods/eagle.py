@@ -6,17 +6,31 @@ Decoded over EAGLE-1 static trees of its own top-k ranks, or EAGLE-2 dynamic tre
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 from specheads.evaluate.calibrate_dynamic import calibrate_eagle
 from specheads.evaluate.eval_drafters import eagle_drafter_for
 from specheads.heads import EagleConfig, EagleHead, layer_config_from
 from specheads.heads.methods import Method
 from specheads.methods.medusa import last_layer
+from specheads.train.config import recipe_key
 from specheads.train.eagle_losses import DraftMetrics, eagle_loss
+
+
+@dataclass
+class EagleSettings:
+    """EAGLE-1/2's recipe keys, the recipe's `eagle:` section (its labels are always the target's features
+    and distributions)."""
+
+    w_feat: float = recipe_key(1.0, "weight of the feature loss, SmoothL1(f̂_{t+1}, f_{t+1})")
+    w_tok: float = recipe_key(0.1, "weight of the token loss, soft cross-entropy against the target")
+    noise: float = recipe_key(0.1, "training adds U(-noise, noise) to the input features")
+    fc_bias: bool = recipe_key(True, "the layer's input projection has a bias")
 
 
 def build_heads(cfg, target, label_counts=None) -> tuple[EagleHead, dict]:
     """One EAGLE layer shaped like the target's decoder layers."""
-    head = EagleHead(EagleConfig(layer_config_from(target.config), fc_bias=cfg.fc_bias))
+    head = EagleHead(EagleConfig(layer_config_from(target.config), fc_bias=cfg.settings.fc_bias))
     return head.to(target.device), {}
 
 
@@ -32,9 +46,9 @@ def loss(objective, batch: dict, out, target):
         target.embed_tokens,
         target.lm_head,
         attention_mask=batch["attention_mask"],
-        w_feat=objective.w_feat,
-        w_tok=objective.w_tok,
-        noise=objective.noise,
+        w_feat=objective.settings.w_feat,
+        w_tok=objective.settings.w_tok,
+        noise=objective.settings.noise,
         topk=objective.topk,
     )
 
@@ -48,9 +62,14 @@ EAGLE = Method(
     capture=lambda head: tuple(head.capture_layers),
     loss=loss,
     metric_shape=lambda cfg: (DraftMetrics.ROWS, 1),
-    summarise=lambda cfg, sums: DraftMetrics.summarise(sums, [cfg.w_tok], cfg.topk, w_feat=cfg.w_feat),
-    recipe_keys=("w_feat", "w_tok", "noise", "fc_bias"),
-    check_recipe=lambda cfg: [(cfg.noise >= 0, f"noise must be >= 0, got {cfg.noise}")],
+    summarise=lambda cfg, sums: DraftMetrics.summarise(
+        sums, [cfg.settings.w_tok], cfg.topk, w_feat=cfg.settings.w_feat
+    ),
+    recipe_keys=tuple(f.name for f in fields(EagleSettings)),
+    settings_class=EagleSettings,
+    check_recipe=lambda cfg: [
+        (cfg.settings.noise >= 0, f"eagle.noise must be >= 0, got {cfg.settings.noise}")
+    ],
     drafter=eagle_drafter_for,
     draft_vocab="",
     calibrate=calibrate_eagle,

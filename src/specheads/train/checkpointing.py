@@ -39,7 +39,7 @@ from specheads.core.run_folder import clear, hold_folder, refuse_results
 from specheads.core.target import TargetRecord
 from specheads.heads import read_head_config, save_heads
 from specheads.heads.checkpoint import ADAPTER_DIR, CONFIG_FILE, WEIGHTS_FILE
-from specheads.train.config import TrainConfig
+from specheads.train.config import TrainConfig, config_from_record
 from specheads.train.distributed import zero_stage
 
 CHECKPOINTS = "checkpoints"
@@ -149,6 +149,17 @@ def read_state(path: Path) -> dict:
     return json.loads((Path(path) / STATE_FILE).read_text())
 
 
+def _flat(config: dict) -> dict:
+    """A recipe's keys, its method's section's as `method.key`."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out |= {f"{key}.{k}": v for k, v in value.items()}
+        else:
+            out[key] = value
+    return out
+
+
 def check_resumable(
     state: dict, cfg: TrainConfig, num_processes: int, record: TargetRecord, path: Path
 ) -> None:
@@ -156,8 +167,9 @@ def check_resumable(
     problems = []
     if state["num_processes"] != num_processes:
         problems.append(f"written by {state['num_processes']} processes, this run has {num_processes}")
-    now = cfg.to_dict()
-    for key, value in state["config"].items():
+    now = _flat(cfg.to_dict())
+    then = _flat(config_from_record(state["config"]).to_dict())  # sectioned, or flat as written before
+    for key, value in then.items():
         if key not in RESUMABLE_CHANGES and now.get(key) != value:
             problems.append(f"{key}: checkpoint {value!r}, this run {now.get(key)!r}")
     if problems:

@@ -112,16 +112,17 @@ class TokenMismatchError(CacheError):
     """A cached row whose tokens differ from the dataset's row at the same index."""
 
 
-def cache_layers(method: str, num_layers: int, eagle3_layers: Sequence[int] = ()) -> tuple[int, ...]:
+def cache_layers(method: str, num_layers: int, chosen: Sequence[int] = ()) -> tuple[int, ...]:
     """The layer ids a method's training reads (its `target_layers` in the method table): L (after the
-    final norm; logits are lm_head of it), plus EAGLE-3's three fused layers ((2, L//2, L-3) unless given)."""
+    final norm; logits are lm_head of it), plus EAGLE-3's three fused layers ((2, L//2, L-3) unless
+    `chosen`, the recipe's `eagle3.layers`)."""
     entry = methods().get(method)
     if entry is None or entry.online_only:
         raise ValueError(
             f"no cache layout for method {method!r}; expected one of "
             f"{', '.join(n for n, m in methods().items() if not m.online_only)}"
         )
-    return entry.target_layers(num_layers, eagle3_layers)
+    return entry.target_layers(num_layers, chosen)
 
 
 def read_index(cache_dir: str | Path) -> dict:
