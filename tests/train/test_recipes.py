@@ -5,6 +5,7 @@ the real targets); it is configuration (40 lines at most, in the sectioned form,
 and trains what it trained before the sections (recipe_values.json: the values each file set then); and
 every accelerate config parses as accelerate reads it, with its DeepSpeed file."""
 
+import dataclasses
 import json
 import re
 import warnings
@@ -15,7 +16,7 @@ import yaml
 
 from specheads.builders.tiny_target import TinyTargetConfig
 from specheads.heads.methods import methods
-from specheads.train.config import RecipeKeyMoved, common_fields, load_config
+from specheads.train.config import RecipeKeyMoved, common_fields, load_config, settings_class
 
 METHODS = tuple(methods())  # the built-in methods: a recipe each per real target family
 
@@ -150,6 +151,18 @@ def test_recipe_trains_what_it_trained_before_the_sections(path):
         warnings.simplefilter("ignore", RecipeKeyMoved)
         before = load_config(None, EXPECTED[relative(path)])
     assert load_config(path) == before
+
+
+def test_docs_list_every_recipe_key_as_the_code_defines_it():
+    """docs/recipes.md is the page recipe_docs writes from the dataclasses: every key, default and meaning,
+    so it cannot drift from the code (`python -m specheads.train.recipe_docs > docs/recipes.md` renews it)."""
+    from specheads.train.recipe_docs import COMMAND, markdown
+
+    assert (REPO / "docs" / "recipes.md").read_text() == markdown(), f"run: {COMMAND}"
+    sections = [settings_class(m) for m in methods().values()]
+    for f in [*common_fields(), *(f for cls in sections for f in dataclasses.fields(cls))]:
+        assert f.metadata.get("help"), f"recipe key {f.name} has no help"
+        assert f"| `{f.name}` |" in markdown()
 
 
 def test_recipes_write_to_their_own_output_dirs():

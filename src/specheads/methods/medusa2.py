@@ -36,7 +36,7 @@ class Medusa2Settings(MedusaSettings):
 
     lora_r: int = recipe_key(32, "the adapters' rank")
     lora_alpha: float = recipe_key(
-        16.0, "the adapters' scale numerator (the update is alpha / r times theirs)"
+        16.0, "the adapters' scale: their update is multiplied by lora_alpha / lora_r"
     )
     lora_dropout: float = recipe_key(0.0, "dropout on the adapters' input")
     lora_target_modules: list[str] = recipe_key(
