@@ -58,7 +58,7 @@ class NoSettings:
     """The section of a method that reads no keys of its own."""
 
 
-def _methods() -> dict[str, Method]:
+def method_table() -> dict[str, Method]:
     """The method table (name -> entry): this module's one use of it."""
     return methods()
 
@@ -173,7 +173,7 @@ class TrainConfig:
         return math.ceil(self.warmup_ratio * self.max_steps) if self.warmup_ratio else self.warmup_steps
 
     def __post_init__(self):
-        table = _methods()
+        table = method_table()
         if self.method not in table:
             raise ValueError(f"bad recipe value: method must be one of {tuple(table)}, got {self.method!r}")
         method = table[self.method]
@@ -182,7 +182,7 @@ class TrainConfig:
             self.settings = cls()
         elif isinstance(self.settings, dict):
             self.settings = _settings_from(self.method, self.settings)
-        elif not isinstance(self.settings, cls):
+        elif type(self.settings) is not cls:
             raise ValueError(
                 f"bad recipe value: method {self.method!r} reads its keys from a {cls.__name__}, "
                 f"got {type(self.settings).__name__}"
@@ -329,7 +329,7 @@ def _coerce(label: str, value: Any, hint: Any) -> Any:
 
 def _settings_from(method: str, section: dict[str, Any]):
     """`method`'s section dataclass from its keys' values as written (typed here; unknown keys refused)."""
-    cls = settings_class(_methods()[method])
+    cls = settings_class(method_table()[method])
     hints = typing.get_type_hints(cls)
     names = {f.name for f in fields(cls)}
     unknown = [k for k in section if k not in names]
@@ -423,7 +423,7 @@ def _section_fields(method: Method) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in fields(settings_class(method))}
 
 
-def _old_name(f: dataclasses.Field) -> str:
+def former_name(f: dataclasses.Field) -> str:
     """A method key's top-level name before the sections."""
     return f.metadata.get("old") or f.name
 
@@ -431,7 +431,7 @@ def _old_name(f: dataclasses.Field) -> str:
 def _flat_owners(name: str, table: dict[str, Method]) -> list[tuple[str, str]]:
     """(method, key in its section) of every method whose section holds top-level key `name` of old."""
     return [
-        (m, f.name) for m, e in table.items() for f in _section_fields(e).values() if _old_name(f) == name
+        (m, f.name) for m, e in table.items() for f in _section_fields(e).values() if former_name(f) == name
     ]
 
 
@@ -443,7 +443,7 @@ def _place(method: str, key: str, where: str) -> str:
 def _misplaced(owner: str, key: str, where: str, table: dict[str, Method]) -> str:
     """The error for `key` in method `owner`'s section, which does not read it, naming its right place."""
     own = _section_fields(table[owner])
-    renamed = [f.name for f in own.values() if _old_name(f) == key]
+    renamed = [f.name for f in own.values() if former_name(f) == key]
     others = [(m, f) for m, f in _flat_owners(key, table) if m != owner]
     others += [(m, key) for m, e in table.items() if m != owner and key in _section_fields(e)]
     if key in {f.name for f in common_fields()}:
@@ -472,7 +472,8 @@ def _unknown(names: list[str], method: str, where: str, table: dict[str, Method]
     return f"unknown recipe key{'s' if len(names) > 1 else ''} {where}: {', '.join(hints)}"
 
 
-def _default(f: dataclasses.Field) -> Any:
+def key_default(f: dataclasses.Field) -> Any:
+    """A key's default value."""
     return f.default_factory() if f.default_factory is not MISSING else f.default
 
 
@@ -482,7 +483,7 @@ def _sectioned(layers: list[tuple[str, dict[str, Any]]], record: bool = False) -
     form before sections) moves into the method's section with a RecipeKeyMoved message; one that only
     other methods read, or another method's section, is ignored with a message; unknown keys are errors.
     `record`: a checkpoint's record, read quietly (its notes and other methods' keys ignored)."""
-    table = _methods()
+    table = method_table()
     method = TrainConfig.method
     for _, values in layers:
         method = values.get("method", method)
@@ -533,7 +534,7 @@ def _sectioned(layers: list[tuple[str, dict[str, Any]]], record: bool = False) -
                     first, key = moved[0]
                     f = _section_fields(table[first])[key]
                     hint = typing.get_type_hints(settings_class(table[first]))[key]
-                    if _coerce(name, value, hint) != _default(f):
+                    if _coerce(name, value, hint) != key_default(f):
                         owners = ", ".join(dict.fromkeys(m for m, _ in moved))
                         warnings.warn(
                             f"recipe key {name!r} {where} is read by method {owners} only; method {method!r} "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from specheads.train.config import _default, _methods, _old_name, common_fields, settings_class
+from specheads.train.config import common_fields, former_name, key_default, method_table, settings_class
 
 COMMAND = "python -m specheads.train.recipe_docs > docs/recipes.md"
 
@@ -57,16 +57,16 @@ def _rows(fields: list[dataclasses.Field], renamed: bool = False) -> list[str]:
     rows = ["| key | default | meaning |", "| --- | --- | --- |"]
     for f in fields:
         meaning = f.metadata.get("help", "").replace("|", "\\|")
-        if renamed and _old_name(f) != f.name:
-            meaning += f" (formerly `{_old_name(f)}`)"
-        rows.append(f"| `{f.name}` | {_value(_default(f))} | {meaning} |")
+        if renamed and former_name(f) != f.name:
+            meaning += f" (formerly `{former_name(f)}`)"
+        rows.append(f"| `{f.name}` | {_value(key_default(f))} | {meaning} |")
     return rows
 
 
 def markdown() -> str:
     """The whole page."""
     lines = [INTRO, "## Common keys", "", "Read by every method.", "", *_rows(common_fields())]
-    for name, method in _methods().items():
+    for name, method in method_table().items():
         cls = settings_class(method)
         if not dataclasses.fields(cls):
             continue  # a method that reads no keys of its own
