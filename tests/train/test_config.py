@@ -243,19 +243,19 @@ def test_another_methods_keys_do_nothing_and_say_so(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "text, line, key",
+    "text, line, first, key",
     [
-        ("method: medusa\nmax_steps: 120\nlr: 0.1\nmax_steps: 1000\n", 4, "max_steps"),
-        ("method: eagle3\neagle3:\n  ttt_steps: 2\n  decay: 0.9\n  ttt_steps: 3\n", 5, "ttt_steps"),
-        ("method: eagle3\neagle3: {ttt_steps: 2}\nlr: 0.1\neagle3: {decay: 0.9}\n", 4, "eagle3"),
+        ("method: medusa\nmax_steps: 120\nlr: 0.1\nmax_steps: 1000\n", 4, 2, "max_steps"),
+        ("method: eagle3\neagle3:\n  ttt_steps: 2\n  decay: 0.9\n  ttt_steps: 3\n", 5, 3, "ttt_steps"),
+        ("method: eagle3\neagle3: {ttt_steps: 2}\nlr: 0.1\neagle3: {decay: 0.9}\n", 4, 2, "eagle3"),
     ],
 )
-def test_a_key_set_twice_is_an_error_naming_the_file_and_line(tmp_path, text, line, key):
+def test_a_key_set_twice_is_an_error_naming_the_file_and_line(tmp_path, text, line, first, key):
     recipe = tmp_path / "twice.yaml"
     recipe.write_text(text)
     with pytest.raises(
         ValueError,
-        match=rf"recipe .*twice.yaml is not valid YAML: key '{key}' is set twice .* at line {line}",
+        match=rf"recipe .*twice.yaml at line {line}: key '{key}' is set twice \(first at line {first}\); keep one",
     ):
         load_config(recipe)
 

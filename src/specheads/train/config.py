@@ -381,6 +381,12 @@ class _RecipeLoader(yaml.SafeLoader):
     the last silently)."""
 
 
+class _KeySetTwice(yaml.YAMLError):
+    def __init__(self, key: Any, line: int, first: int):
+        super().__init__(f"key {key!r} is set twice")
+        self.key, self.line, self.first = key, line, first
+
+
 def _unique_keys_mapping(loader: _RecipeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
@@ -388,13 +394,8 @@ def _unique_keys_mapping(loader: _RecipeLoader, node: yaml.MappingNode, deep: bo
             continue
         key = loader.construct_object(key_node, deep=True)
         if isinstance(key, typing.Hashable) and key in seen:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                f"key {key!r} is set twice (first at line {seen[key] + 1}); keep one",
-                key_node.start_mark,
-            )
-        seen[key] = key_node.start_mark.line
+            raise _KeySetTwice(key, key_node.start_mark.line + 1, seen[key])
+        seen[key] = key_node.start_mark.line + 1
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
@@ -407,6 +408,10 @@ def read_recipe(path: Path) -> dict[str, Any]:
     text = Path(path).read_text()
     try:
         loaded = yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader)
+    except _KeySetTwice as e:
+        raise ValueError(
+            f"recipe {path} at line {e.line}: key {e.key!r} is set twice (first at line {e.first}); keep one"
+        ) from None
     except yaml.YAMLError as e:
         raise ValueError(f"recipe {path} is not valid YAML: {_first_line(e)}") from None
     if loaded is None:
