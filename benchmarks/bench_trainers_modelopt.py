@@ -112,7 +112,8 @@ def recipe_eagle3(recipe: Path) -> tuple[list[int], int]:
     import yaml
 
     config = yaml.safe_load(recipe.read_text())
-    return [int(i) for i in config["eagle3_layers"]], int(config["draft_vocab_size"])
+    section = config["eagle3"]  # the recipe's EAGLE-3 keys
+    return [int(i) for i in section["layers"]], int(section["draft_vocab_size"])
 
 
 def default_aux_layers(num_layers: int) -> list[int]:

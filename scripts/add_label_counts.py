@@ -23,7 +23,7 @@ from specheads.heads import read_head_config
 from specheads.heads.checkpoint import LABEL_COUNTS_FILE
 from specheads.methods import methods
 from specheads.train import loop
-from specheads.train.config import TrainConfig, load_config
+from specheads.train.config import config_from_record
 from specheads.train.eagle_losses import count_label_tokens
 
 
@@ -33,8 +33,7 @@ def add_label_counts(heads_dir: str | Path, out: str | Path) -> int:
     if out.exists():
         raise FileExistsError(f"{out} exists; choose a new folder")
     record = read_head_config(heads_dir, methods=methods()).get("training", {})
-    known = {f.name for f in dataclasses.fields(TrainConfig)}  # the record adds notes, step and eval
-    cfg = load_config(None, {k: v for k, v in record.items() if k in known}, methods=methods())
+    cfg = config_from_record(record, methods=methods())  # the record's notes, step and eval aside
     cfg = dataclasses.replace(cfg, mode="online")  # the rows come from the data, not from a cache
     target = FrozenTarget.from_pretrained(resolve_target(cfg.target), dtype="float32")
     rows, _, _ = loop.make_data(cfg, target.tokenizer)

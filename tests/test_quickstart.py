@@ -2,6 +2,7 @@
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -97,6 +98,29 @@ def test_measured_ranges_cover_every_method_and_peer():
             assert 1.0 <= tau_lo <= tau_hi and 0 < sp_lo <= sp_hi
     for method in ("generate", "prompt-lookup", *METHODS):  # each measured on one machine at least
         assert any(machine["ranges"][method] for machine in quickstart.MEASURED_SPREAD), method
+
+
+def test_the_measured_ranges_are_a_data_file_shipped_with_the_package():
+    """The ranges, and the machine each comes from, live in cli/quickstart_reference.json (package data), not
+    in the code; neither carries dates."""
+    import re
+
+    import tomllib
+
+    from specheads.cli import quickstart
+
+    repo = Path(__file__).resolve().parents[1]
+    data = repo / "src" / "specheads" / "cli" / quickstart.REFERENCE_FILE
+    shipped = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert quickstart.REFERENCE_FILE in shipped["specheads.cli"]
+    assert (
+        quickstart.MEASURED_SPREAD
+        == json.loads(data.read_text())["machines"]
+        == quickstart.reference_ranges()
+    )
+    assert all(machine["machine"] and machine["builds"] >= 1 for machine in quickstart.MEASURED_SPREAD)
+    for text in (data.read_text(), Path(quickstart.__file__).read_text()):
+        assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text)
 
 
 def test_a_recipe_asking_for_muon_trains_with_adamw_on_a_torch_without_it(monkeypatch, capsys):

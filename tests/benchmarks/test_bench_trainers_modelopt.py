@@ -132,7 +132,7 @@ def test_modelopt_fuses_our_recipes_layers_and_drafts_over_its_vocabulary_size(t
     recipe = jobs.recipe_path(target, "eagle3")
     config = yaml.safe_load(recipe.read_text())
     layers, vocab = modelopt.recipe_eagle3(recipe)
-    assert (layers, vocab) == (config["eagle3_layers"], config["draft_vocab_size"])
+    assert (layers, vocab) == (config["eagle3"]["layers"], config["eagle3"]["draft_vocab_size"])
     assert config["target"] == target and config["method"] == "eagle3"
 
 
@@ -202,9 +202,11 @@ def test_every_eagle3_ablation_is_a_valid_recipe_override():
     cfg = eagle3_recipe("smollm2", modelopt.eagle3_ablation("muon+warmup 0", budget))
     assert (cfg.warmup, cfg.optimizer) == (0, "muon")
     # the recipe starts its draft's head from the target's; "head init random" gives its runs before that
-    assert eagle3_recipe("smollm2", {}).draft_head_init == "target"
+    assert eagle3_recipe("smollm2", {}).settings.draft_head_init == "target"
     assert (
-        eagle3_recipe("smollm2", modelopt.eagle3_ablation("head init random", budget)).draft_head_init
+        eagle3_recipe(
+            "smollm2", modelopt.eagle3_ablation("head init random", budget)
+        ).settings.draft_head_init
         == "random"
     )
 

@@ -170,36 +170,43 @@ def test_eagle3_head_starts_from_the_targets_lm_head_rows_and_norm():
     rows = [{"input_ids": list(range(10, 30)), "loss_mask": [1] * 20}]
     for init, same in (("target", True), ("random", False)):
         cfg = load_config(
-            None, {"method": "eagle3", "draft_vocab_size": 6, "draft_head_init": init}, methods=methods()
+            None,
+            {"method": "eagle3", "eagle3": {"draft_vocab_size": 6, "draft_head_init": init}},
+            methods=methods(),
         )
         built, _ = build_heads(cfg, target, count_label_tokens(rows, V))
         rows_of_target = target.lm_head.weight[built.to_target_ids(torch.arange(6))]
         assert torch.equal(built.lm_head.weight, rows_of_target) is same
-    with pytest.raises(ValueError, match="draft_head_init must be one of"):
-        load_config(None, {"method": "eagle3", "draft_head_init": "zeros"}, methods=methods())
-    with pytest.raises(ValueError, match="eagle3_noise must be >= 0, got -0.1"):
-        load_config(None, {"method": "eagle3", "eagle3_noise": -0.1}, methods=methods())
+    with pytest.raises(ValueError, match="eagle3.draft_head_init must be one of"):
+        load_config(None, ["method=eagle3", "eagle3.draft_head_init=zeros"], methods=methods())
+    with pytest.raises(ValueError, match="eagle3.noise must be >= 0, got -0.1"):
+        load_config(None, ["method=eagle3", "eagle3.noise=-0.1"], methods=methods())
     with pytest.warns(UserWarning, match="'eagle3_noise' .* read by method eagle3 only"):
         load_config(None, {"method": "eagle", "eagle3_noise": 0.1}, methods=methods())
-    with pytest.raises(ValueError, match="eagle3_teacher_temperature must be >= 0 .*, got -1"):
-        load_config(None, {"method": "eagle3", "eagle3_teacher_temperature": -1}, methods=methods())
+    with pytest.warns(
+        UserWarning, match="section 'eagle3' .* read by method eagle3 only; method 'eagle' ignores"
+    ):
+        load_config(None, {"method": "eagle", "eagle3": {"noise": 0.1}}, methods=methods())
+    with pytest.raises(ValueError, match="eagle3.teacher_temperature must be >= 0 .*, got -1"):
+        load_config(None, ["method=eagle3", "eagle3.teacher_temperature=-1"], methods=methods())
     assert (
         load_config(
-            None, {"method": "eagle3", "eagle3_teacher_temperature": 0}, methods=methods()
-        ).eagle3_teacher_temperature
+            None, ["method=eagle3", "eagle3.teacher_temperature=0"], methods=methods()
+        ).settings.teacher_temperature
         == 0
     )
-    with pytest.raises(ValueError, match="eagle3_out_of_vocab must be one of .*, got 'drop'"):
-        load_config(None, {"method": "eagle3", "eagle3_out_of_vocab": "drop"}, methods=methods())
-    assert load_config(None, {"method": "eagle3"}, methods=methods()).eagle3_out_of_vocab == "skip"
-    with pytest.raises(ValueError, match="eagle3_topk_loss must be >= 0 .*, got -1"):
-        load_config(None, {"method": "eagle3", "eagle3_topk_loss": -1}, methods=methods())
-    with pytest.raises(ValueError, match="eagle3_topk_loss_weight must be >= 0, got -0.5"):
-        load_config(None, {"method": "eagle3", "eagle3_topk_loss_weight": -0.5}, methods=methods())
+    with pytest.raises(ValueError, match="eagle3.out_of_vocab must be one of .*, got 'drop'"):
+        load_config(None, ["method=eagle3", "eagle3.out_of_vocab=drop"], methods=methods())
+    assert load_config(None, {"method": "eagle3"}, methods=methods()).settings.out_of_vocab == "skip"
+    with pytest.raises(ValueError, match="eagle3.topk_loss must be >= 0 .*, got -1"):
+        load_config(None, ["method=eagle3", "eagle3.topk_loss=-1"], methods=methods())
+    with pytest.raises(ValueError, match="eagle3.topk_loss_weight must be >= 0, got -0.5"):
+        load_config(None, ["method=eagle3", "eagle3.topk_loss_weight=-0.5"], methods=methods())
     with pytest.warns(UserWarning, match="'eagle3_topk_loss' .* read by method eagle3 only"):
         load_config(None, {"method": "medusa", "eagle3_topk_loss": 10}, methods=methods())
-    # off unless asked for
-    assert load_config(None, {"method": "eagle3"}, methods=methods()).eagle3_topk_loss == 0
+    assert (
+        load_config(None, {"method": "eagle3"}, methods=methods()).settings.topk_loss == 0
+    )  # off unless asked for
 
 
 @pytest.mark.parametrize("convention", ["rope_parameters", "rope_theta"])
@@ -223,7 +230,9 @@ def test_draft_rope_theta_sets_the_draft_layers_rotary_base_and_travels_to_the_c
     rows = [{"input_ids": list(range(10, 30)), "loss_mask": [1] * 20}]
     for theta in (0.0, 1234.0):
         cfg = load_config(
-            None, {"method": "eagle3", "draft_vocab_size": 6, "draft_rope_theta": theta}, methods=methods()
+            None,
+            {"method": "eagle3", "eagle3": {"draft_vocab_size": 6, "draft_rope_theta": theta}},
+            methods=methods(),
         )
         built, _ = build_heads(cfg, target, count_label_tokens(rows, V))
         dim = built.rotary_emb.inv_freq.numel() * 2
@@ -235,8 +244,10 @@ def test_draft_rope_theta_sets_the_draft_layers_rotary_base_and_travels_to_the_c
     assert torch.equal(loaded.rotary_emb.inv_freq, built.rotary_emb.inv_freq)
     export_heads(tmp_path / "native", "eagle3", tmp_path / "export", methods=methods())
     assert json.loads((tmp_path / "export" / "config.json").read_text())["rope_theta"] == 1234.0
-    with pytest.raises(ValueError, match="draft_rope_theta must be > 0, or 0 for the target's; got -1"):
-        load_config(None, {"method": "eagle3", "draft_rope_theta": -1}, methods=methods())
+    with pytest.raises(
+        ValueError, match="eagle3.draft_rope_theta must be > 0, or 0 for the target's; got -1"
+    ):
+        load_config(None, ["method=eagle3", "eagle3.draft_rope_theta=-1"], methods=methods())
     with pytest.raises(ValueError, match="a rope theta must be > 0"):
         with_rope_theta(layer, 0)
 

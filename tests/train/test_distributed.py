@@ -27,6 +27,7 @@ from specheads.cli import main as cli_main
 from specheads.core.target import FrozenTarget
 from specheads.heads import MedusaConfig, MedusaHeads
 from specheads.methods import MEDUSA
+from specheads.methods.medusa import MedusaSettings
 from specheads.train.distributed import fill_deepspeed_config
 from specheads.train.losses import medusa_loss
 from specheads.train.objective import HeadsWithLoss
@@ -224,7 +225,9 @@ def test_heads_with_loss_owns_only_the_heads_and_covers_every_weight():
     target = FrozenTarget(tiny_model("llama"))
     heads = MedusaHeads(MedusaConfig(hidden_size=64, vocab_size=264, num_heads=3))
     heads.init_lm_heads_from(target.lm_head)
-    model = HeadsWithLoss(heads, MEDUSA.loss, capture_layers=MEDUSA.capture(heads), decay=0.8)
+    model = HeadsWithLoss(
+        heads, MEDUSA.loss, capture_layers=MEDUSA.capture(heads), settings=MedusaSettings(decay=0.8)
+    )
     assert [p for p in model.parameters()] == [p for p in heads.parameters()]
     ids = torch.randint(0, 264, (2, 9))
     batch = {

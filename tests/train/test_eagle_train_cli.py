@@ -48,8 +48,13 @@ def test_recipes_parse():
         load_config(REPO / "recipes/tiny/eagle.yaml", methods=methods()),
         load_config(REPO / "recipes/tiny/eagle3.yaml", methods=methods()),
     )
-    assert (eagle.method, eagle.w_feat, eagle.w_tok, eagle.noise) == ("eagle", 1.0, 0.1, 0.1)
-    assert (eagle3.method, eagle3.ttt_steps, eagle3.eagle3_layers) == ("eagle3", 5, [1, 2, 3])
+    assert (eagle.method, eagle.settings.w_feat, eagle.settings.w_tok, eagle.settings.noise) == (
+        "eagle",
+        1.0,
+        0.1,
+        0.1,
+    )
+    assert (eagle3.method, eagle3.settings.ttt_steps, eagle3.settings.layers) == ("eagle3", 5, [1, 2, 3])
     assert eagle.target == eagle3.target == "tiny" and eagle.data == eagle3.data == ["stdlib-distilled"]
 
 
@@ -70,12 +75,12 @@ def test_eagle_recipe_trains(tiny_target_dirs, text_data, tmp_path, capsys):
         out, FrozenTarget.from_pretrained(str(tiny_target_dirs["llama"])), methods=methods()
     )
     assert isinstance(head, EagleHead) and config["capture_layers"] == [4]
-    assert config["training"]["w_tok"] == 0.1
+    assert config["training"]["eagle"]["w_tok"] == 0.1
 
 
 def test_eagle3_recipe_trains(tiny_target_dirs, text_data, tmp_path, capsys, monkeypatch):
     out = tmp_path / "eagle3"
-    extra = ("ttt_steps=3", "draft_vocab_size=200", "eagle3_layers=1,2,4")
+    extra = ("eagle3.ttt_steps=3", "eagle3.draft_vocab_size=200", "eagle3.layers=1,2,4")
     counted = []  # passes over the rows' labels, wherever count_label_tokens is called from
     batches = eagle_losses._flat_label_batches
     monkeypatch.setattr(eagle_losses, "_flat_label_batches", lambda *a: counted.append(1) or batches(*a))

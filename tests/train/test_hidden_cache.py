@@ -67,7 +67,7 @@ def heads_loss_via(cfg, heads, target, batch):
         target,
         batch,
         capture=heads.capture_layers if eagle else (-1,),
-        logits=eagle or cfg.labels == "target",
+        logits=eagle or cfg.settings.labels == "target",
     )
     ids, mask, positions = batch["input_ids"], batch["loss_mask"], batch["position_ids"]
     if cfg.method == "eagle":
@@ -93,7 +93,7 @@ def heads_loss_via(cfg, heads, target, batch):
             out.logits,
             target.embed_tokens,
             attention_mask=batch["attention_mask"],
-            steps=cfg.ttt_steps,
+            steps=cfg.settings.ttt_steps,
         )
     hidden = out.hidden[target.num_layers]
     return medusa_loss(heads, hidden, ids, mask, positions, target_logits=out.logits, lm_head=target.lm_head)
@@ -113,11 +113,11 @@ def loader(dataset, collate_fn, packing, pad_token_id, seed=3):
 @pytest.mark.parametrize(
     "method, packing, extra",
     [
-        ("medusa", False, {"labels": "target", "num_heads": 3}),
+        ("medusa", False, {"medusa": {"labels": "target", "num_heads": 3}}),
         ("eagle", False, {}),
-        ("eagle3", True, {"eagle3_layers": [1, 2, 3], "ttt_steps": 3, "draft_vocab_size": 100}),
+        ("eagle3", True, {"eagle3": {"layers": [1, 2, 3], "ttt_steps": 3, "draft_vocab_size": 100}}),
         # one cache built for EAGLE-3 (its three layers and the last) serves Medusa and EAGLE as well
-        ("medusa", False, {"labels": "target", "num_heads": 3, "cache_of": "eagle3"}),
+        ("medusa", False, {"medusa": {"labels": "target", "num_heads": 3}, "cache_of": "eagle3"}),
         ("eagle", False, {"cache_of": "eagle3"}),
     ],
 )
@@ -131,9 +131,9 @@ def test_offline_loss_equals_online(method, packing, extra, llama_dir, rows, tmp
     torch.manual_seed(0)
     heads, _ = loop.build_heads(cfg, method_named(method), online, rows)
     heads.eval()  # EAGLE's input noise is random in training mode
-    layers = cache_layers(method_named(cache_of), online.num_layers, cfg.eagle3_layers)
+    layers = cache_layers(cache_of, online.num_layers, cfg.chosen_layers)
     build(online, rows, tmp_path / "cache", layers)
-    assert set(cache_layers(method_named(method), online.num_layers, cfg.eagle3_layers)) <= set(layers)
+    assert set(cache_layers(method, online.num_layers, cfg.chosen_layers)) <= set(layers)
 
     offline = OfflineTarget.from_pretrained(str(llama_dir), dtype="float32")
     cached = CachedRows(tmp_path / "cache", expected=rows, target=offline.record())
@@ -278,7 +278,7 @@ def test_cache_cli(llama_dir, text_data, tmp_path, capsys):
         f"max_length={MAX_LENGTH}",
         "eval_fraction=0.1",
         "eval_data=[]",  # the recipe evaluates on stdlib; these runs on a split of their data
-        "eagle3_layers=1,2,3",
+        "eagle3.layers=1,2,3",
         "--out",
         str(tmp_path / "cache"),
         "--shard-tokens",

@@ -33,8 +33,8 @@ def args(target: Path, data: Path, out: Path, *extra: str) -> list[str]:
         f"data={data}",
         "max_length=64",
         "batch_size=8",
-        "num_heads=3",
-        "labels=data",  # pinned here: the recipe's own default may change
+        "medusa.num_heads=3",
+        "medusa.labels=data",  # pinned here: the recipe's own default may change
         "lr=0.01",
         "warmup_steps=2",
         "max_steps=40",
@@ -134,7 +134,13 @@ def test_same_seed_gives_the_same_heads(tiny_target_dirs, text_data, tmp_path):
 
 def test_grad_accum_and_shared_lm_head_run(tiny_target_dirs, text_data, tmp_path):
     out = tmp_path / "run"
-    extra = ("max_steps=4", "grad_accum=2", "share_lm_head=true", "labels=target", "eval_every=4")
+    extra = (
+        "max_steps=4",
+        "grad_accum=2",
+        "medusa.share_lm_head=true",
+        "medusa.labels=target",
+        "eval_every=4",
+    )
     assert (
         cli_main(["train", *args(tiny_target_dirs["mistral"], text_data, out, *extra), "--no-progress"]) == 0
     )

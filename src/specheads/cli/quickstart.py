@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from importlib import resources
 from pathlib import Path
 
 from specheads.builders.tiny_draft import TinyDraftConfig, ensure_tiny_draft
@@ -26,7 +27,7 @@ from specheads.evaluate.evaluate import REPORT_FILE
 from specheads.evaluate.options import CompareOptions
 from specheads.heads.checkpoint import CONFIG_FILE, read_head_config
 from specheads.methods import method_named, methods
-from specheads.train.config import find_recipe, load_config, recipe_values
+from specheads.train.config import config_from_record, find_recipe, load_config, recipe_values
 from specheads.train.loop import train
 from specheads.train.optimizers import muon_missing
 
@@ -45,57 +46,18 @@ def fixed_tree(heads_dir: Path) -> str:
     return FIXED_EAGLE_TREE
 
 
-# What the default quickstart gave over fresh builds, each from an empty cache (README's quickstart
-# table), per machine: the tiny target's weights depend on the order the CPU's kernels sum in, which moves
-# with the CPU, the thread count and the instruction set, so τ and speedup move with them; identity with
-# generate() held on every build. Method -> (τ low, τ high, speedup low, speedup high), or None where that
-# machine has not measured the method's recipe as it is now (the tiny EAGLE and EAGLE-3 recipes train with
-# Muon; the other two machines measured them with AdamW).
-MEASURED_SPREAD = [
-    {
-        "builds": 6,
-        "machine": "2-core AMD EPYC (Zen 5, family 26; AVX-512, AVX512-BF16), Python 3.11.7, torch 2.13.0+cpu",
-        "short": "EPYC Zen 5",
-        "settings": "twice OMP_NUM_THREADS=2; =1; =1 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2), the two =1 builds "
-        "side by side; EAGLE and EAGLE-3 from the three with Muon's products in bf16; load average 1.0-2.1",
-        # The AVX-512 builds gave one target, the AVX2 builds the AMD EPYC's below. EAGLE and EAGLE-3 from the
-        # three with Muon's products in bf16 (muon_dtype auto on this CPU; in fp32 they gave 3.71-3.89,
-        # 0.62-0.69x and 3.27-3.59, 0.53-0.58x)
-        "ranges": {
-            "generate": (1.00, 1.00, 1.00, 1.00),
-            "prompt-lookup": (3.29, 4.02, 1.65, 2.13),
-            "medusa": (3.26, 3.71, 0.73, 1.06),
-            "eagle": (3.74, 3.89, 0.59, 0.77),
-            "eagle3": (3.26, 3.62, 0.52, 0.63),
-        },
-    },
-    {
-        "builds": 3,
-        "machine": "2-core AMD EPYC (AVX-512), Python 3.11.7, torch 2.13.0+cpu",
-        "short": "EPYC earlier",
-        "settings": "OMP_NUM_THREADS=2; =1; =1 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2); load average 1.5-7.7",
-        "ranges": {  # Medusa with labels: target-top1; the three builds gave the same target and tau
-            "generate": (1.00, 1.00, 1.00, 1.00),
-            "prompt-lookup": (4.02, 4.02, 2.57, 2.68),
-            "medusa": (3.71, 3.71, 1.51, 1.58),
-            "eagle": None,  # AdamW: 3.50, 0.73-0.79x
-            "eagle3": None,  # AdamW: 3.11, 0.72-0.75x
-        },
-    },
-    {
-        "builds": 3,
-        "machine": "2-core Intel Xeon (AVX-512), Python 3.11.7, torch 2.13.0+cpu",
-        "short": "Intel Xeon",
-        "settings": "OMP_NUM_THREADS=2; =1; =1 with AVX2 kernels (ATEN_CPU_CAPABILITY=avx2); a benchmark on the other core",
-        "ranges": {  # each thread count gave a target of its own
-            "generate": (1.00, 1.00, 1.00, 1.00),
-            "prompt-lookup": (3.89, 4.51, 2.52, 3.04),
-            "medusa": (2.57, 3.34, 1.13, 1.33),
-            "eagle": None,  # AdamW: 2.48-3.52, 0.55-0.74x
-            "eagle3": None,  # AdamW: 2.63-3.00, 0.59-0.66x
-        },
-    },
-]
+# What the default quickstart gave over fresh builds, per machine (quickstart_reference.json, shipped with the
+# package): {"machine", "short", "builds", "settings", "ranges": method -> [τ low, τ high, speedup low, speedup
+# high], or None where that machine has not measured the method's recipe as it is now}.
+REFERENCE_FILE = "quickstart_reference.json"
+
+
+def reference_ranges() -> list[dict]:
+    """The machines' measured ranges, from the package's REFERENCE_FILE."""
+    return json.loads(resources.files("specheads.cli").joinpath(REFERENCE_FILE).read_text())["machines"]
+
+
+MEASURED_SPREAD = reference_ranges()
 # the settings the ranges were measured at (the defaults)
 SPREAD_SETTINGS = ("minutes", "tiny_max_files", "max_steps", "num_prompts", "max_new_tokens")
 
@@ -107,11 +69,11 @@ def recipe_for(method: str) -> Path:
 def trained_with(heads_dir: Path, recipe: Path, overrides: list[str]) -> bool:
     """Whether `heads_dir` holds finished heads trained with exactly this recipe and overrides."""
     try:
-        saved = json.loads((heads_dir / CONFIG_FILE).read_text())["training"]
-    except (OSError, ValueError, KeyError):
+        training = json.loads((heads_dir / CONFIG_FILE).read_text())["training"]
+        saved = config_from_record(training, methods=methods())
+    except (OSError, ValueError, KeyError, TypeError):
         return False
-    wanted = load_config(recipe, overrides, methods=methods()).to_dict()
-    return all(saved.get(k) == v for k, v in wanted.items())
+    return saved == load_config(recipe, overrides, methods=methods())
 
 
 def without_muon(method: str, recipe: Path, overrides: list[str]) -> list[str]:
@@ -119,7 +81,7 @@ def without_muon(method: str, recipe: Path, overrides: list[str]) -> list[str]:
     the quickstart runs on any torch the package accepts, and says what it changed. The recipe is read
     unchecked: load_config refuses optimizer=muon on such a torch."""
     why = muon_missing()
-    if not why or recipe_values(recipe, overrides).get("optimizer") != "muon":
+    if not why or recipe_values(recipe, overrides, methods=methods()).get("optimizer") != "muon":
         return overrides
     print(f"\n== {method}: {why}; training with optimizer=adamw (the measured ranges assume Muon)")
     return [*overrides, "optimizer=adamw"]

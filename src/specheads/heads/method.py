@@ -43,6 +43,8 @@ class Method:
         metric_unit: what a metric column is ("head", "draft step"), for the final line.
         recipe_keys: the recipe keys only this method (or its family) reads; a recipe for another method
             that sets one is refused. check_recipe(cfg) -> [(ok, message)] checks their values.
+        settings_class: the dataclass of those keys, the recipe's section named after the method
+            (`cfg.settings`); None: the method has no keys of its own.
         online_only: why its training cannot read the target's states from a cache ("" = it can).
         objective(cfg, target, heads) -> (module to train, optimizer, target) when it is not the
             default HeadsWithLoss + AdamW (Medusa-2: LoRA adapters trained with the heads).
@@ -81,6 +83,7 @@ class Method:
     logit_columns: Callable[[nn.Module], Any] | None = None
     metric_unit: str = "draft step"
     recipe_keys: tuple[str, ...] = ()
+    settings_class: type | None = None
     check_recipe: Callable[[Any], list[tuple[bool, str]]] = lambda cfg: []
     online_only: str = ""
     objective: Callable[..., tuple[Any, Any, Any]] | None = None

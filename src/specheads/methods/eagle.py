@@ -6,19 +6,37 @@ Decoded over EAGLE-1 static trees of its own top-k ranks, or EAGLE-2 dynamic tre
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 from specheads.decode.calibrate_dynamic import calibrate_eagle
 from specheads.decode.drafter_factory import eagle_drafter_for
-from specheads.heads import EagleConfig, EagleHead, draft_layer_config
+from specheads.heads import DRAFT_ARCHS, EagleConfig, EagleHead, draft_layer_config
 from specheads.heads.method import Method
 from specheads.methods.medusa import last_layer
+from specheads.train.config import recipe_key
 from specheads.train.eagle_losses import DraftMetrics, eagle_loss
+
+
+@dataclass
+class EagleSettings:
+    """EAGLE-1/2's recipe keys, the recipe's `eagle:` section (its labels are always the target's features
+    and distributions)."""
+
+    w_feat: float = recipe_key(1.0, "weight of the feature loss, SmoothL1(f̂_{t+1}, f_{t+1})")
+    w_tok: float = recipe_key(0.1, "weight of the token loss, soft cross-entropy against the target")
+    noise: float = recipe_key(0.1, "training adds U(-noise, noise) to the input features")
+    fc_bias: bool = recipe_key(True, "the layer's input projection has a bias")
+    draft_arch: str = recipe_key(
+        "llama", "the draft layer: llama (the engines', sized from any target) or target (its own family)"
+    )
 
 
 def build_heads(cfg, target, label_counts=None) -> tuple[EagleHead, dict]:
     """One EAGLE layer shaped like the target's decoder layers: a Llama layer, or one of the target's own
-    family (recipe key draft_arch)."""
-    layer_config = draft_layer_config(target.config, cfg.draft_arch)
-    head = EagleHead(EagleConfig(layer_config, draft_arch=cfg.draft_arch, fc_bias=cfg.fc_bias))
+    family (eagle.draft_arch)."""
+    settings = cfg.settings
+    layer_config = draft_layer_config(target.config, settings.draft_arch)
+    head = EagleHead(EagleConfig(layer_config, draft_arch=settings.draft_arch, fc_bias=settings.fc_bias))
     return head.to(target.device), {}
 
 
@@ -34,9 +52,9 @@ def loss(objective, batch: dict, out, target):
         target.embed_tokens,
         target.lm_head,
         attention_mask=batch["attention_mask"],
-        w_feat=objective.w_feat,
-        w_tok=objective.w_tok,
-        noise=objective.noise,
+        w_feat=objective.settings.w_feat,
+        w_tok=objective.settings.w_tok,
+        noise=objective.settings.noise,
         topk=objective.topk,
     )
 
@@ -50,9 +68,18 @@ EAGLE = Method(
     capture=lambda head: tuple(head.capture_layers),
     loss=loss,
     metric_shape=lambda cfg: (DraftMetrics.ROWS, 1),
-    summarise=lambda cfg, sums: DraftMetrics.summarise(sums, [cfg.w_tok], cfg.topk, w_feat=cfg.w_feat),
-    recipe_keys=("w_feat", "w_tok", "noise", "fc_bias", "draft_arch"),
-    check_recipe=lambda cfg: [(cfg.noise >= 0, f"noise must be >= 0, got {cfg.noise}")],
+    summarise=lambda cfg, sums: DraftMetrics.summarise(
+        sums, [cfg.settings.w_tok], cfg.topk, w_feat=cfg.settings.w_feat
+    ),
+    recipe_keys=tuple(f.name for f in fields(EagleSettings)),
+    settings_class=EagleSettings,
+    check_recipe=lambda cfg: [
+        (cfg.settings.noise >= 0, f"eagle.noise must be >= 0, got {cfg.settings.noise}"),
+        (
+            cfg.settings.draft_arch in DRAFT_ARCHS,
+            f"eagle.draft_arch must be one of {DRAFT_ARCHS}, got {cfg.settings.draft_arch!r}",
+        ),
+    ],
     drafter=eagle_drafter_for,
     draft_vocab="",
     calibrate=calibrate_eagle,

@@ -3,9 +3,12 @@ draft vocabulary of the data's most frequent label tokens. Decoded like EAGLE (t
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 from specheads.decode.calibrate_dynamic import calibrate_eagle
 from specheads.decode.drafter_factory import eagle_drafter_for
 from specheads.heads import (
+    DRAFT_ARCHS,
     Eagle3Config,
     Eagle3Head,
     default_eagle3_layers,
@@ -14,29 +17,85 @@ from specheads.heads import (
 )
 from specheads.heads.eagle import with_rope_theta
 from specheads.heads.method import Method
+from specheads.train.config import recipe_key
 from specheads.train.eagle_losses import OUT_OF_VOCAB, DraftMetrics, eagle3_loss
 
-# draft_head_init (train/config.py): the draft's lm_head and norm drawn at random, or copied from the target
+# draft_head_init: the draft's lm_head and norm drawn at random, or copied from the target
 DRAFT_HEAD_INITS = ("random", "target")
+
+
+@dataclass
+class Eagle3Settings:
+    """EAGLE-3's recipe keys, the recipe's `eagle3:` section (`old`: a key's top-level name before the
+    sections, where it differs)."""
+
+    layers: list[int] = recipe_key(
+        factory=list,
+        help="target layers fused (HF hidden_states indexing, ascending); empty: (2, L//2, L-3), "
+        "(1, L//2, L-1) for L < 7",
+        old="eagle3_layers",
+    )
+    draft_vocab_size: int = recipe_key(
+        32000, "the draft vocabulary: the most frequent label tokens of the data; capped at the target's"
+    )
+    ttt_steps: int = recipe_key(7, "training-time-test steps")
+    decay: float = recipe_key(0.8, "the loss weight of step k is decay**k")
+    noise: float = recipe_key(
+        0.0,
+        "training adds U(-a, a) to each captured target layer (EAGLE-1's feature noise; the paper's: 0)",
+        old="eagle3_noise",
+    )
+    teacher_temperature: float = recipe_key(
+        1.0,
+        "labels: softmax(target logits / T) over the draft vocabulary; 1: the target's distribution, "
+        "0: its top token",
+        old="eagle3_teacher_temperature",
+    )
+    out_of_vocab: str = recipe_key(
+        "skip",
+        'positions whose target token lies outside the draft vocabulary: "skip", or "train" against the '
+        "target's distribution renormalised over the draft vocabulary",
+        old="eagle3_out_of_vocab",
+    )
+    topk_loss: int = recipe_key(
+        0,
+        "HASS's top-K distillation: adds -sum of p log q over the target's K most likely draft tokens; 0: off",
+        old="eagle3_topk_loss",
+    )
+    topk_loss_weight: float = recipe_key(1.0, "the weight of that term", old="eagle3_topk_loss_weight")
+    draft_head_init: str = recipe_key(
+        "random",
+        'the draft\'s lm_head and final norm at the start: "random", or "target": the target\'s lm_head rows '
+        "of the draft vocabulary and its final norm",
+    )
+    draft_rope_theta: float = recipe_key(
+        0.0, "the draft layer's rope theta; 0: the target's (exports write the draft's)"
+    )
+    draft_arch: str = recipe_key(
+        "llama", "the draft layer: llama (the engines', sized from any target) or target (its own family)"
+    )
 
 
 def build_heads(cfg, target, label_counts) -> tuple[Eagle3Head, dict]:
     """An EAGLE-3 head whose draft vocabulary is the most frequent label tokens: `label_counts` (V,), the
     training rows' (train/loop.py counts them once a run)."""
-    size = min(cfg.draft_vocab_size, target.vocab_size)
-    layer_config = draft_layer_config(target.config, cfg.draft_arch)  # a Llama layer, or the target's family
-    if cfg.draft_rope_theta:
-        layer_config = with_rope_theta(layer_config, cfg.draft_rope_theta)
+    settings = cfg.settings
+    size = min(settings.draft_vocab_size, target.vocab_size)
+    layer_config = draft_layer_config(
+        target.config, settings.draft_arch
+    )  # a Llama layer, or the target's family
+    if settings.draft_rope_theta:
+        layer_config = with_rope_theta(layer_config, settings.draft_rope_theta)
     config = Eagle3Config(
         layer_config,
-        draft_arch=cfg.draft_arch,
+        draft_arch=settings.draft_arch,
         draft_vocab_size=size,
-        target_layers=tuple(target.layer_id(i) for i in cfg.eagle3_layers),
+        target_layers=tuple(target.layer_id(i) for i in settings.layers),
     )
     draft_vocab = draft_vocab_from_counts(label_counts, size)
     coverage = label_counts[draft_vocab].sum().item() / max(label_counts.sum().item(), 1)
     head = Eagle3Head(config).set_draft_vocab(draft_vocab)
-    if cfg.draft_head_init == "target":
+    if settings.draft_head_init == "target":
         head.init_from_target(target.lm_head, target.norm)
     return head.to(target.device), {"draft_vocab_size": size, "draft_vocab_label_coverage": coverage}
 
@@ -49,6 +108,7 @@ def fused_and_last(num_layers: int, chosen=()) -> tuple[int, ...]:
 
 def loss(objective, batch: dict, out, target):
     """Training-time test over `ttt_steps` steps, step k weighted decay**k (train/eagle_losses.py)."""
+    settings = objective.settings
     return eagle3_loss(
         objective.heads,
         out.hidden,
@@ -59,14 +119,14 @@ def loss(objective, batch: dict, out, target):
         target.embed_tokens,
         target_tokens=out.top_tokens,  # with the draft vocabulary's columns alone (held-out states kept)
         attention_mask=batch["attention_mask"],
-        steps=objective.ttt_steps,
-        decay=objective.decay,
+        steps=settings.ttt_steps,
+        decay=settings.decay,
         topk=objective.topk,
-        noise=objective.eagle3_noise,
-        temperature=objective.eagle3_teacher_temperature,
-        out_of_vocab=objective.eagle3_out_of_vocab,
-        topk_loss=objective.eagle3_topk_loss,
-        topk_loss_weight=objective.eagle3_topk_loss_weight,
+        noise=settings.noise,
+        temperature=settings.teacher_temperature,
+        out_of_vocab=settings.out_of_vocab,
+        topk_loss=settings.topk_loss,
+        topk_loss_weight=settings.topk_loss_weight,
     )
 
 
@@ -79,38 +139,39 @@ def ascending_or_mixed(layers: list[int]) -> bool:
 
 
 def check_recipe(cfg) -> list[tuple[bool, str]]:
-    layers = cfg.eagle3_layers
+    s = cfg.settings
+    layers = s.layers
     return [
-        (len(layers) in (0, 3), f"eagle3_layers takes 3 layer ids (low, mid, high) or none, got {layers}"),
+        (len(layers) in (0, 3), f"eagle3.layers takes 3 layer ids (low, mid, high) or none, got {layers}"),
         (
             ascending_or_mixed(layers),
-            f"eagle3_layers {layers} must be distinct and ascending (low, mid, high): SGLang "
+            f"eagle3.layers {layers} must be distinct and ascending (low, mid, high): SGLang "
             "and vLLM capture each layer once, in ascending order",
         ),
-        (cfg.draft_vocab_size >= 1, f"draft_vocab_size must be >= 1, got {cfg.draft_vocab_size}"),
-        (cfg.ttt_steps >= 1, f"ttt_steps must be >= 1, got {cfg.ttt_steps}"),
-        (cfg.eagle3_noise >= 0, f"eagle3_noise must be >= 0, got {cfg.eagle3_noise}"),
+        (s.draft_vocab_size >= 1, f"eagle3.draft_vocab_size must be >= 1, got {s.draft_vocab_size}"),
+        (s.ttt_steps >= 1, f"eagle3.ttt_steps must be >= 1, got {s.ttt_steps}"),
+        (s.noise >= 0, f"eagle3.noise must be >= 0, got {s.noise}"),
         (
-            cfg.eagle3_teacher_temperature >= 0,
-            "eagle3_teacher_temperature must be >= 0 (0: the target's top token), got "
-            f"{cfg.eagle3_teacher_temperature}",
+            s.teacher_temperature >= 0,
+            f"eagle3.teacher_temperature must be >= 0 (0: the target's top token), got {s.teacher_temperature}",
         ),
         (
-            cfg.eagle3_out_of_vocab in OUT_OF_VOCAB,
-            f"eagle3_out_of_vocab must be one of {OUT_OF_VOCAB}, got {cfg.eagle3_out_of_vocab!r}",
+            s.out_of_vocab in OUT_OF_VOCAB,
+            f"eagle3.out_of_vocab must be one of {OUT_OF_VOCAB}, got {s.out_of_vocab!r}",
         ),
-        (cfg.eagle3_topk_loss >= 0, f"eagle3_topk_loss must be >= 0 (0: off), got {cfg.eagle3_topk_loss}"),
+        (s.topk_loss >= 0, f"eagle3.topk_loss must be >= 0 (0: off), got {s.topk_loss}"),
+        (s.topk_loss_weight >= 0, f"eagle3.topk_loss_weight must be >= 0, got {s.topk_loss_weight}"),
         (
-            cfg.eagle3_topk_loss_weight >= 0,
-            f"eagle3_topk_loss_weight must be >= 0, got {cfg.eagle3_topk_loss_weight}",
-        ),
-        (
-            cfg.draft_rope_theta >= 0,
-            f"draft_rope_theta must be > 0, or 0 for the target's; got {cfg.draft_rope_theta}",
+            s.draft_rope_theta >= 0,
+            f"eagle3.draft_rope_theta must be > 0, or 0 for the target's; got {s.draft_rope_theta}",
         ),
         (
-            cfg.draft_head_init in DRAFT_HEAD_INITS,
-            f"draft_head_init must be one of {DRAFT_HEAD_INITS}, got {cfg.draft_head_init!r}",
+            s.draft_head_init in DRAFT_HEAD_INITS,
+            f"eagle3.draft_head_init must be one of {DRAFT_HEAD_INITS}, got {s.draft_head_init!r}",
+        ),
+        (
+            s.draft_arch in DRAFT_ARCHS,
+            f"eagle3.draft_arch must be one of {DRAFT_ARCHS}, got {s.draft_arch!r}",
         ),
     ]
 
@@ -124,24 +185,12 @@ EAGLE3 = Method(
     capture=lambda head: tuple(head.capture_layers),
     loss=loss,
     logit_columns=lambda head: head.vocab_target_ids(),  # the teacher's; and the argmax
-    metric_shape=lambda cfg: (DraftMetrics.ROWS, cfg.ttt_steps),
+    metric_shape=lambda cfg: (DraftMetrics.ROWS, cfg.settings.ttt_steps),
     summarise=lambda cfg, sums: DraftMetrics.summarise(
-        sums, [cfg.decay**i for i in range(cfg.ttt_steps)], cfg.topk
+        sums, [cfg.settings.decay**i for i in range(cfg.settings.ttt_steps)], cfg.topk
     ),
-    recipe_keys=(
-        "eagle3_layers",
-        "draft_vocab_size",
-        "ttt_steps",
-        "decay",
-        "draft_head_init",
-        "eagle3_noise",
-        "eagle3_teacher_temperature",
-        "eagle3_out_of_vocab",
-        "eagle3_topk_loss",
-        "eagle3_topk_loss_weight",
-        "draft_rope_theta",
-        "draft_arch",
-    ),
+    recipe_keys=tuple(f.name for f in fields(Eagle3Settings)),
+    settings_class=Eagle3Settings,
     check_recipe=check_recipe,
     drafter=eagle_drafter_for,
     draft_vocab="EAGLE-3 heads draft over the vocabulary they were trained on",

@@ -46,7 +46,7 @@ from specheads.core.target import TargetRecord
 from specheads.heads import read_head_config, save_heads
 from specheads.heads.checkpoint import ADAPTER_DIR, CONFIG_FILE, WEIGHTS_FILE, read_weights, sha256_file
 from specheads.heads.method import Method
-from specheads.train.config import TrainConfig
+from specheads.train.config import TrainConfig, config_from_record
 from specheads.train.distributed import zero_stage
 
 CHECKPOINTS = "checkpoints"
@@ -226,6 +226,17 @@ def _brief(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
+def _flat(config: dict) -> dict:
+    """A recipe's keys, its method's section's as `method.key`."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out |= {f"{key}.{k}": v for k, v in value.items()}
+        else:
+            out[key] = value
+    return out
+
+
 def check_resumable(
     state: dict, cfg: TrainConfig, num_processes: int, record: TargetRecord, path: Path, *, method: Method
 ) -> None:
@@ -234,10 +245,17 @@ def check_resumable(
     problems = []
     if state["num_processes"] != num_processes:
         problems.append(f"written by {state['num_processes']} processes, this run has {num_processes}")
-    now, written = cfg.to_dict(), dict(state["config"])
-    if written.get("method") in ("eagle", "eagle3"):  # written before draft_arch: the target's own layer
-        written.setdefault("draft_arch", "target")
-    for key, value in written.items():
+    recorded = dict(state["config"])
+    if recorded.get("method") != cfg.method:
+        raise ValueError(
+            f"cannot resume {path} exactly:\n  method: checkpoint {recorded.get('method')!r}, this run {cfg.method!r}"
+        )
+    then_cfg = config_from_record(recorded, methods={cfg.method: method})  # sectioned, or flat as before
+    section = recorded.get(cfg.method) if isinstance(recorded.get(cfg.method), dict) else recorded
+    if hasattr(then_cfg.settings, "draft_arch") and "draft_arch" not in section:
+        then_cfg.settings.draft_arch = "target"  # written before draft_arch: the target's own layer
+    now, then = _flat(cfg.to_dict()), _flat(then_cfg.to_dict())
+    for key, value in then.items():
         if key not in RESUMABLE_CHANGES and now.get(key) != value:
             problems.append(f"{key}: checkpoint {value!r}, this run {now.get(key)!r}")
     if problems:

@@ -112,12 +112,13 @@ class TokenMismatchError(CacheError):
     """A cached row whose tokens differ from the dataset's row at the same index."""
 
 
-def cache_layers(method: Method, num_layers: int, eagle3_layers: Sequence[int] = ()) -> tuple[int, ...]:
+def cache_layers(method: Method, num_layers: int, chosen: Sequence[int] = ()) -> tuple[int, ...]:
     """The layer ids a method's training reads (its entry's `target_layers`): L (after the final norm;
-    logits are lm_head of it), plus EAGLE-3's three fused layers ((2, L//2, L-3) unless given)."""
+    logits are lm_head of it), plus EAGLE-3's three fused layers ((2, L//2, L-3) unless `chosen`, the
+    recipe's `eagle3.layers`)."""
     if method.online_only:
         raise ValueError(f"no cache layout for method {method.name!r}: it {method.online_only}")
-    return method.target_layers(num_layers, eagle3_layers)
+    return method.target_layers(num_layers, chosen)
 
 
 def read_index(cache_dir: str | Path) -> dict:

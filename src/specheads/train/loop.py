@@ -72,7 +72,7 @@ from specheads.train.eagle_losses import count_label_tokens
 from specheads.train.held_out import HeldOutStates
 from specheads.train.hidden_cache import CachedRows, cache_layers, collate_cached
 from specheads.train.host_memory import keep_freed_memory
-from specheads.train.objective import HeadsWithLoss, loss_settings
+from specheads.train.objective import HeadsWithLoss
 from specheads.train.offline_target import OfflineTarget, target_output
 from specheads.train.optimizers import build_optimizer, newton_schulz_dtype
 from specheads.train.provenance import provenance, write_provenance
@@ -177,7 +177,7 @@ def make_data(
         collate = partial(collate_cached, **layout)
         if method is None:
             raise ValueError("offline training data needs the method's entry (make_data's `method`)")
-        layers = cache_layers(method, target.num_layers, cfg.eagle3_layers)  # what the heads read
+        layers = cache_layers(method, target.num_layers, cfg.chosen_layers)  # what the heads read
         cached = partial(CachedRows, target=target, layers=layers, verify=verify)
         train_ds = cached(Path(cfg.cache_dir) / "train", expected=train_ds)
         if eval_ds is not None:
@@ -336,7 +336,10 @@ def evaluate(
         batch = {k: v.to(accelerator.device) for k, v in batches[min(i, n - 1)].items()}
         # metrics do not depend on the heads' weight
         forward = target_output if states is None else partial(states.target_output, index=min(i, n - 1))
-        _, metrics = heads_loss(method, model, target, batch, cfg.lambda0, forward=forward)
+        weight = getattr(
+            cfg.settings, "lambda0", 0.0
+        )  # the peak heads' weight of an objective that takes one
+        _, metrics = heads_loss(method, model, target, batch, weight, forward=forward)
         if i < n:
             sums += metrics.to(sums.device)
     model.train()
@@ -411,7 +414,8 @@ def build_objective(
         method.loss,
         capture_layers=method.capture(heads),
         needs_logits=method.needs_logits(cfg),
-        **loss_settings(cfg),
+        topk=cfg.topk,
+        settings=cfg.settings,
     )
     optimizer = build_optimizer(
         model, cfg.optimizer, cfg.lr, cfg.adam_betas, cfg.weight_decay, cfg.muon_lr_scale, cfg.muon_dtype

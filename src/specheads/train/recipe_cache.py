@@ -43,7 +43,7 @@ def cache_recipe(
         cfg = dataclasses.replace(cfg, mode="online")  # the rows come from the data, not from a cache
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     target = loop.load_target(cfg, resolve_target(cfg.target), device)
-    layers = cache_layers(method, target.num_layers, [target.layer_id(i) for i in cfg.eagle3_layers])
+    layers = cache_layers(method, target.num_layers, [target.layer_id(i) for i in cfg.chosen_layers])
     train_rows, _, eval_loader = loop.make_data(cfg, target.tokenizer)  # the rows training tokenises
     splits = {"train": train_rows, "eval": eval_loader.dataset if eval_loader is not None else None}
     summaries = {}

@@ -228,7 +228,8 @@ def to_speculators(
     """
     tensors, layer_config, ids, draft_vocab = _eagle3_export_parts(heads, "speculators", SPECULATORS_KEYS)
     training = native_config.get("training") or {}
-    tokens = int(speculative_tokens or training.get("ttt_steps") or 3)
+    steps = (training.get("eagle3") or {}).get("ttt_steps") or training.get("ttt_steps")  # or a flat record's
+    tokens = int(speculative_tokens or steps or 3)
     record = native_config.get("target") or {}
     config = {
         "architectures": ["Eagle3Speculator"],
