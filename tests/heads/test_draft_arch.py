@@ -29,7 +29,7 @@ from specheads.heads import (
 from specheads.heads.eagle3 import rms_norm_state_like
 from specheads.heads.formats import FormatError, export_heads, import_heads
 from specheads.methods import methods
-from specheads.train.config import TrainConfig
+from specheads.train.config import load_config
 
 from helpers import OTHER_FAMILIES, causal_mask, perturbed, tiny_config, tiny_model, tiny_tokenizer
 
@@ -187,9 +187,12 @@ def test_draft_arch_is_checked():
         EagleConfig(layer_config_from(tiny_config("qwen3")), draft_arch="llama")
     with pytest.raises(ValueError, match="draft_arch must be one of"):
         draft_layer_config(tiny_config("qwen3"), "gemma")
-    assert TrainConfig().draft_arch == "llama"  # new runs
-    with pytest.raises(ValueError, match="draft_arch must be 'llama' or 'target', got 'qwen3'"):
-        TrainConfig(draft_arch="qwen3")
+    for method in ("eagle", "eagle3"):
+        assert (
+            load_config(None, {"method": method}, methods=methods()).settings.draft_arch == "llama"
+        )  # new runs
+        with pytest.raises(ValueError, match=rf"{method}.draft_arch must be one of .*, got 'qwen3'"):
+            load_config(None, [f"method={method}", f"{method}.draft_arch=qwen3"], methods=methods())
 
 
 # -- what a Llama draft reads from other families' targets -----------------------------------------

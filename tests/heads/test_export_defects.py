@@ -34,7 +34,7 @@ from specheads.heads import (
 from specheads.heads.formats import FormatError, export_heads, import_heads
 from specheads.heads.formats.eagle3 import check_layer_ids
 from specheads.methods import methods
-from specheads.train.config import TrainConfig
+from specheads.train.config import TrainConfig, check_method
 
 from helpers import tiny_config, tiny_model, tiny_tokenizer
 
@@ -80,7 +80,7 @@ def test_the_tiny_target_default_head_exports(tmp_path, target):
 @pytest.mark.parametrize("layers", [(3, 1, 2), (1, 2, 2), (2, 1, 3)])
 def test_unordered_or_repeated_layers_are_refused_everywhere(tmp_path, target, layers):
     with pytest.raises(ValueError, match=r"eagle3.layers \[.*\] must be distinct and ascending"):
-        TrainConfig(method="eagle3", settings={"layers": list(layers)})
+        check_method(TrainConfig(method="eagle3", settings={"layers": list(layers)}), methods())
     bad = rf"EAGLE-3 layer ids \[{layers[0]}, {layers[1]}, {layers[2]}\] must be distinct and ascending"
     with pytest.raises(ValueError, match=bad):
         Eagle3Config(layer_config_from(tiny_config("llama")), draft_vocab_size=10, target_layers=layers)
@@ -103,7 +103,9 @@ def test_unordered_or_repeated_layers_are_refused_everywhere(tmp_path, target, l
 
 def test_mixed_sign_recipe_ids_wait_for_the_target():
     """[2, 16, -3] names ascending layers of a 32-layer target: the recipe cannot tell before the target."""
-    assert TrainConfig(method="eagle3", settings={"layers": [2, 16, -3]}).settings.layers == [2, 16, -3]
+    cfg = TrainConfig(method="eagle3", settings={"layers": [2, 16, -3]})
+    check_method(cfg, methods())
+    assert cfg.settings.layers == [2, 16, -3]
 
 
 # -- eagle3 and the EAGLE repo's embedding -----------------------------------------------------------

@@ -16,7 +16,7 @@ from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.heads import MedusaConfig, MedusaHeads, load_heads, save_heads
 from specheads.methods import methods
 from specheads.train.checkpointing import check_resumable
-from specheads.train.config import TrainConfig
+from specheads.train.config import load_config
 
 from helpers import OTHER_FAMILIES, save_tiny_target, tiny_model
 
@@ -87,7 +87,7 @@ def test_eagle3_trains_a_llama_draft_over_every_family(family_dirs, text_data, t
     assert config["head_config"]["draft_arch"] == "llama"
     assert type(head.layer).__name__ == "LlamaDecoderLayer" and type(head.layer.mlp).__name__ == "LlamaMLP"
     assert head.layer.mlp.gate_proj.out_features == target.config.intermediate_size
-    assert config["training"]["draft_arch"] == "llama"
+    assert config["training"]["eagle3"]["draft_arch"] == "llama"
     exports(out, target_dir, tmp_path / "exports", ("eagle3", "speculators"))
     greedy_equals_generate(target, EagleDrafter(head.eval(), target, top_k=4, depth=4, total_tokens=16))
 
@@ -218,13 +218,18 @@ def test_resuming_a_run_written_before_draft_arch_needs_draft_arch_target(tmp_pa
     is refused with the key to set; a Medusa run's is not concerned."""
     target = FrozenTarget(tiny_model("qwen3"))
     save_heads(MedusaHeads(MedusaConfig(64, 264, num_heads=1)), tmp_path / "ckpt", target.record())
+    table = methods()
     for method in ("eagle", "eagle3", "medusa"):
-        old = {k: v for k, v in TrainConfig(method=method).to_dict().items() if k != "draft_arch"}
+        cfg = load_config(None, {"method": method}, methods=table)
+        old = cfg.to_dict()
+        old.get(method, {}).pop("draft_arch", None)  # as written before the key existed
         state = {"num_processes": 1, "config": old}
         if method == "medusa":
-            check_resumable(state, TrainConfig(method=method), 1, target.record(), tmp_path / "ckpt")
+            check_resumable(state, cfg, 1, target.record(), tmp_path / "ckpt", method=table[method])
             continue
-        with pytest.raises(ValueError, match="draft_arch: checkpoint 'target', this run 'llama'"):
-            check_resumable(state, TrainConfig(method=method), 1, target.record(), tmp_path / "ckpt")
-        as_before = TrainConfig(method=method, draft_arch="target")
-        check_resumable(state, as_before, 1, target.record(), tmp_path / "ckpt")
+        with pytest.raises(ValueError, match=rf"{method}.draft_arch: checkpoint 'target', this run 'llama'"):
+            check_resumable(state, cfg, 1, target.record(), tmp_path / "ckpt", method=table[method])
+        as_before = load_config(None, {"method": method, method: {"draft_arch": "target"}}, methods=table)
+        # the recipes agree; the check goes on to the heads (Medusa heads here, which it then refuses)
+        with pytest.raises(ValueError, match="unknown method 'medusa'"):
+            check_resumable(state, as_before, 1, target.record(), tmp_path / "ckpt", method=table[method])

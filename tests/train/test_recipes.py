@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from specheads.builders.tiny_target import TinyTargetConfig
-from specheads.heads.methods import methods
+from specheads.methods import methods
 from specheads.train.config import RecipeKeyMoved, common_fields, load_config, settings_class
 
 METHODS = tuple(methods())  # the built-in methods: a recipe each per real target family
