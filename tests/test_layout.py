@@ -191,3 +191,21 @@ def test_the_scan_sees_imports(floor):
     graph = module_graph()
     assert any(module.startswith(f"specheads.{floor}.") and edges for module, edges in graph.items())
     assert "specheads.core.target" in graph["specheads.decode.step"]
+
+
+def test_the_distribution_installs_the_package_alone():
+    """pyproject installs src/specheads (every package of it) and the shipped recipes as specheads/recipes,
+    nothing else: tests, scripts, docs and benchmarks stay beside the package."""
+    from setuptools.config.pyprojecttoml import load_file  # its own TOML reader on any Python
+
+    setup = load_file(ROOT / "pyproject.toml")["tool"]["setuptools"]
+    assert setup["package-dir"] == {"": "src", "specheads.recipes": "recipes"}
+    packages = {
+        ".".join(p.relative_to(ROOT / "src").parts)
+        for p in PACKAGE.rglob("*")
+        if p.is_dir() and (p / "__init__.py").is_file()
+    }
+    assert set(setup["packages"]) == {"specheads", *packages} | {"specheads.recipes"}
+    assert not any(
+        name.split(".")[1:2] in (["tests"], ["scripts"], ["benchmarks"]) for name in setup["packages"]
+    )
