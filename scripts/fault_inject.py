@@ -71,7 +71,7 @@ DISTILL_ARGS = (
     "--max-rows 64 --prompt-tokens 16 --max-new-tokens 40 --chunk-rows 8 --batch-size 4 --no-progress"
 ).split()
 RECIPE_ARGS = (
-    "eval_data=[] eval_fraction=0.1 max_length=64 batch_size=4 num_heads=2 labels=data warmup_steps=2 "
+    "eval_data=[] eval_fraction=0.1 max_length=64 batch_size=4 medusa.num_heads=2 medusa.labels=data warmup_steps=2 "
     "report_to=none"
 ).split()
 TRAIN_ARGS = "max_steps=800 save_every=20 eval_every=200 eval_batches=1 log_every=20 resume=auto".split()

@@ -81,7 +81,7 @@ def world(tiny_target_dirs, tmp_path_factory) -> dict:
     run = root / "run"
     argv = [
         "train", str(RECIPE), f"target={target_dir}", f"data={data}", f"output_dir={run}", "eval_data=[]",
-        "max_length=32", "batch_size=4", "num_heads=2", "labels=data", "max_steps=2", "save_every=1",
+        "max_length=32", "batch_size=4", "medusa.num_heads=2", "medusa.labels=data", "max_steps=2", "save_every=1",
         "eval_every=1000", "report_to=none", "--no-progress",
     ]  # fmt: skip
     assert main(argv) == 0

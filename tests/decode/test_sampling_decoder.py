@@ -30,7 +30,7 @@ from specheads.decode.drafters import DraftContext
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.sampling import SamplingParams, sampling_probs
 from specheads.decode.verify import verify_sampling
-from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, layer_config_from
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, llama_layer_config_from
 
 from helpers import tiny_model
 
@@ -57,8 +57,10 @@ def medusa(target: FrozenTarget) -> MedusaDrafter:
 
 
 def eagle(target: FrozenTarget) -> EagleDrafter:
+    """A random EAGLE head with the engines' Llama draft layer (`draft_arch: llama`, what runs train),
+    sized from the target whatever its family."""
     torch.manual_seed(0)
-    head = EagleHead(EagleConfig(layer_config_from(target.config))).eval()
+    head = EagleHead(EagleConfig(llama_layer_config_from(target.config), draft_arch="llama")).eval()
     return EagleDrafter(head, target, top_k=6, depth=3, total_tokens=16)
 
 

@@ -131,9 +131,9 @@ def test_offline_loss_equals_online(method, packing, extra, llama_dir, rows, tmp
     torch.manual_seed(0)
     heads, _ = loop.build_heads(cfg, method_named(method), online, rows)
     heads.eval()  # EAGLE's input noise is random in training mode
-    layers = cache_layers(cache_of, online.num_layers, cfg.chosen_layers)
+    layers = cache_layers(method_named(cache_of), online.num_layers, cfg.chosen_layers)
     build(online, rows, tmp_path / "cache", layers)
-    assert set(cache_layers(method, online.num_layers, cfg.chosen_layers)) <= set(layers)
+    assert set(cache_layers(method_named(method), online.num_layers, cfg.chosen_layers)) <= set(layers)
 
     offline = OfflineTarget.from_pretrained(str(llama_dir), dtype="float32")
     cached = CachedRows(tmp_path / "cache", expected=rows, target=offline.record())
