@@ -164,7 +164,25 @@ def export_option(root: Path, world: dict) -> list[str]:
     return full_disk_export(root, world) + ["--num-speculative-tokens", "3"]
 
 
+def recipe_file(root: Path, text: str) -> list[str]:
+    (root / "recipe.yaml").write_text(text)
+    return ["train", str(root / "recipe.yaml"), f"output_dir={root / 'run'}", "--no-progress"]
+
+
+def dangling_out(root: Path, world: dict) -> list[str]:
+    (root / "eval").symlink_to(root / "gone")
+    return eval_argv(world, root, "heldout")
+
+
 CASES = {
+    "empty recipe": Case(
+        lambda root, world: recipe_file(root, "# nothing set\n"), ("{root}/recipe.yaml", "sets no keys")
+    ),
+    "recipe key set twice": Case(
+        lambda root, world: recipe_file(root, "method: medusa\nmax_steps: 120\nmax_steps: 1000\n"),
+        ("{root}/recipe.yaml at line 3", "'max_steps' is set twice (first at line 2)"),
+    ),
+    "eval --out a dangling symlink": Case(dangling_out, ("{root}/eval", "{root}/gone", "does not exist")),
     "head config of another method": Case(
         other_method,
         ("{root}/heads/config.json", "does not fit method 'eagle'", "unexpected keys 'hidden_size'"),
@@ -200,11 +218,15 @@ CASES = {
 
 
 def tree(root: Path) -> dict[str, str]:
-    """Every file and folder under `root`: path -> sha256 of its bytes ("dir" for a folder)."""
-    return {
-        str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-    }
+    """Every file and folder under `root`: path -> sha256 of its bytes ("dir" for a folder, where a link
+    points for a symlink)."""
+
+    def what(p: Path) -> str:
+        if p.is_symlink():
+            return f"link -> {os.readlink(p)}"
+        return "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+
+    return {str(p.relative_to(root)): what(p) for p in sorted(root.rglob("*"))}
 
 
 @pytest.mark.parametrize("name", list(CASES))
