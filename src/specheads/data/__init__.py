@@ -48,7 +48,13 @@ config_name=None, cache_dir=None)` -> Dataset | IterableDataset (data/readers.py
 its rows go through `collate(..., packing=True)` unchanged.
 """
 
-from specheads.data.chat_masks import ChatMaskError, tokenize_chat, tokenize_rows
+from specheads.data.chat_masks import (
+    ChatMaskError,
+    set_chat_template,
+    tokenize_chat,
+    tokenize_chat_rows,
+    tokenize_rows,
+)
 from specheads.data.packing import collate, document_attention_mask, pack_rows, shift_loss_mask
 from specheads.data.readers import (
     ROLE_NAMES,
@@ -71,6 +77,8 @@ __all__ = [
     "normalise_row",
     "pack_rows",
     "shift_loss_mask",
+    "set_chat_template",
     "tokenize_chat",
+    "tokenize_chat_rows",
     "tokenize_rows",
 ]
