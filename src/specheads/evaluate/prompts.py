@@ -10,6 +10,7 @@ with the target's tokenizer (and chat template), and checked against its context
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 
 from specheads.core.confined import confined
 from specheads.core.question_sets import prompt_set_path, read_questions
+from specheads.data.chat_masks import read_chat_template, set_chat_template
 
 # Written beside the embedded target by `specheads tiny-target` (builders/tiny_target.py); decode/
 # does not import train/, so the name is repeated here.
@@ -123,6 +125,29 @@ def _file_list(path: Path, confine: bool = False) -> list[PromptText]:
         if text.strip():  # an empty module (a bare __init__.py) is no prompt
             prompts.append(PromptText(str(name), None, text, chat=False))
     return prompts
+
+
+def read_template(options) -> str:
+    """The template text of `options.chat_template` (EvalOptions, CompareOptions), read before the target
+    loads so that a wrong path fails at once; "" when it names none."""
+    return read_chat_template(options.chat_template) if options.chat_template else ""
+
+
+def apply_chat_options(tokenizer, template: str, options) -> None:
+    """Give the target's tokenizer the template `read_template` read and `options.enable_thinking`."""
+    if tokenizer is not None:
+        set_chat_template(tokenizer, template, options.enable_thinking)
+
+
+def chat_template_record(tokenizer, options) -> dict:
+    """What rendered the chat prompts, for results.json and a resume's settings: the --chat-template file
+    (None: the target's own template), enable_thinking, and the sha256 of the template text."""
+    template = getattr(tokenizer, "chat_template", None)
+    return {
+        "chat_template_file": options.chat_template,
+        "enable_thinking": options.enable_thinking,
+        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if template else None,
+    }
 
 
 def encode_prompts(
