@@ -262,6 +262,15 @@ def _prefix_rows(
     with the latest of them; without `split` a rewritten turn is a ChatMaskError."""
     bounds = {i: _bounds(tokenizer, messages, i) for i in turns}
     left = [i for i in turns if not _holds(full, bounds[i])]
+    for i in left:
+        before, text = bounds[i]
+        if messages[i]["role"] == "assistant" and not text.startswith(before):
+            raise ChatMaskError(
+                f"the chat template renders assistant turn {i} other than it prompts for it: the generation "
+                "prompt before it is not how its render begins (with enable_thinking false, Qwen3 prompts "
+                "with an empty <think> block, but renders the turn's reasoning in it), so the target would "
+                "never have written it: drop the reasoning (reasoning: drop), or leave enable_thinking unset"
+            )
     if left and not split:
         i = left[0]
         raise ChatMaskError(
@@ -277,9 +286,10 @@ def _prefix_rows(
         text = bounds[last][1]
         if role != "assistant" or not text.startswith(bounds[last][0]):
             raise ChatMaskError(
-                f"{_rewritten(last, role)}, and its own render does not begin with the render before it, "
-                "so its tokens cannot be found: train on assistant turns only (loss_on: assistant or "
-                "last_assistant), or give a template that keeps earlier turns as they are (chat_template)"
+                f"{_rewritten(last, role)}, and the render in which it is last does not begin with the "
+                "render before it, so its tokens cannot be found: train on assistant turns only (loss_on: "
+                "assistant or last_assistant), or give a template that keeps earlier turns as they are "
+                "(chat_template)"
             )
         group = [i for i in left if i == last or _holds(text, bounds[i])]
         plan.insert(1, (text, group))

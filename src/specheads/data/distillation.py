@@ -9,8 +9,8 @@ rather than on what a dataset's authors wrote, is Medusa's self-distillation (EA
 dataset nearly as good for its feature-level head). What is regenerated, per *prompt*:
 
     conversations   every assistant turn in order, each from the conversation so far (earlier answers
-                    already regenerated) rendered by the target's chat template with
-                    add_generation_prompt=True; a conversation ending on a user turn gets an answer
+                    already regenerated) rendered by the target's chat template (or the one
+                    --chat-template gives it, with --enable-thinking) with add_generation_prompt=True; a conversation ending on a user turn gets an answer
                     appended. System and user turns are kept. One prompt = one conversation.
     text            each text is cut into windows of prompt_tokens + max_new_tokens tokens (its
                     tokens with the tokenizer's special ones, as tokenize_rows cuts texts); the target
@@ -31,7 +31,8 @@ Output, a directory that `load_rows` and a recipe's `data:` read (names starting
                         training leaves out unless the recipe sets `include_capped: true`.
                         Text rows are never marked: a window's continuation ends at max_new_tokens.
     _chunks/00000.json  chunk 0's counts and failures, written after its part: the mark of a finished chunk
-    _settings.json      everything that decides the output; resuming with other settings is refused
+    _settings.json      everything that decides the output (with --chat-template or --enable-thinking,
+                        the template's sha256 and enable_thinking); resuming with other settings is refused
     _summary.json       the last run's counts, `read = written + skipped + failed`, and every failure
 
 Resuming: run the same command again; finished chunks are skipped (counted `skipped`), an unfinished
