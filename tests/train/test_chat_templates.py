@@ -256,3 +256,15 @@ def test_recipe_keys():
         load_config(None, ["reasoning=maybe"], methods=methods())
     with pytest.raises(ValueError, match="enable_thinking' takes true/false"):
         load_config(None, ["enable_thinking=sometimes"], methods=methods())
+
+
+def test_sources_with_and_without_reasoning_train_together(tmp_path):
+    from specheads.data.readers import concatenate_rows
+
+    both = concatenate_rows([qwen3_rows(tmp_path / "a", [QWEN3_CHAT]), qwen3_rows(tmp_path / "b", [TURNS])])
+    assert both.column_names == ["messages", "reasoning_content"]
+    assert both["reasoning_content"] == [[None, None, "A greeting.", None, None], None]
+    tok = qwen3_tokenizer()
+    out = tokenize_rows(both, tok, max_length=512)
+    expected = [*tokenize_chat_rows(QWEN3_CHAT, tok), *tokenize_chat_rows(TURNS, tok)]
+    assert out["input_ids"] == [ids for ids, _ in expected]

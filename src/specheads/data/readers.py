@@ -541,6 +541,21 @@ def drop_bad_rows(raw, columns: list[str], max_bad_rows: float | int, report: Ro
     return raw.select_columns(columns)
 
 
+def concatenate_rows(parts: list):
+    """load_rows' Datasets one after the other; a source of conversations without reasoning_content gets
+    that column (None for every turn) where another source has it, so that they concatenate."""
+    if any("reasoning_content" in p.column_names for p in parts):
+        parts = [
+            p.add_column(
+                "reasoning_content", [None] * len(p), feature=_features("reasoning")["reasoning_content"]
+            )
+            if "messages" in p.column_names and "reasoning_content" not in p.column_names
+            else p
+            for p in parts
+        ]
+    return datasets.concatenate_datasets(parts)
+
+
 def load_rows(
     source: str | Path,
     *,
