@@ -114,6 +114,12 @@ def test_qwen3_three_turns_give_a_row_an_answer():
     ]
     for k, (ids, _) in enumerate(rows):
         assert ids == tok.apply_chat_template(chat[: 2 * k + 2], tokenize=True, return_dict=False)
+    # a conversation ending on a user turn: the full render holds no answer as written, and is no row
+    rows = tokenize_chat_rows(chat[:5], tok)
+    assert [runs(tok, ids, mask) for ids, mask in rows] == [
+        ["<think>\n\n</think>\n\nA<|im_end|>"],
+        ["<think>\n\n</think>\n\nB<|im_end|>"],
+    ]
     # a template that keeps earlier turns gives one row, the full render
     chatml = family_tokenizer("chatml")
     assert len(tokenize_chat_rows(chat, chatml)) == 1
@@ -141,6 +147,12 @@ def test_enable_thinking_reaches_every_render():
     # cause and the settings that fix it
     with pytest.raises(ChatMaskError, match="(?s)generation prompt.*reasoning: drop.*enable_thinking"):
         tokenize_chat_rows(QWEN3_CHAT, tok)
+    # set again, the new value holds
+    assert set_chat_template(tok, "", enable_thinking=True).chat_template.count("set enable_thinking") == 1
+    assert (
+        set_chat_template(tok, "", enable_thinking=False).chat_template
+        == set_chat_template(qwen3_tokenizer(), "", enable_thinking=False).chat_template
+    )
     on = set_chat_template(qwen3_tokenizer(), "", enable_thinking=True)
     assert on.apply_chat_template(
         [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True

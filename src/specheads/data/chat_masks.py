@@ -81,6 +81,7 @@ LOSS_ON = ("assistant", "last_assistant", "all")
 REASONING = ("keep", "drop")
 DATA_FORMAT_VERSION = 3  # bump when tokenize_rows' output changes, to invalidate cached datasets
 _GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
+_THINKING_SET = re.compile(r"^\{%- set enable_thinking = (true|false) %\}")
 _THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
 # what names the settings that give a tokenizer a chat template, in errors
 TEMPLATE_SETTINGS = (
@@ -154,6 +155,7 @@ def set_chat_template(tokenizer, chat_template: str = "", enable_thinking: bool 
                 "template): leave enable_thinking unset, or give the template that reads it (chat_template)"
             )
         flag = "true" if enable_thinking else "false"
+        template = _THINKING_SET.sub("", template, count=1)  # set again: the new value, once
         tokenizer.chat_template = f"{{%- set enable_thinking = {flag} %}}" + template
     return tokenizer
 
@@ -294,8 +296,8 @@ def _prefix_rows(
         group = [i for i in left if i == last or _holds(text, bounds[i])]
         plan.insert(1, (text, group))
         left = [i for i in left if i not in group]
-    rows = [_row(text, group, bounds, tokenizer) for text, group in plan if group or len(plan) == 1]
-    return rows[1:] + rows[:1]  # in the order of the conversation: the full render last
+    plan = plan[1:] + plan[:1]  # in the order of the conversation: the full render last
+    return [_row(text, group, bounds, tokenizer) for text, group in plan if group or len(plan) == 1]
 
 
 def _check_template(tokenizer, mask_by: str, roles, last_only: bool) -> bool:
