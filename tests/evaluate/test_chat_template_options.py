@@ -4,6 +4,7 @@ results record."""
 
 import hashlib
 import json
+import logging
 import shutil
 
 import pytest
@@ -44,11 +45,13 @@ def common(setup, out):
     return ["--prompts", str(setup["questions"]), "--out", str(out), "--num-prompts", "1"]
 
 
-def test_eval_renders_a_base_models_prompts_with_the_given_template(base_setup, tmp_path):
+def test_eval_renders_a_base_models_prompts_with_the_given_template(base_setup, tmp_path, caplog):
     s = base_setup
     args = ["--target", str(s["base"]), "--heads", str(s["root"] / "medusa"), "--max-new-tokens", "4"]
     args += ["--warmup", "0", "--tree", "chain-3", "--no-progress"]
-    assert eval_cli([*args, *common(s, tmp_path / "raw")]) == 0
+    with caplog.at_level(logging.WARNING, logger="specheads.evaluate.prompts"):
+        assert eval_cli([*args, *common(s, tmp_path / "raw")]) == 0
+    assert "no chat template (a base model)" in caplog.text and "--chat-template FILE" in caplog.text
     raw = json.loads((tmp_path / "raw" / "results.json").read_text())
     assert raw["prompts"]["chat_template"] is False  # a base model's questions go as raw text
     assert raw["prompts"]["chat_template_file"] is None and raw["prompts"]["chat_template_sha256"] is None

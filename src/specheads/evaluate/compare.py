@@ -92,6 +92,7 @@ from specheads.evaluate.prompts import (
     apply_chat_options,
     chat_template_record,
     check_prompt_lengths,
+    note_raw_questions,
     read_template,
 )
 from specheads.evaluate.report import (
@@ -462,6 +463,7 @@ def compare_heads(options: CompareOptions, table: Mapping[str, MethodEntry]) -> 
     methods = build_methods(options, target, peers, configs, trees, table)
     templated = not options.no_chat_template and getattr(tokenizer, "chat_template", None) is not None
     templated = templated and any(c.chat for c in conversations)
+    note_raw_questions(tokenizer, not options.no_chat_template, any(c.chat for c in conversations))
     settings = TurnSettings(
         max_new_tokens=options.max_new_tokens,
         prompt_tokens=options.prompt_tokens,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from specheads.data.chat_masks import read_chat_template, set_chat_template
 # Written beside the embedded target by `specheads tiny-target` (builders/tiny_target.py); decode/
 # does not import train/, so the name is repeated here.
 HELDOUT_FILE = "heldout_files.json"
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -150,6 +152,15 @@ def chat_template_record(tokenizer, options) -> dict:
     }
 
 
+def note_raw_questions(tokenizer, use_chat_template: bool, questions: bool) -> None:
+    """Say so when questions go to the target as raw text because it has no chat template (a base model)."""
+    if use_chat_template and questions and getattr(tokenizer, "chat_template", None) is None:
+        logger.warning(
+            "the target has no chat template (a base model): the questions go to it as raw text; "
+            "--chat-template FILE renders them as chat turns"
+        )
+
+
 def encode_prompts(
     texts: list[PromptText], tokenizer, use_chat_template: bool, prompt_tokens: int
 ) -> tuple[list[Prompt], bool]:
@@ -161,6 +172,7 @@ def encode_prompts(
     """
     templated = use_chat_template and getattr(tokenizer, "chat_template", None) is not None
     templated = templated and any(p.chat for p in texts)
+    note_raw_questions(tokenizer, use_chat_template, any(p.chat for p in texts))
     prompts = []
     for p in texts:
         if p.chat and templated:
