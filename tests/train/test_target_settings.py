@@ -13,6 +13,7 @@ from specheads.cli import cache as cache_cli_module
 from specheads.cli import distill as distill_cli_module
 from specheads.cli import train as train_cli_module
 from specheads.core.target import FrozenTarget
+from specheads.data import server_distill
 from specheads.data.checks import SETTINGS_FILE
 from specheads.methods import methods
 from specheads.train import loop
@@ -64,6 +65,11 @@ def test_distill_refuses_a_custom_architecture_and_names_the_flag(custom_targets
     shipped, _ = custom_targets
     with pytest.raises(ValueError, match="--trust-remote-code"):
         distill_cli(["--source", str(rows), "--target", str(shipped), "--out", str(tmp_path / "out")])
+    # through servers too: the target's configs are read here, before any server is asked
+    argv = ["--server", "http://127.0.0.1:9", "--source", str(rows), "--target", str(shipped)]
+    with pytest.raises(ValueError, match="--trust-remote-code"):
+        distill_cli([*argv, "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
 
 
 class Loaded(Exception):
@@ -89,6 +95,13 @@ def test_trust_remote_code_reaches_the_loader(tmp_path, monkeypatch, flag):
     with pytest.raises(Loaded):
         distill_cli([*argv, *(["--trust-remote-code"] if flag else [])])
     assert seen.pop("trust_remote_code") is flag
+    # distill --server: the flag to the reading of the target's configs
+    monkeypatch.setattr(
+        server_distill, "target_config", lambda auto, path, name, trust: seen.update(t=trust) or _raise()
+    )
+    with pytest.raises(Loaded):
+        distill_cli([*argv, "--server", "http://127.0.0.1:9", *(["--trust-remote-code"] if flag else [])])
+    assert seen.pop("t") is flag
     # train and cache: the flag (or the recipe key) into the recipe
     configs = []
     monkeypatch.setattr(train_cli_module, "train", lambda cfg, *a, **k: configs.append(cfg) or _raise())

@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
                 concurrency=args.concurrency,
                 served_model=args.served_model,
                 timeout=args.request_timeout,
+                trust_remote_code=args.trust_remote_code,
             )
             try:
                 chat = chat_settings(target.tokenizer, template, args)
