@@ -29,7 +29,7 @@ T = 9
 TOL = 1e-5  # fp32, as the consumer tests
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # slow: CI's second stage
 
 
 @pytest.fixture(scope="module")
