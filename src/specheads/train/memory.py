@@ -452,7 +452,7 @@ def check_memory(
     """Estimate the run's peak a process, print it (the main process), and refuse a run that cannot fit:
     MemoryEstimateError naming the keys that shrink it, unless `force`. None where the target's config
     cannot be read here (loading the target then says why)."""
-    trust = bool(getattr(cfg, "trust_remote_code", False))
+    trust = cfg.trust_remote_code
     device = torch.device(accelerator.device)
     processes, stage = accelerator.num_processes, zero_stage(accelerator)
     try:
