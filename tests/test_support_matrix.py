@@ -10,25 +10,30 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from support_matrix import COMMON, FAMILIES, METHODS, WINDOW, consumer_cases, markdown
 
 from specheads.cli import main as cli_main
 from specheads.core.target import FrozenTarget
 from specheads.decode import MedusaDrafter, SpeculativeDecoder, StaticTree, default_tree
 from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.heads import load_heads
+from specheads.heads import Eagle3Config, Eagle3Head, llama_layer_config_from, load_heads, save_heads
 from specheads.methods import methods
 
 from helpers import tiny_tokenizer
-from support_matrix import COMMON, FAMILIES, METHODS, WINDOW, consumer_cases, markdown
 
 for _folder in ("decode", "consumers"):  # the decoder and consumer tests' helpers, imported by name
     sys.path.insert(0, str(Path(__file__).parent / _folder))
 
 from test_batched import Inject, continuation  # noqa: E402
+from test_sampling_decoder import SETTINGS, PrefixSampler, chi_square_p_value, exact_joint  # noqa: E402
+from test_sampling_decoder import VOCAB as SAMPLING_VOCAB  # noqa: E402
+from test_sampling_decoder import eagle as sampling_eagle  # noqa: E402
+from test_sampling_decoder import medusa as sampling_medusa  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CELLS = [(family, method) for family in FAMILIES for method in METHODS]
@@ -232,7 +237,9 @@ def test_exports_import_back(online, target_dir, tmp_path, family, fmt):
     method = FORMAT_METHOD[fmt]
     out, target, _ = online(family, method)
     flags = ["--target", str(target_dir(family))] if fmt == "speculators" else []
-    assert cli_main(["export", "--heads", str(out), "--format", fmt, "--out", str(tmp_path / fmt), *flags]) == 0
+    assert (
+        cli_main(["export", "--heads", str(out), "--format", fmt, "--out", str(tmp_path / fmt), *flags]) == 0
+    )
     args = ["import-heads", "--format", fmt, "--checkpoint", str(tmp_path / fmt)]
     assert cli_main([*args, "--target", str(target_dir(family)), "--out", str(tmp_path / "back")]) == 0
     heads, _ = load_heads(out, target, methods=methods())
@@ -257,8 +264,126 @@ def test_the_table_is_the_method_tables_formats():
 
 def test_the_doc_is_the_table():
     doc = (REPO / "docs" / "support-matrix.md").read_text()
-    assert doc == markdown(), "docs/support-matrix.md is stale: python -m tests.support_matrix > docs/support-matrix.md"
+    assert doc == markdown(), (
+        "docs/support-matrix.md is stale: python -m tests.support_matrix > docs/support-matrix.md"
+    )
     written = subprocess.run(
         [sys.executable, "-m", "tests.support_matrix"], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert written.stdout == doc
+
+
+# -- the slow cells: sampling in law, the consumers ----------------------------------------------------------
+
+
+def sampling_target(family: str) -> FrozenTarget:
+    """The family's tiny config with a 16-token vocabulary (the sampling tests' joint has 16³ cells), a
+    window of 4 where it slides (under their 5-token prompt and 3 new tokens), its lm_head scaled up as
+    theirs is (p peaked, not one-hot)."""
+    window = {"sliding_window": 4} if "sliding_window" in FAMILIES[family].overrides else {}
+    model = tiny_model(
+        family, vocab_size=SAMPLING_VOCAB, bos_token_id=0, eos_token_id=1, pad_token_id=2, **window
+    )
+    with torch.no_grad():
+        if model.config.tie_word_embeddings:  # SmolLM2: the final norm, not the embeddings with the head
+            model.model.norm.weight.mul_(16)  # (x20 leaves a context 1e-6 from the top-p boundary)
+        else:
+            model.lm_head.weight.mul_(20)
+    return FrozenTarget(model)
+
+
+def sampling_drafter(method: str, target: FrozenTarget):
+    if method == "medusa":
+        return sampling_medusa(target)
+    if method == "eagle":
+        return sampling_eagle(target)
+    torch.manual_seed(0)
+    layer = llama_layer_config_from(target.config)
+    config = Eagle3Config(layer, draft_arch="llama", draft_vocab_size=SAMPLING_VOCAB, target_layers=(1, 2, 3))
+    head = Eagle3Head(config).init_from_target(target.lm_head, target.norm).eval()
+    # a static tree as wide as the vocabulary at its first level (a random draft layer ranks the target's
+    # likely tokens low on some families: children ranked by it are seldom accepted), ranked children below
+    return EagleDrafter(head, target, SAMPLING_TREE)
+
+
+SAMPLING_TREE = StaticTree.from_choices(
+    [(r,) for r in range(SAMPLING_VOCAB)] + [(r, 0) for r in range(4)] + [(0, 1), (0, 0, 0), (1, 0, 0)]
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, method", CELLS, ids=IDS)
+def test_sampling_follows_the_target(family, method):
+    target = sampling_target(family)
+    params = SETTINGS["t0.8-k6-p0.8"]
+    sampler = PrefixSampler(SpeculativeDecoder(target, sampling_drafter(method, target)), params)
+    generator = torch.Generator().manual_seed(0)
+    counts = Counter(sampler.sample(generator) for _ in range(3000))
+    p_value = chi_square_p_value(counts, exact_joint(target, params))
+    accepted = sum(n > 1 for n in sampler.accept_lengths) / len(sampler.accept_lengths)
+    assert accepted > 0.1, f"drafted tokens were accepted in only {accepted:.0%} of steps"
+    assert p_value > 1e-3, p_value
+
+
+CONSUMED = consumer_cases()
+
+
+@pytest.fixture(scope="module")
+def consumed(target_dir, tmp_path_factory) -> dict:
+    """(family, format) -> (what the consumer computed, what our heads computed): one consumer run."""
+    from test_consumers import T, eagle3_case, eagle_case, medusa_case
+
+    from consumer_env import build, env_dir, run_consumers
+
+    env = env_dir()
+    if not (env / "PINS").is_file():
+        build(env)
+    tokens = torch.randint(0, 256, (1, T + 1), generator=torch.Generator().manual_seed(3))
+    cases = {
+        "medusa": ("medusa", medusa_case),
+        "eagle": ("eagle", lambda t, x: eagle_case(t, x, fc_bias=False, draft_arch="llama")),
+        "eagle3": ("speculators-converter", lambda t, x: eagle3_case(t, x, draft_arch="llama")),
+        "speculators": ("speculators", lambda t, x: eagle3_case(t, x, draft_arch="llama")),
+    }
+    root = tmp_path_factory.mktemp("consumers")
+    jobs, expected = [], {}
+    for family, fmt in CONSUMED:
+        kind, case = cases[fmt]
+        family_dir = target_dir(family)
+        target = FrozenTarget.from_pretrained(str(family_dir), dtype="float32")
+        heads, inputs, expected[family, fmt] = case(target, tokens)
+        work = root / f"{family}-{fmt}"
+        save_heads(heads, work / "native", target.record())
+        flags = ["--target", str(family_dir)] if fmt == "speculators" else []
+        args = ["export", "--heads", str(work / "native"), "--format", fmt, "--out", str(work / fmt)]
+        assert cli_main([*args, *flags]) == 0
+        torch.save(inputs, work / "inputs.pt")
+        out = str(work / "out.pt")
+        jobs.append(
+            {
+                "kind": kind,
+                "export": str(work / fmt),
+                "target": str(family_dir),
+                "inputs": str(work / "inputs.pt"),
+                "out": out,
+            }
+        )
+    run_consumers(env, jobs, root)
+    return {
+        case: (job["kind"], torch.load(job["out"], weights_only=False), expected[case])
+        for case, job in zip(CONSUMED, jobs, strict=True)
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, fmt", CONSUMED, ids=[f"{f}-{x}" for f, x in CONSUMED])
+def test_the_consumer_loads_the_export(consumed, family, fmt):
+    """The consumer's own loader takes the export of a Llama draft (Medusa heads) over the family's target
+    and computes what our heads compute (test_consumers.py's checks: every key used, outputs to fp32
+    round-off)."""
+    from test_consumers import CHECKS
+
+    kind, got, expected = consumed[family, fmt]
+    assert "error" not in got, got.get("error")
+    diff = CHECKS[kind](got, expected)
+    print(f"{family}-{fmt}: max |diff| {diff:.2e}")
