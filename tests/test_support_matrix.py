@@ -15,13 +15,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from support_matrix import COMMON, FAMILIES, METHODS, WINDOW, consumer_cases, markdown
+from support_matrix import COMMON, FAMILIES, METHODS, SLOW, WINDOW, consumer_cases, markdown
 
 from specheads.cli import main as cli_main
 from specheads.core.target import FrozenTarget
 from specheads.decode import MedusaDrafter, SpeculativeDecoder, StaticTree, default_tree
 from specheads.decode.eagle_drafter import EagleDrafter
-from specheads.heads import Eagle3Config, Eagle3Head, llama_layer_config_from, load_heads, save_heads
+from specheads.heads import (
+    Eagle3Config,
+    Eagle3Head,
+    EagleConfig,
+    EagleHead,
+    llama_layer_config_from,
+    load_heads,
+    save_heads,
+)
 from specheads.methods import methods
 
 from helpers import tiny_tokenizer
@@ -32,7 +40,6 @@ for _folder in ("decode", "consumers"):  # the decoder and consumer tests' helpe
 from test_batched import Inject, continuation  # noqa: E402
 from test_sampling_decoder import SETTINGS, PrefixSampler, chi_square_p_value, exact_joint  # noqa: E402
 from test_sampling_decoder import VOCAB as SAMPLING_VOCAB  # noqa: E402
-from test_sampling_decoder import eagle as sampling_eagle  # noqa: E402
 from test_sampling_decoder import medusa as sampling_medusa  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -293,16 +300,18 @@ def sampling_target(family: str) -> FrozenTarget:
 
 
 def sampling_drafter(method: str, target: FrozenTarget):
+    """Medusa heads as the sampling tests make them; a random EAGLE / EAGLE-3 head with a Llama draft layer
+    (EAGLE-3's lm_head and norm the target's, as training starts them), on a static tree as wide as the
+    vocabulary at its first level: a random draft layer ranks the target's likely tokens low on some
+    families, and children ranked by it alone are seldom accepted (the test needs drafts accepted)."""
     if method == "medusa":
         return sampling_medusa(target)
-    if method == "eagle":
-        return sampling_eagle(target)
     torch.manual_seed(0)
     layer = llama_layer_config_from(target.config)
+    if method == "eagle":
+        return EagleDrafter(EagleHead(EagleConfig(layer, draft_arch="llama")).eval(), target, SAMPLING_TREE)
     config = Eagle3Config(layer, draft_arch="llama", draft_vocab_size=SAMPLING_VOCAB, target_layers=(1, 2, 3))
     head = Eagle3Head(config).init_from_target(target.lm_head, target.norm).eval()
-    # a static tree as wide as the vocabulary at its first level (a random draft layer ranks the target's
-    # likely tokens low on some families: children ranked by it are seldom accepted), ranked children below
     return EagleDrafter(head, target, SAMPLING_TREE)
 
 
@@ -318,7 +327,7 @@ def test_sampling_follows_the_target(family, method):
     params = SETTINGS["t0.8-k6-p0.8"]
     sampler = PrefixSampler(SpeculativeDecoder(target, sampling_drafter(method, target)), params)
     generator = torch.Generator().manual_seed(0)
-    counts = Counter(sampler.sample(generator) for _ in range(3000))
+    counts = Counter(sampler.sample(generator) for _ in range(6000))
     p_value = chi_square_p_value(counts, exact_joint(target, params))
     accepted = sum(n > 1 for n in sampler.accept_lengths) / len(sampler.accept_lengths)
     assert accepted > 0.1, f"drafted tokens were accepted in only {accepted:.0%} of steps"
@@ -387,3 +396,21 @@ def test_the_consumer_loads_the_export(consumed, family, fmt):
     assert "error" not in got, got.get("error")
     diff = CHECKS[kind](got, expected)
     print(f"{family}-{fmt}: max |diff| {diff:.2e}")
+
+
+def test_every_test_the_doc_names_is_one_of_this_module():
+    """Each `function[params]` of docs/support-matrix.md is a parametrized test here, and each one here is in
+    the doc."""
+    import re
+
+    here = sys.modules[__name__]
+    tests = set()
+    for name in dir(here):
+        marks = getattr(getattr(here, name), "pytestmark", []) if name.startswith("test_") else []
+        for mark in marks:
+            if mark.name == "parametrize":
+                tests |= {f"{name}[{i}]" for i in mark.kwargs["ids"]}
+        if marks:  # the doc's "(slow)" is the mark
+            assert ("slow" in [m.name for m in marks]) == (name in SLOW), name
+    named = set(re.findall(r"`(test_\w+\[[^\]]+\])`", markdown()))
+    assert named == tests, (sorted(named - tests), sorted(tests - named))
