@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specheads.cli.eval_flags import add_trust_remote_code_argument
 from specheads.cli.threads import add_threads_argument
 from specheads.core.run_folder import check_writable, hold_folder
 from specheads.methods import method_named, methods
@@ -22,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-tokens", type=int, default=1 << 15, help="tokens per shard file")
     p.add_argument("--batch-size", type=int, default=None, help="rows per target forward (default: recipe's)")
     p.add_argument("--overwrite", action="store_true", help="replace a cache built with other settings")
+    add_trust_remote_code_argument(p)
     p.add_argument("--no-progress", action="store_true")
     add_threads_argument(p)
 
@@ -29,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.recipe, args.overrides, methods=methods())
+    cfg.trust_remote_code |= args.trust_remote_code
     out = args.out or getattr(cfg, "cache_dir", None)
     if not out:
         raise SystemExit(

@@ -87,7 +87,14 @@ from specheads.evaluate.peers import (
 )
 from specheads.evaluate.plots import PLOTS, check_matplotlib, write_plots
 from specheads.evaluate.progress import PROGRESS_FILE, Progress, stop_on_sigterm, stopped_message
-from specheads.evaluate.prompts import Prompt, check_prompt_lengths
+from specheads.evaluate.prompts import (
+    Prompt,
+    apply_chat_options,
+    chat_template_record,
+    check_prompt_lengths,
+    note_raw_questions,
+    read_template,
+)
 from specheads.evaluate.report import (
     DEFINITIONS,
     DRAFT_DEFINITIONS,
@@ -319,6 +326,7 @@ def command_line(options: CompareOptions, peers: list[str]) -> str:
         "threads",
         "prompt_lookup_ngram",
         "draft_vocab",
+        "chat_template",
     )
     for flag in flags:
         if getattr(options, flag) is not None:
@@ -327,7 +335,9 @@ def command_line(options: CompareOptions, peers: list[str]) -> str:
         parts += ["--tree", *options.tree]
     if options.calibration_prompts is not None:
         parts += ["--calibration-prompts", str(options.calibration_prompts)]
-    for flag in ("skip_long", "no_chat_template", "no_plots", "recalibrate"):
+    if options.enable_thinking is not None:
+        parts += ["--enable-thinking", str(options.enable_thinking).lower()]
+    for flag in ("skip_long", "no_chat_template", "no_plots", "recalibrate", "trust_remote_code"):
         if getattr(options, flag):
             parts.append("--" + flag.replace("_", "-"))
     return " ".join(shlex.quote(p) for p in parts)
@@ -365,6 +375,7 @@ def build_results(
             "source": options.prompts,
             "path": prompt_set_path(options.prompts),
             "chat_template": templated,
+            **chat_template_record(target.tokenizer, options),
             "prompt_tokens": options.prompt_tokens,
             "category": options.category,
             "max_turns": options.max_turns,
@@ -436,7 +447,14 @@ def compare_heads(options: CompareOptions, table: Mapping[str, MethodEntry]) -> 
 
     if options.threads is not None:
         torch.set_num_threads(options.threads)
-    target = FrozenTarget.from_pretrained(target_path, dtype=options.dtype, attn_implementation=options.attn)
+    template = read_template(options)  # --chat-template: a wrong path fails before the target loads
+    target = FrozenTarget.from_pretrained(
+        target_path,
+        dtype=options.dtype,
+        attn_implementation=options.attn,
+        trust_remote_code=options.trust_remote_code,
+    )
+    apply_chat_options(target.tokenizer, template, options)
     target = adapted_target(target, options.heads)
     target.model.to(options.device)
     tokenizer = target.tokenizer
@@ -445,6 +463,7 @@ def compare_heads(options: CompareOptions, table: Mapping[str, MethodEntry]) -> 
     methods = build_methods(options, target, peers, configs, trees, table)
     templated = not options.no_chat_template and getattr(tokenizer, "chat_template", None) is not None
     templated = templated and any(c.chat for c in conversations)
+    note_raw_questions(tokenizer, not options.no_chat_template, any(c.chat for c in conversations))
     settings = TurnSettings(
         max_new_tokens=options.max_new_tokens,
         prompt_tokens=options.prompt_tokens,
@@ -515,6 +534,7 @@ def progress_settings(
             "category": options.category,
             "max_turns": options.max_turns,
             "chat_template": templated,
+            **chat_template_record(target.tokenizer, options),
             "prompt_tokens": options.prompt_tokens,
             "ids": [c.id for c in conversations],
         },

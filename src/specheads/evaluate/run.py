@@ -47,7 +47,14 @@ from specheads.evaluate.calibrate import calibrated_once, hold_out, holds_out, m
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, evaluate, report_text, sampling_record
 from specheads.evaluate.options import EvalOptions
 from specheads.evaluate.progress import PROGRESS_FILE, Progress, stop_on_sigterm, stopped_message
-from specheads.evaluate.prompts import check_prompt_lengths, encode_prompts, read_prompts
+from specheads.evaluate.prompts import (
+    apply_chat_options,
+    chat_template_record,
+    check_prompt_lengths,
+    encode_prompts,
+    read_prompts,
+    read_template,
+)
 from specheads.evaluate.report import DEFINITIONS, per_category, run_environment, summarize
 from specheads.heads import load_heads, read_head_config
 from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter, target_for_heads
@@ -100,7 +107,14 @@ def run_eval(options: EvalOptions, table: Mapping[str, Method]) -> dict[str, Any
 
     if options.threads is not None:
         torch.set_num_threads(options.threads)
-    target = FrozenTarget.from_pretrained(target_path, dtype=options.dtype, attn_implementation=options.attn)
+    template = read_template(options)  # --chat-template: a wrong path fails before the target loads
+    target = FrozenTarget.from_pretrained(
+        target_path,
+        dtype=options.dtype,
+        attn_implementation=options.attn,
+        trust_remote_code=options.trust_remote_code,
+    )
+    apply_chat_options(target.tokenizer, template, options)
     target = target_for_heads(target, options.heads)  # Medusa-2: the adapted target decodes, both ways
     target.model.to(options.device)
     if target.tokenizer is None:
@@ -260,6 +274,8 @@ def command_line(options: EvalOptions, tree_name: str) -> str:
         ("--category", o.category),
         ("--calibration-prompts", o.calibration_prompts),
         ("--draft-vocab", o.draft_vocab),
+        ("--chat-template", o.chat_template),
+        ("--enable-thinking", None if o.enable_thinking is None else str(o.enable_thinking).lower()),
     ):
         if value is not None:
             parts += [flag, str(value)]
@@ -267,6 +283,8 @@ def command_line(options: EvalOptions, tree_name: str) -> str:
         parts.append("--no-chat-template")
     if o.recalibrate:
         parts.append("--recalibrate")
+    if o.trust_remote_code:
+        parts.append("--trust-remote-code")
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -304,6 +322,7 @@ def build_results(
         "prompts": {
             "source": options.prompts,
             "chat_template": templated,
+            **chat_template_record(target.tokenizer, options),
             "prompt_tokens": options.prompt_tokens,
             "category": options.category,
         },
@@ -338,6 +357,7 @@ def progress_settings(
             "category": options.category,
             "num_prompts": len(prompts),
             "chat_template": templated,
+            **chat_template_record(target.tokenizer, options),
             "prompt_tokens": options.prompt_tokens,
             "token_ids_sha256": ids.hexdigest(),
         },

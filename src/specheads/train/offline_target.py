@@ -26,7 +26,7 @@ from torch import nn
 
 from specheads.core.confined import confined
 from specheads.core.fingerprint import files_sha256, weights_files
-from specheads.core.target import FrozenTarget, TargetOutput, resolve_dtype
+from specheads.core.target import FrozenTarget, TargetOutput, resolve_dtype, target_config
 
 SINGLE_FILE = "model.safetensors"
 SHARDED_INDEX = "model.safetensors.index.json"
@@ -148,7 +148,7 @@ class OfflineTarget:
             AutoTokenizer,
         )
 
-        config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        config = target_config(AutoConfig, name_or_path, name_or_path, trust_remote_code)
         from accelerate import init_empty_weights  # lazy: as above
 
         # Structure only: no weights are allocated. Buffers are: those not saved in a checkpoint are computed
