@@ -61,6 +61,11 @@ FAMILIES: dict[str, Family] = {
         what="Gemma-3 text: sliding and full attention, a rope theta per layer type",
     ),
     "phi3": Family("phi3", what="Phi-3: fused qkv and gate/up projections"),
+    "smollm2": Family(
+        "llama",
+        {"tie_word_embeddings": True, "rope_theta": 1e5},
+        what="SmolLM2's shape: a Llama with tied embeddings, rope theta 1e5",
+    ),
     "gpt_oss": Family(
         "gpt_oss",
         {

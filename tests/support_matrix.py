@@ -126,7 +126,10 @@ OUTSIDE = {
     ("eagle", "smollm2"): ("eagle-llm rotates with θ 10000; this target's is 1e5", THETA),
     ("eagle", "gpt_oss"): ("eagle-llm rotates with plain θ 10000; this target's rope is YaRN", THETA),
 }
-ENGINE_FORMATS = ("eagle", "eagle3")  # the formats scripts/check_engines.py --load loads in vLLM and SGLang
+# the formats scripts/check_engines.py --load loads with each engine's own classes, in CI's engines stage,
+# for every family of scripts/families.py (a test checks it names the families of this table)
+ENGINE_FORMATS = ("eagle", "eagle3")
+ENGINE_LOADS = "✓ vLLM (eagle, eagle3, speculators), SGLang (eagle, eagle3): CI engines stage"
 
 # The columns every method has, each a test function of MODULE parametrized [family-method]
 COLUMNS = {
@@ -196,9 +199,11 @@ def markdown() -> str:
         "  gives back the trained heads bit for bit; the consumer named in the column header loads it with its",
         "  own code and computes what our heads compute (tests/consumers/ has the Llama checks and the",
         "  deliberately broken exports the check must refuse).",
-        "- **vLLM / SGLang**: the engines' own `load_weights` on the `eagle` and `eagle3` exports:",
-        "  `scripts/check_engines.py --load` (CUDA wheels: run on CPU by building the model classes and",
-        "  calling their loader; see its docstring).",
+        "- **vLLM / SGLang**: the engines' own `load_weights` on each family's `eagle`, `eagle3` and",
+        "  `speculators` exports (SGLang reads no speculators config): every parameter filled and equal to",
+        "  the export's, every key landing, d2t the draft-to-target map; a copy with a key renamed must fail.",
+        "  `python scripts/check_engines.py --load --families all`, the last stage of `.ci/run` (CUDA wheels:",
+        "  run on CPU by building the model classes and calling their loader; see its docstring).",
         "",
         "Families:",
         "",
@@ -235,7 +240,7 @@ def markdown() -> str:
                     reasons.append(reason[1])
                 row.append(f"{reason[0]} ({reasons.index(reason[1]) + 1})")
             if any(fmt in ENGINE_FORMATS for fmt in formats):
-                row.append("`scripts/check_engines.py --load`")
+                row.append(ENGINE_LOADS)
             lines.append("| " + " | ".join(row) + " |")
     lines += ["", "## Cells without ✓", ""]
     lines += [f"{i}. {reason}." for i, reason in enumerate(reasons, 1)]

@@ -269,6 +269,16 @@ def test_the_table_is_the_method_tables_formats():
     assert {m: table[m].export_formats for m in METHODS} == METHODS
 
 
+def test_the_engines_stage_loads_every_family_of_the_table():
+    """The vLLM / SGLang column claims CI's engines stage for every family: scripts/families.py, which that
+    stage builds, must name the same families, each of the same transformers model_type."""
+    from scripts import families
+
+    assert {k: f.model_type for k, f in families.FAMILIES.items()} == {
+        k: f.model_type for k, f in FAMILIES.items()
+    }
+
+
 def test_the_doc_is_the_table():
     doc = (REPO / "docs" / "support-matrix.md").read_text()
     assert doc == markdown(), (
