@@ -94,9 +94,9 @@ class MedusaHeads(nn.Module):
         """Head k alone: (..., H) -> (..., V). `lm_head` is the target's, required when it is shared.
 
         Training calls this on the positions that have a label only, so the K x B x T x V logits of
-        `forward` are never built at once. `hidden` enters in the heads' dtype and a shared lm_head reads
-        its own (a bf16 target's states into fp32 heads without mixed precision); under autocast the casts
-        change nothing it does not.
+        `forward` are never built at once. `hidden` enters in the heads' dtype, and a shared lm_head gets its
+        own (a bf16 target's states into fp32 heads trained without mixed precision); under autocast, which
+        casts each matmul's inputs anyway, the result is the same.
         """
         block = self.blocks[k]
         out = block(hidden.to(block[0].linear.weight.dtype))
