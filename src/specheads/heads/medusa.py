@@ -94,13 +94,17 @@ class MedusaHeads(nn.Module):
         """Head k alone: (..., H) -> (..., V). `lm_head` is the target's, required when it is shared.
 
         Training calls this on the positions that have a label only, so the K x B x T x V logits of
-        `forward` are never built at once.
+        `forward` are never built at once. `hidden` enters in the heads' dtype, and a shared lm_head gets its
+        own (a bf16 target's states into fp32 heads trained without mixed precision); under autocast, which
+        casts each matmul's inputs anyway, the result is the same.
         """
+        block = self.blocks[k]
+        out = block(hidden.to(block[0].linear.weight.dtype))
         if self.lm_heads is not None:
-            return self.lm_heads[k](self.blocks[k](hidden))
+            return self.lm_heads[k](out)
         if lm_head is None:
             raise ValueError("these Medusa heads share the target's lm_head: pass it as `lm_head`")
-        return lm_head(self.blocks[k](hidden))
+        return lm_head(out.to(lm_head.weight.dtype))
 
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
         """(B, T, H) -> (K, B, T, V)."""
