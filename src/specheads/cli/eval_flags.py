@@ -43,3 +43,13 @@ def add_target_loading_arguments(p: argparse.ArgumentParser, defaults: type, att
         choices=["auto", "sdpa", "eager"],
         help=f"{attn_help}; auto: sdpa, or eager where transformers refuses sdpa",
     )
+
+
+def add_device_map_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device-map",
+        default=None,
+        choices=["auto"],
+        help="auto: spread a target too large for one device over the GPUs (each process's share of them "
+        "when launched as several); default: the whole target on --device",
+    )

@@ -47,6 +47,7 @@ class EvalOptions:
     )
     threads: int | None = None  # CPU threads for torch (None: torch's own)
     no_progress: bool = False
+    device_map: str | None = None  # "auto": the target spread over the GPUs (each process's share)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
