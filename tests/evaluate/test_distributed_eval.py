@@ -14,7 +14,7 @@ import pytest
 
 from specheads.core.processes import Processes
 from specheads.core.target import FrozenTarget
-from specheads.evaluate.run import process_share
+from specheads.evaluate.sharing import process_share
 
 from helpers import command
 
@@ -30,6 +30,7 @@ TIMED = {
     "outside_forward_fraction",
     "step_phase_fraction",
     "phase_seconds",
+    "turn_seconds",
 }
 
 
@@ -56,11 +57,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_two(args: list[str]) -> str:
+def launch_two(args: list[str], command: str = "eval") -> str:
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(REPO / "recipes" / "accelerate" / "ddp.yaml"),
-        "--num_processes", "2", "--main_process_port", str(free_port()), "-m", "specheads", "eval", *args,
+        "--num_processes", "2", "--main_process_port", str(free_port()), "-m", "specheads", command, *args,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONFAULTHANDLER": "1"}
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -93,6 +94,36 @@ def test_two_processes_report_what_one_reports(compare_setup, tmp_path, extra):
     assert two["command"] == one["command"].replace(str(tmp_path / "one"), str(tmp_path / "two"))
 
 
+@pytest.mark.slow
+def test_two_processes_compare_as_one(compare_setup, tmp_path):
+    """`specheads compare` on 2 processes: every method's tokens, τ, acceptance and identity, the method
+    order of every conversation, and the answer files' turns, as one process writes them."""
+    args = [
+        "--target", str(compare_setup["target"]), "--heads", str(compare_setup["root"] / "medusa"),
+        "--prompts", str(compare_setup["questions"]), "--max-new-tokens", "8", "--tree", "chain-3",
+        "--no-plots", "--no-progress",
+    ]  # fmt: skip
+    assert command("compare")([*args, "--out", str(tmp_path / "one")]) == 0
+    launch_two([*args, "--out", str(tmp_path / "two")], "compare")
+    one, two = results(tmp_path / "one"), results(tmp_path / "two")
+    assert two["processes"] == 2 and untimed(two) == untimed(one)
+    assert [m["name"] for m in two["methods"]] == ["generate", "prompt-lookup", "medusa"]
+    assert [o["methods"] for o in two["order"]][1] == ["prompt-lookup", "medusa", "generate"]  # rotated by 1
+    for name in ("generate", "prompt-lookup", "medusa"):
+        answers = [
+            [
+                {k: v for k, v in json.loads(line)["choices"][0].items() if k != "wall_time"}
+                for line in f.open()
+            ]
+            for f in (
+                tmp_path / "one" / "answers" / f"{name}.jsonl",
+                tmp_path / "two" / "answers" / f"{name}.jsonl",
+            )
+        ]
+        assert answers[0] == answers[1] and len(answers[0]) == 3
+    assert not list((tmp_path / "two").glob("progress*"))
+
+
 def test_device_map_reaches_from_pretrained(compare_setup, tmp_path, monkeypatch):
     """--device-map auto loads the target through transformers' device_map (on this CPU: all of it on the
     CPU) and decodes what --device cpu decodes; the command records the flag."""
@@ -121,6 +152,7 @@ def test_prompts_are_shared_out_by_number():
     assert process_share(7, 2, Processes(rank=1, world=2)) == ([2, 3, 6], [1, 3])
     assert process_share(5, 1, Processes()) == ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4])
     with pytest.raises(
-        ValueError, match="2 groups of --batch-size 2 for 3 processes: .* at most 2 processes"
+        ValueError,
+        match="2 groups of --batch-size 2 for 3 processes: .* at most 2 processes, or take more prompts",
     ):
         process_share(3, 2, Processes(rank=0, world=3))

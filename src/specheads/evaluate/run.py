@@ -65,6 +65,7 @@ from specheads.evaluate.progress import (
 )
 from specheads.evaluate.prompts import check_prompt_lengths, encode_prompts, read_prompts
 from specheads.evaluate.report import DEFINITIONS, per_category, run_environment, summarize
+from specheads.evaluate.sharing import NothingSetAside, merged_records, placed_target, process_share
 from specheads.heads import load_heads, read_head_config
 from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter, target_for_heads
 from specheads.heads.method import Method
@@ -120,7 +121,8 @@ def run_eval(
 
     if options.threads is not None:
         torch.set_num_threads(options.threads)
-    target = load_target(target_path, options, procs)
+    # Medusa-2: the adapted target decodes, both ways
+    target = placed_target(target_path, options, procs, lambda t: target_for_heads(t, options.heads))
     if target.tokenizer is None:
         raise ValueError(f"target {options.target!r} has no tokenizer; eval needs one to encode prompts")
     heads, head_config = load_heads(
@@ -156,7 +158,7 @@ def run_eval(
         hold_folder(options.out) if procs.main else nullcontext(),
         replacing(options.out, (RESULTS_FILE, REPORT_FILE), options.overwrite, also=progress_files)
         if procs.main
-        else nullcontext(_NothingSetAside()) as old,
+        else nullcontext(NothingSetAside()) as old,
     ):
         procs.barrier()  # process 0 has set old results aside: the others' progress files start after that
         sampling = sampling_params(options)
@@ -245,59 +247,6 @@ def run_eval(
         progress.remove()
         procs.barrier()  # process 0 lets the folder go once every progress file is gone
     return results
-
-
-# -- loading and sharing out ----------------------------------------------------------------------
-
-
-def load_target(target_path: str, options: EvalOptions, procs: Processes) -> FrozenTarget:
-    """The target as the options place it: on `device` (each process of several on its own GPU,
-    cuda:LOCAL_RANK, where `device` is cuda), or spread by `device_map` over this process's GPUs."""
-    spread = {}
-    if options.device_map is not None:
-        spread = {"device_map": options.device_map, "max_memory": procs.max_memory()}
-    target = FrozenTarget.from_pretrained(
-        target_path, dtype=options.dtype, attn_implementation=options.attn, **spread
-    )
-    target = target_for_heads(target, options.heads)  # Medusa-2: the adapted target decodes, both ways
-    if options.device_map is None:
-        device = options.device
-        if procs.world > 1 and device.startswith("cuda"):
-            device = str(procs.device())
-        target.model.to(device)
-    return target
-
-
-def process_share(count: int, batch_size: int, procs: Processes) -> tuple[list[int], list[int]]:
-    """(the numbers of this process's prompts, the numbers of its groups of `batch_size`): every N-th
-    prompt, or with batch_size > 1 every N-th group of consecutive prompts, from its rank on."""
-    groups = [list(range(i, min(i + batch_size, count))) for i in range(0, count, batch_size)]
-    if len(groups) < procs.world:
-        unit = "prompts" if batch_size == 1 else f"groups of --batch-size {batch_size}"
-        raise ValueError(
-            f"{len(groups)} {unit} for {procs.world} processes: each process needs at least one; "
-            f"launch at most {len(groups)} processes, or evaluate more prompts"
-        )
-    mine = procs.share(range(len(groups)))
-    return [j for g in mine for j in groups[g]], mine
-
-
-def merged_records(procs: Processes, numbers: list[int], records: list[dict], count: int) -> list[dict]:
-    """Every process's records, in the prompts' order (one process: its own)."""
-    if procs.world == 1:
-        return records
-    merged: list[Any] = [None] * count
-    for theirs, their_records in procs.gather((numbers, records)):
-        for j, record in zip(theirs, their_records):
-            merged[j] = record
-    return merged
-
-
-class _NothingSetAside:
-    """What the processes other than 0 hold in place of `replacing`'s old results: process 0 drops them."""
-
-    def commit(self) -> None:
-        pass
 
 
 # -- checks -----------------------------------------------------------------------------------------
