@@ -143,7 +143,7 @@ def test_a_killed_two_process_cache_resumes_to_the_same_bytes(
                     break
                 time.sleep(0.002)
         finally:
-            if proc.poll() is None:  # the launcher starts each process in a session of its own
+            if proc.poll() is None:  # the launcher puts each worker in a new process group of its own
                 workers = psutil.Process(proc.pid).children(recursive=True)
                 for worker in [*workers, psutil.Process(proc.pid)]:
                     worker.kill()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 
 T = TypeVar("T")
 
@@ -48,16 +49,12 @@ class Processes:
 
     def barrier(self) -> None:
         if self.world > 1:
-            import torch.distributed as dist
-
             dist.barrier()
 
     def gather(self, obj: Any) -> list[Any]:
         """Every process's `obj`, by rank, on every process."""
         if self.world == 1:
             return [obj]
-        import torch.distributed as dist
-
         out: list[Any] = [None] * self.world
         dist.all_gather_object(out, obj)
         return out
@@ -66,8 +63,6 @@ class Processes:
         """Rank 0's `obj` on every process."""
         if self.world == 1:
             return obj
-        import torch.distributed as dist
-
         box = [obj if self.main else None]
         dist.broadcast_object_list(box, src=0)
         return box[0]
@@ -112,8 +107,6 @@ def launched() -> Processes:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Processes()
-    import torch.distributed as dist
-
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     return Processes(
