@@ -129,3 +129,21 @@ def test_the_70b_commands_run_scaled_down(tiny_target_dirs, tmp_path):
     assert results["processes"] == 2 and len(results["per_prompt"]) == 2
     assert results["identical_to_baseline"] == "2/2"  # greedy: token for token the target's own
     assert (tmp_path / "exports/llama-3.3-70b-eagle3/config.json").is_file()
+
+
+def test_the_70b_recipes_cache_with_a_spread_target():
+    """A 70B target fits no single 80 GB GPU: every 70B recipe that caches launches the cache on 2 processes,
+    each with the target spread over its 4 GPUs, as the page does; the page names every large family."""
+    for path in sorted((REPO / "recipes" / "llama-3.3-70b").glob("*.yaml")):
+        text = path.read_text()
+        caches = re.findall(r"^#\s+(.*specheads cache .*)$", text, re.M)
+        if path.stem == "medusa2":  # LoRA on the target: nothing to cache
+            assert not caches
+            continue
+        assert caches == [
+            "accelerate launch --config_file recipes/accelerate/ddp.yaml --num_processes 2 -m specheads cache "
+            f"recipes/llama-3.3-70b/{path.name} --device-map auto --out cache/llama-3.3-70b-{path.stem}"
+        ]
+    page = PAGE.read_text()
+    for family in ("llama-3.3-70b", "llama-3.1-8b", "qwen2.5-7b", "qwen3-8b", "mistral-7b"):
+        assert f"`{family}`" in page
