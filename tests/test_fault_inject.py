@@ -10,6 +10,8 @@ from scripts import fault_inject
 
 from helpers import save_tiny_target
 
+pytestmark = pytest.mark.slow  # CI's second stage: whole kill-and-resume chains
+
 
 def test_a_killed_cache_resumes_to_the_same_bytes(tmp_path):
     target = save_tiny_target("llama", tmp_path / "target")

@@ -43,7 +43,7 @@ from specheads.methods import methods
 
 from helpers import causal_mask, command, max_diff
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # slow: CI's second stage
 
 T = 12
 TOL = 1e-5  # fp32, as test_consumers.py

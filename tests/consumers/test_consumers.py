@@ -50,7 +50,7 @@ from specheads.methods import methods
 from consumer_env import run_consumers
 from helpers import OTHER_FAMILIES, causal_mask, edit_weights, max_diff, perturbed, save_tiny_target
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # slow: CI's second stage
 
 T = 9
 TOL = 1e-5  # fp32; measured: 7e-7 (speculators), 4e-7 (eagle-llm), 0 (medusa-llm)

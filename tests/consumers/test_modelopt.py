@@ -41,7 +41,7 @@ from specheads.train.eagle_losses import eagle3_loss
 
 from helpers import causal_mask, edit_weights, max_diff
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # slow: CI's second stage
 
 T = 9
 STEPS = 5

@@ -23,7 +23,7 @@ from specheads.data.server_distill import ServerMismatchError, ServerTarget, Ser
 from helpers import command, save_tiny_target
 
 distill_cli = command("distill")
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # slow: CI's second stage
 
 STARTUP_S = 600  # `transformers serve` can take minutes to start on a busy 2-core machine
 QUESTIONS = ["def add(a, b):", "Hi", "import os", "class Point:", "print(1)", "x = [", "# sort a list"]

@@ -98,3 +98,15 @@ class Method:
     default_tree: str | None = None
     export_formats: tuple[str, ...] = ()
     refused_formats: dict[str, str] = field(default_factory=dict)
+
+
+def at_least(section: str, settings: Any, key: str, low: float, note: str = "") -> tuple[bool, str]:
+    """A `check_recipe` row: `section.key` must be >= `low` (`note` says what the bound means)."""
+    value = getattr(settings, key)
+    return value >= low, f"{section}.{key} must be >= {low}{f' ({note})' if note else ''}, got {value}"
+
+
+def one_of(section: str, settings: Any, key: str, choices: tuple[str, ...]) -> tuple[bool, str]:
+    """A `check_recipe` row: `section.key` must be one of `choices`."""
+    value = getattr(settings, key)
+    return value in choices, f"{section}.{key} must be one of {tuple(choices)}, got {value!r}"

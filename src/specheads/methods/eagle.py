@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from specheads.decode.calibrate_dynamic import calibrate_eagle
 from specheads.decode.drafter_factory import eagle_drafter_for
 from specheads.heads import DRAFT_ARCHS, EagleConfig, EagleHead, draft_layer_config
-from specheads.heads.method import Method
+from specheads.heads.method import Method, at_least, one_of
 from specheads.methods.medusa import last_layer
 from specheads.train.config import recipe_key
 from specheads.train.eagle_losses import DraftMetrics, eagle_loss
@@ -74,11 +74,8 @@ EAGLE = Method(
     recipe_keys=tuple(f.name for f in fields(EagleSettings)),
     settings_class=EagleSettings,
     check_recipe=lambda cfg: [
-        (cfg.settings.noise >= 0, f"eagle.noise must be >= 0, got {cfg.settings.noise}"),
-        (
-            cfg.settings.draft_arch in DRAFT_ARCHS,
-            f"eagle.draft_arch must be one of {DRAFT_ARCHS}, got {cfg.settings.draft_arch!r}",
-        ),
+        at_least("eagle", cfg.settings, "noise", 0),
+        one_of("eagle", cfg.settings, "draft_arch", DRAFT_ARCHS),
     ],
     drafter=eagle_drafter_for,
     draft_vocab="",

@@ -16,7 +16,7 @@ from specheads.heads import (
     draft_vocab_from_counts,
 )
 from specheads.heads.eagle import with_rope_theta
-from specheads.heads.method import Method
+from specheads.heads.method import Method, at_least, one_of
 from specheads.train.config import recipe_key
 from specheads.train.eagle_losses import OUT_OF_VOCAB, DraftMetrics, eagle3_loss
 
@@ -148,31 +148,19 @@ def check_recipe(cfg) -> list[tuple[bool, str]]:
             f"eagle3.layers {layers} must be distinct and ascending (low, mid, high): SGLang "
             "and vLLM capture each layer once, in ascending order",
         ),
-        (s.draft_vocab_size >= 1, f"eagle3.draft_vocab_size must be >= 1, got {s.draft_vocab_size}"),
-        (s.ttt_steps >= 1, f"eagle3.ttt_steps must be >= 1, got {s.ttt_steps}"),
-        (s.noise >= 0, f"eagle3.noise must be >= 0, got {s.noise}"),
-        (
-            s.teacher_temperature >= 0,
-            f"eagle3.teacher_temperature must be >= 0 (0: the target's top token), got {s.teacher_temperature}",
-        ),
-        (
-            s.out_of_vocab in OUT_OF_VOCAB,
-            f"eagle3.out_of_vocab must be one of {OUT_OF_VOCAB}, got {s.out_of_vocab!r}",
-        ),
-        (s.topk_loss >= 0, f"eagle3.topk_loss must be >= 0 (0: off), got {s.topk_loss}"),
-        (s.topk_loss_weight >= 0, f"eagle3.topk_loss_weight must be >= 0, got {s.topk_loss_weight}"),
+        at_least("eagle3", s, "draft_vocab_size", 1),
+        at_least("eagle3", s, "ttt_steps", 1),
+        at_least("eagle3", s, "noise", 0),
+        at_least("eagle3", s, "teacher_temperature", 0, "0: the target's top token"),
+        one_of("eagle3", s, "out_of_vocab", OUT_OF_VOCAB),
+        at_least("eagle3", s, "topk_loss", 0, "0: off"),
+        at_least("eagle3", s, "topk_loss_weight", 0),
         (
             s.draft_rope_theta >= 0,
             f"eagle3.draft_rope_theta must be > 0, or 0 for the target's; got {s.draft_rope_theta}",
         ),
-        (
-            s.draft_head_init in DRAFT_HEAD_INITS,
-            f"eagle3.draft_head_init must be one of {DRAFT_HEAD_INITS}, got {s.draft_head_init!r}",
-        ),
-        (
-            s.draft_arch in DRAFT_ARCHS,
-            f"eagle3.draft_arch must be one of {DRAFT_ARCHS}, got {s.draft_arch!r}",
-        ),
+        one_of("eagle3", s, "draft_head_init", DRAFT_HEAD_INITS),
+        one_of("eagle3", s, "draft_arch", DRAFT_ARCHS),
     ]
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from specheads.decode.calibrate import calibrate_medusa
 from specheads.decode.drafter_factory import medusa_drafter_for, static_tree_only
 from specheads.heads import MedusaConfig, MedusaHeads
-from specheads.heads.method import Method
+from specheads.heads.method import Method, at_least
 from specheads.train.config import recipe_key
 from specheads.train.losses import HeadMetrics, medusa_loss
 
@@ -78,8 +78,8 @@ def check_recipe(cfg) -> list[tuple[bool, str]]:
     s, m = cfg.settings, cfg.method
     return [
         (s.labels in LABELS, f"{m}.labels must be one of {', '.join(LABELS)}, got {s.labels!r}"),
-        (s.num_heads >= 1, f"{m}.num_heads must be >= 1, got {s.num_heads}"),
-        (s.num_layers >= 1, f"{m}.num_layers must be >= 1, got {s.num_layers}"),
+        at_least(m, s, "num_heads", 1),
+        at_least(m, s, "num_layers", 1),
     ]
 
 

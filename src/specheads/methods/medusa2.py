@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from specheads.heads.checkpoint import ADAPTER_DIR
+from specheads.heads.method import at_least, one_of
 from specheads.methods.medusa import MEDUSA, MedusaSettings
 from specheads.methods.medusa import check_recipe as check_medusa_recipe
 from specheads.train.config import recipe_key
@@ -88,14 +89,11 @@ def check_recipe(cfg) -> list[tuple[bool, str]]:
     s = cfg.settings
     return [
         *check_medusa_recipe(cfg),
-        (
-            s.lambda0_schedule in LAMBDA0_SCHEDULES,
-            f"medusa2.lambda0_schedule must be one of {LAMBDA0_SCHEDULES}, got {s.lambda0_schedule!r}",
-        ),
+        one_of("medusa2", s, "lambda0_schedule", LAMBDA0_SCHEDULES),
         (0 < s.lambda0_warmup <= 1, f"medusa2.lambda0_warmup must be in (0, 1], got {s.lambda0_warmup}"),
         (0 <= s.lora_dropout < 1, f"medusa2.lora_dropout must be in [0, 1), got {s.lora_dropout}"),
         (bool(s.lora_target_modules), "medusa2.lora_target_modules must name at least one linear layer"),
-        (s.lora_r >= 1, f"medusa2.lora_r must be >= 1, got {s.lora_r}"),
+        at_least("medusa2", s, "lora_r", 1),
         (s.lr_adapter > 0, f"medusa2.lr_adapter must be > 0, got {s.lr_adapter}"),
     ]
 
