@@ -36,3 +36,17 @@ def family_tokenizer(family: str):
     tok.eos_token = eos
     tok.chat_template = (TEMPLATES / template).read_text()
     return tok
+
+
+def qwen3_tokenizer():
+    """The tiny byte-level tokenizer with Qwen3's own chat template (chat_templates/qwen3.jinja, verbatim
+    after its one-line source note) and Qwen3's control tokens: <|im_start|> and <|im_end|> special,
+    <think> and </think> added tokens that are not special, as Qwen3's tokenizer has them."""
+    tok = tiny_tokenizer()
+    tok.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
+    tok.add_tokens(["<think>", "</think>"])
+    tok.eos_token = "<|im_end|>"
+    note, template = (TEMPLATES / "qwen3.jinja").read_text().split("\n", 1)
+    assert note.startswith("{#-") and note.endswith("-#}")
+    tok.chat_template = template
+    return tok

@@ -8,6 +8,7 @@ import argparse
 from contextlib import nullcontext
 from pathlib import Path
 
+from specheads.cli.eval_flags import add_trust_remote_code_argument
 from specheads.cli.threads import add_threads_argument
 from specheads.core.processes import launched
 from specheads.core.run_folder import check_writable, hold_folder
@@ -25,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-tokens", type=int, default=1 << 15, help="tokens per shard file")
     p.add_argument("--batch-size", type=int, default=None, help="rows per target forward (default: recipe's)")
     p.add_argument("--overwrite", action="store_true", help="replace a cache built with other settings")
+    add_trust_remote_code_argument(p)
     p.add_argument(
         "--device-map",
         default=None,
@@ -39,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     procs = launched()  # one process unless started by accelerate launch / torchrun
     cfg = load_config(args.recipe, args.overrides, methods=methods())
+    cfg.trust_remote_code |= args.trust_remote_code
     out = args.out or getattr(cfg, "cache_dir", None)
     if not out:
         raise SystemExit(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from specheads.cli.commands import options_from
 from specheads.cli.eval_flags import (
+    add_chat_template_arguments,
     add_device_map_argument,
     add_overwrite_argument,
     add_prompt_filter_arguments,
@@ -61,6 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-turns", type=int, default=None, help="ask at most N turns of each question")
     p.add_argument("--skip-long", action="store_true", help="skip prompts that outrun the target's positions")
     p.add_argument("--no-chat-template", action="store_true", help="questions as raw text, not chat turns")
+    add_chat_template_arguments(p, "the questions are")
     p.add_argument(
         "--prompt-tokens",
         type=int,

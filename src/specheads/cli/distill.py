@@ -9,9 +9,11 @@ from pathlib import Path
 
 from specheads import data as data_lib
 from specheads.builders.named_targets import resolve_target
+from specheads.cli.eval_flags import add_chat_template_arguments, add_trust_remote_code_argument
 from specheads.cli.threads import add_threads_argument
 from specheads.core.run_folder import LOCK_FILE, check_writable, clear, hold_folder
 from specheads.core.target import FrozenTarget
+from specheads.data.chat_masks import read_chat_template, set_chat_template
 from specheads.data.distillation import SUMMARY_FILE, DistillConfig, distill
 from specheads.data.questions import question_rows, question_source
 from specheads.data.server_distill import DEFAULT_CONCURRENCY, ServerTarget
@@ -98,6 +100,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--request-timeout", type=float, default=600.0, help="--server: seconds to wait for one answer"
     )
+    add_chat_template_arguments(p, "the conversations are")
+    add_trust_remote_code_argument(p)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i]")
     p.add_argument("--overwrite", action="store_true", help="start over, deleting what --out holds")
@@ -111,9 +115,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_threads_argument(p)
 
 
+def chat_settings(tokenizer, template: str, args: argparse.Namespace) -> dict | None:
+    """Give the target's tokenizer --chat-template and --enable-thinking; what the distillation records of
+    them (None when neither is given: the target's own template, as before these flags)."""
+    if tokenizer is None or (not template and args.enable_thinking is None):
+        return None
+    set_chat_template(tokenizer, template, args.enable_thinking)
+    return {"chat_template": tokenizer.chat_template, "enable_thinking": args.enable_thinking}
+
+
 def run(args: argparse.Namespace) -> int:
 
     check_writable(args.out)  # before the rows and the target load
+    template = read_chat_template(args.chat_template) if args.chat_template else ""
     bad = args.max_bad_rows
     cfg = DistillConfig(
         temperature=args.temperature,
@@ -150,15 +164,22 @@ def run(args: argparse.Namespace) -> int:
                 concurrency=args.concurrency,
                 served_model=args.served_model,
                 timeout=args.request_timeout,
+                trust_remote_code=args.trust_remote_code,
             )
             try:
-                s = distill(rows, target, args.out, cfg, source=source, progress=not args.no_progress)
+                chat = chat_settings(target.tokenizer, template, args)
+                s = distill(
+                    rows, target, args.out, cfg, source=source, progress=not args.no_progress, chat=chat
+                )
             finally:
                 target.close()
         else:
-            target = FrozenTarget.from_pretrained(resolve_target(args.target), dtype=args.dtype)
+            target = FrozenTarget.from_pretrained(
+                resolve_target(args.target), dtype=args.dtype, trust_remote_code=args.trust_remote_code
+            )
             target.model.to(args.device)
-            s = distill(rows, target, args.out, cfg, source=source, progress=not args.no_progress)
+            chat = chat_settings(target.tokenizer, template, args)
+            s = distill(rows, target, args.out, cfg, source=source, progress=not args.no_progress, chat=chat)
     print(
         f"read {s['read']} prompts = written {s['written']} + skipped {s['skipped']} (done before) "
         f"+ failed {s['failed']}; {s['new_tokens']} new tokens in {s['seconds']} s"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specheads.cli.eval_flags import add_trust_remote_code_argument
 from specheads.cli.threads import add_threads_argument
 from specheads.methods import method_named, methods
 from specheads.train.config import load_config
@@ -27,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="resume a checkpoint trained against other target weights (same as allow_target_mismatch=true)",
     )
+    add_trust_remote_code_argument(p)
     p.add_argument("--no-progress", action="store_true")
     add_threads_argument(p)
 
@@ -42,6 +44,7 @@ def train_and_report(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.recipe, args.overrides, methods=methods())
     cfg.allow_target_mismatch |= args.allow_target_mismatch
+    cfg.trust_remote_code |= args.trust_remote_code
     summary = train(cfg, method_named(cfg.method), progress=not args.no_progress, overwrite=args.overwrite)
     stopped = summary["exit_code"]  # 0, or 128 + the signal that stopped it
     if not PartialState().is_main_process:

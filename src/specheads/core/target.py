@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -255,6 +256,44 @@ def choose_attention(config, requested: str = "auto", trust_remote_code: bool = 
     return requested, f"{requested}: as asked"
 
 
+TRUST_REMOTE_CODE = "trust_remote_code: true in the recipe, or --trust-remote-code"
+
+
+def target_config(auto_config, path: str, name_or_path: str, trust_remote_code: bool = False):
+    """`auto_config.from_pretrained(path)` (transformers' AutoConfig), with a custom architecture's
+    refusal naming the setting that loads it.
+
+    Raises:
+        ValueError: the target ships its own modelling code (an auto_map) and trust_remote_code is off,
+            or its model_type is one this transformers does not know.
+    """
+    try:
+        return auto_config.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        text = str(e)
+        if "trust_remote_code" in text or "custom code" in text:
+            raise ValueError(
+                f"target {name_or_path!r} is a custom architecture: it ships its own modelling code (the "
+                f"auto_map of its config.json), which runs only with {TRUST_REMOTE_CODE} (off by default: "
+                "read that code first, it runs with your permissions)"
+            ) from None
+        if "does not recognize this architecture" in text:
+            found = re.search(r"model type `([^`]*)`", text)
+            model_type = found.group(1) if found else "?"
+            raise ValueError(
+                f"target {name_or_path!r}: transformers {_transformers_version()} does not know its model_type "
+                f"{model_type!r}; a target that ships its own modelling code (an auto_map in its config.json) "
+                f"loads with {TRUST_REMOTE_CODE}, otherwise a newer transformers may know the family"
+            ) from None
+        raise
+
+
+def _transformers_version() -> str:
+    import transformers  # lazy: as above
+
+    return transformers.__version__
+
+
 class FrozenTarget:
     """A frozen causal LM: no gradients, always in eval mode, with hidden-state capture.
 
@@ -338,7 +377,7 @@ class FrozenTarget:
         if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"cannot load target {name_or_path!r}: a directory without a config.json")
         try:
-            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            config = target_config(AutoConfig, path, name_or_path, trust_remote_code)
         except OSError as e:
             if os.path.isdir(path):  # the directory is there: its config.json is what is wrong
                 raise ValueError(

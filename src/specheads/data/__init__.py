@@ -12,16 +12,19 @@ config_name=None, cache_dir=None)` -> Dataset | IterableDataset (data/readers.py
     OpenAI {"messages": [{"role", "content"}]}, UltraChat ({"data": [str, ...]} or the 200k layout),
     parquet, a directory saved with save_to_disk, a directory or glob of data files, a hub name.
     Rows come out as {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]} or
-    {"text": str}. A row that cannot be read is counted and reported with its line (`file:17`);
+    {"text": str} (and a "reasoning_content" column where the data has some). A row that cannot be read is counted and reported with its line (`file:17`);
     `max_bad_rows` (int: a count, float: a fraction) decides between skipping and BadRowsError.
 
-`tokenize_rows(rows, tokenizer, *, max_length, loss_on="assistant", max_bad_rows=0.01, num_proc=None)`
--> Dataset (data/chat_masks.py)
+`tokenize_rows(rows, tokenizer, *, max_length, loss_on="assistant", max_bad_rows=0.01, num_proc=None,
+reasoning="keep")` -> Dataset (data/chat_masks.py)
     Columns input_ids (list[int]) and loss_mask (list[int], 1 where the token is a *label*, i.e. it
     is predicted from positions < t). loss_on: "assistant", "last_assistant", "all", or a set of roles.
     Chat rows use the target's own chat template: assistant tokens come from prefix renders of
     apply_chat_template (token differences) or the template's {% generation %} markers, never from
-    splitting strings; the end-of-turn token is a label. Text rows: tokenizer(text) with its special
+    splitting strings; the end-of-turn token is a label. A turn that the template renders otherwise
+    once later turns follow (Qwen3 drops earlier reasoning) is trained from the render in which it is
+    last, a row of its own (`tokenize_chat_rows`). `set_chat_template(tokenizer, chat_template,
+    enable_thinking)` gives a base model's tokenizer a template (the recipe's chat_template). Text rows: tokenizer(text) with its special
     tokens, every token a label, long texts cut into max_length windows. Chat rows are truncated on
     the right. The first token of a row is never a label. Cached through datasets fingerprinting.
     A conversation the template rejects, or whose mask comes out empty, is a bad row under the same
@@ -48,7 +51,13 @@ config_name=None, cache_dir=None)` -> Dataset | IterableDataset (data/readers.py
 its rows go through `collate(..., packing=True)` unchanged.
 """
 
-from specheads.data.chat_masks import ChatMaskError, tokenize_chat, tokenize_rows
+from specheads.data.chat_masks import (
+    ChatMaskError,
+    set_chat_template,
+    tokenize_chat,
+    tokenize_chat_rows,
+    tokenize_rows,
+)
 from specheads.data.packing import collate, document_attention_mask, pack_rows, shift_loss_mask
 from specheads.data.readers import (
     ROLE_NAMES,
@@ -71,6 +80,8 @@ __all__ = [
     "normalise_row",
     "pack_rows",
     "shift_loss_mask",
+    "set_chat_template",
     "tokenize_chat",
+    "tokenize_chat_rows",
     "tokenize_rows",
 ]

@@ -9,8 +9,8 @@ rather than on what a dataset's authors wrote, is Medusa's self-distillation (EA
 dataset nearly as good for its feature-level head). What is regenerated, per *prompt*:
 
     conversations   every assistant turn in order, each from the conversation so far (earlier answers
-                    already regenerated) rendered by the target's chat template with
-                    add_generation_prompt=True; a conversation ending on a user turn gets an answer
+                    already regenerated) rendered by the target's chat template (or the one
+                    --chat-template gives it, with --enable-thinking) with add_generation_prompt=True; a conversation ending on a user turn gets an answer
                     appended. System and user turns are kept. One prompt = one conversation.
     text            each text is cut into windows of prompt_tokens + max_new_tokens tokens (its
                     tokens with the tokenizer's special ones, as tokenize_rows cuts texts); the target
@@ -31,7 +31,8 @@ Output, a directory that `load_rows` and a recipe's `data:` read (names starting
                         training leaves out unless the recipe sets `include_capped: true`.
                         Text rows are never marked: a window's continuation ends at max_new_tokens.
     _chunks/00000.json  chunk 0's counts and failures, written after its part: the mark of a finished chunk
-    _settings.json      everything that decides the output; resuming with other settings is refused
+    _settings.json      everything that decides the output (with --chat-template or --enable-thinking,
+                        the template's sha256 and enable_thinking); resuming with other settings is refused
     _summary.json       the last run's counts, `read = written + skipped + failed`, and every failure
 
 Resuming: run the same command again; finished chunks are skipped (counted `skipped`), an unfinished
@@ -67,6 +68,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specheads.core.atomic import write_text
+from specheads.data.chat_masks import no_template_error
 from specheads.data.checks import CHUNKS_DIR, SETTINGS_FILE, SUMMARY_FILE
 from specheads.data.readers import (
     STREAM_MIN_ROWS,
@@ -518,7 +520,16 @@ def _count_lines(path: Path) -> int:
 # -- the run --------------------------------------------------------------------------------------
 
 
-def distill(rows, target, out: Path, cfg: DistillConfig, *, source: str = "", progress: bool = True) -> dict:
+def distill(
+    rows,
+    target,
+    out: Path,
+    cfg: DistillConfig,
+    *,
+    source: str = "",
+    progress: bool = True,
+    chat: dict | None = None,
+) -> dict:
     """Regenerate the answers of `rows` with `target` into `out` (module docstring); resumable.
 
     Args:
@@ -526,6 +537,9 @@ def distill(rows, target, out: Path, cfg: DistillConfig, *, source: str = "", pr
         target: a FrozenTarget with its tokenizer.
         out: the output directory (created; finished chunks in it are kept and skipped).
         source: a name for the rows, recorded in the settings.
+        chat: {"chat_template": the template text, "enable_thinking": None, True or False} when the target's
+            tokenizer was given them (--chat-template, --enable-thinking: `set_chat_template`), recorded in
+            the settings (the template by its sha256), so that a resume with another template is refused.
 
     Returns:
         The summary also written to `_summary.json`.
@@ -536,7 +550,9 @@ def distill(rows, target, out: Path, cfg: DistillConfig, *, source: str = "", pr
         raise ValueError(f"target {target.name_or_path!r} has no tokenizer; distillation needs one")
     columns = list(rows.column_names)
     if "messages" in columns and tokenizer.chat_template is None:
-        raise ValueError(f"the rows are conversations but {target.name_or_path!r} has no chat template")
+        raise ValueError(
+            f"the rows are conversations but {no_template_error(f'target {target.name_or_path!r}')}"
+        )
     context = getattr(target.config, "max_position_embeddings", None)
     if "text" in columns and context and cfg.prompt_tokens + cfg.max_new_tokens > context:
         raise ValueError(
@@ -559,6 +575,10 @@ def distill(rows, target, out: Path, cfg: DistillConfig, *, source: str = "", pr
         "target": record,
         **settings_of(cfg),
     }
+    if chat is not None:  # recorded only when given: folders distilled with the target's own template resume
+        template = chat.get("chat_template") or ""
+        settings["chat_template_sha256"] = hashlib.sha256(template.encode()).hexdigest() if template else None
+        settings["enable_thinking"] = chat.get("enable_thinking")
     prompts = prompts_of(rows, tokenizer, cfg)
     too_long: list[dict] = []
     if "messages" in columns:  # text windows have one size, checked above

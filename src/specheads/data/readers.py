@@ -29,6 +29,10 @@ A JSON object (or dataset row) is recognised by its keys, first match wins:
 
 Role names are normalised (`ROLE_NAMES`, case-insensitive): human/user -> user; gpt/assistant/bot/
 chatgpt/bing/model -> assistant; system. Content may be a string or a list of OpenAI text parts.
+A turn's `reasoning_content` (a thinking model's reasoning, as vLLM and SGLang return it) is kept in a
+column of its own, `reasoning_content` (one string or None a turn), present only when some row has
+one (streamed: when the first row has one); tokenisation puts it back into the turns, and the recipe
+key `reasoning` keeps or drops it (data/chat_masks.py).
 
 A row that cannot be read (invalid JSON, neither text nor a conversation, an unknown role, a text row
 in a source of conversations, ...) is a *bad row*: it is counted and reported with where it is
@@ -82,7 +86,7 @@ PARQUET_SUFFIXES = (".parquet",)
 TEXT_SPLITS = ("document", "paragraph", "line")
 STREAM_MIN_ROWS = 100  # a fractional threshold is judged in streaming only after this many rows
 REPORT_ROWS = 10  # bad rows shown in a report
-READER_VERSION = 1  # bump when the rows read from a file change, to invalidate cached reads
+READER_VERSION = 2  # bump when the rows read from a file change, to invalidate cached reads
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
@@ -155,6 +159,15 @@ def _content(value: Any) -> str:
     raise RowError(f"content must be a string or a list of text parts, got {type(value).__name__}")
 
 
+def _reasoning(turns: list[Any]) -> list[str | None] | None:
+    """Each turn's `reasoning_content` (None where it has none), or None when no turn has one."""
+    found = [t.get("reasoning_content") if isinstance(t, Mapping) else None for t in turns]
+    for i, r in enumerate(found):
+        if r is not None and not isinstance(r, str):
+            raise RowError(f"turn {i}: reasoning_content must be a string, got {type(r).__name__}")
+    return found if any(r is not None for r in found) else None
+
+
 def _turns(turns: Any, key: str) -> list[dict[str, str]]:
     if not isinstance(turns, list) or not turns:
         raise RowError(f"{key!r} must be a non-empty list of turns, got {turns!r:.80}")
@@ -188,7 +201,9 @@ def normalise_row(row: Any) -> dict[str, Any]:
         raise RowError(f"expected a JSON object, got {type(row).__name__}")
     for key in ("messages", "conversations"):
         if row.get(key) is not None:
-            return {"messages": _turns(row[key], key)}
+            messages = _turns(row[key], key)
+            reasoning = _reasoning(row[key])
+            return {"messages": messages, **({"reasoning_content": reasoning} if reasoning else {})}
     if row.get("data") is not None:
         return {"messages": _alternating(row["data"])}
     if row.get("text") is not None:
@@ -307,7 +322,13 @@ def _raw_rows(
             other = next(iter(row))
             why = f"a {other!r} row in a source of {kind!r} rows"
             row = {}
-        yield {"messages": row.get("messages"), "text": row.get("text"), "_where": where, "_error": why}
+        yield {
+            "messages": row.get("messages"),
+            "reasoning_content": row.get("reasoning_content"),
+            "text": row.get("text"),
+            "_where": where,
+            "_error": why,
+        }
 
 
 # -- finding the source ---------------------------------------------------------------------------
@@ -435,13 +456,16 @@ def _limit(max_bad_rows: float | int, rows: int) -> float:
     return max_bad_rows if isinstance(max_bad_rows, int) else max_bad_rows * rows
 
 
-def _first_kind(reader: dict[str, Any], source: str) -> str:
-    """Whether the source holds conversations or text: the kind of its first readable row."""
+def _first_kind(reader: dict[str, Any], source: str, with_reasoning: bool = False) -> str:
+    """Whether the source holds conversations or text: the kind of its first readable row (with
+    `with_reasoning`, "reasoning" for conversations whose first row has reasoning_content)."""
     report = RowsReport(source)
     for row in _raw_rows(None, **reader):
         report.rows += 1
         if row["_error"] is None:
-            return "messages" if row["messages"] is not None else "text"
+            if row["messages"] is None:
+                return "text"
+            return "reasoning" if with_reasoning and row["reasoning_content"] is not None else "messages"
         report.add_bad(row["_where"], row["_error"])
     capped = (
         ' or holds only rows marked "capped" (answers cut off at max_new_tokens; include_capped keeps them)'
@@ -455,7 +479,9 @@ def _first_kind(reader: dict[str, Any], source: str) -> str:
 
 
 def _streamed_rows(kind: str, max_bad_rows: float | int, source: str, **reader) -> Iterator[dict[str, Any]]:
-    yield from judged_stream(_raw_rows(kind, **reader), RowsReport(source), max_bad_rows, [kind])
+    columns = ["messages", "reasoning_content"] if kind == "reasoning" else [kind]
+    kind = "messages" if kind == "reasoning" else kind
+    yield from judged_stream(_raw_rows(kind, **reader), RowsReport(source), max_bad_rows, columns)
 
 
 def judged_stream(
@@ -485,8 +511,11 @@ def _features(kind: str | None):
 
     columns = {
         "messages": List({"role": Value("string"), "content": Value("string")}),
+        "reasoning_content": List(Value("string")),
         "text": Value("string"),
     }
+    if kind == "reasoning":
+        return Features({k: columns[k] for k in ("messages", "reasoning_content")})
     if kind is not None:
         return Features({kind: columns[kind]})
     return Features({**columns, "_where": Value("string"), "_error": Value("string")})
@@ -510,6 +539,21 @@ def drop_bad_rows(raw, columns: list[str], max_bad_rows: float | int, report: Ro
         logger.warning("skipped bad rows: %s", report.summary(max_bad_rows))
         raw = raw.filter(lambda errs: [e is None for e in errs], input_columns="_error", batched=True)
     return raw.select_columns(columns)
+
+
+def concatenate_rows(parts: list):
+    """load_rows' Datasets one after the other; a source of conversations without reasoning_content gets
+    that column (None for every turn) where another source has it, so that they concatenate."""
+    if any("reasoning_content" in p.column_names for p in parts):
+        parts = [
+            p.add_column(
+                "reasoning_content", [None] * len(p), feature=_features("reasoning")["reasoning_content"]
+            )
+            if "messages" in p.column_names and "reasoning_content" not in p.column_names
+            else p
+            for p in parts
+        ]
+    return datasets.concatenate_datasets(parts)
 
 
 def load_rows(
@@ -570,7 +614,7 @@ def load_rows(
         if fingerprint is not None and not include_capped:
             fingerprint += "|uncapped"
     reader["include_capped"] = include_capped
-    kind = _first_kind(reader, source)
+    kind = _first_kind(reader, source, with_reasoning=streaming)
     if streaming:
         return datasets.IterableDataset.from_generator(
             _streamed_rows,
@@ -586,4 +630,7 @@ def load_rows(
         fingerprint=fingerprint,
         cache_dir=cache_dir,
     )
-    return drop_bad_rows(raw, [kind], max_bad_rows, RowsReport(source, rows=len(raw)))
+    columns = [kind]
+    if kind == "messages" and raw.data.column("reasoning_content").null_count < len(raw):
+        columns.append("reasoning_content")
+    return drop_bad_rows(raw, columns, max_bad_rows, RowsReport(source, rows=len(raw)))

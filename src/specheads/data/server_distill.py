@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specheads.core.manifest import weights_id
-from specheads.core.target import vocab_hash
+from specheads.core.target import target_config, vocab_hash
 from specheads.data.distillation import (
     Answer,
     DistillConfig,
@@ -223,17 +223,19 @@ class ServerTarget:
         served_model: str | None = None,
         retries: int = 3,
         timeout: float = 600.0,
+        trust_remote_code: bool = False,
     ) -> ServerTarget:
         """Read the target's tokenizer and configs from `name_or_path` (a directory or hub id), and check
-        that every server serves it (ServerMismatchError, naming the server and what it serves)."""
+        that every server serves it (ServerMismatchError, naming the server and what it serves);
+        `trust_remote_code`: a custom architecture's code runs to read them (--trust-remote-code)."""
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig  # lazy: seconds to import
 
         if not urls:
             raise ValueError("need at least one server URL")
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        config = AutoConfig.from_pretrained(name_or_path)
+        config = target_config(AutoConfig, name_or_path, name_or_path, trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
         try:
             generation_config = GenerationConfig.from_pretrained(name_or_path)
         except OSError:  # no generation_config.json: the model config's end token

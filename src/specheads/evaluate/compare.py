@@ -102,7 +102,14 @@ from specheads.evaluate.progress import (
     stop_on_sigterm,
     stopped_message,
 )
-from specheads.evaluate.prompts import Prompt, check_prompt_lengths
+from specheads.evaluate.prompts import (
+    Prompt,
+    apply_chat_options,
+    chat_template_record,
+    check_prompt_lengths,
+    note_raw_questions,
+    read_template,
+)
 from specheads.evaluate.report import (
     DEFINITIONS,
     DRAFT_DEFINITIONS,
@@ -342,6 +349,7 @@ def command_line(options: CompareOptions, peers: list[str]) -> str:
         "threads",
         "prompt_lookup_ngram",
         "draft_vocab",
+        "chat_template",
         "device_map",
     )
     for flag in flags:
@@ -351,7 +359,9 @@ def command_line(options: CompareOptions, peers: list[str]) -> str:
         parts += ["--tree", *options.tree]
     if options.calibration_prompts is not None:
         parts += ["--calibration-prompts", str(options.calibration_prompts)]
-    for flag in ("skip_long", "no_chat_template", "no_plots", "recalibrate"):
+    if options.enable_thinking is not None:
+        parts += ["--enable-thinking", str(options.enable_thinking).lower()]
+    for flag in ("skip_long", "no_chat_template", "no_plots", "recalibrate", "trust_remote_code"):
         if getattr(options, flag):
             parts.append("--" + flag.replace("_", "-"))
     return " ".join(shlex.quote(p) for p in parts)
@@ -389,6 +399,7 @@ def build_results(
             "source": options.prompts,
             "path": prompt_set_path(options.prompts),
             "chat_template": templated,
+            **chat_template_record(target.tokenizer, options),
             "prompt_tokens": options.prompt_tokens,
             "category": options.category,
             "max_turns": options.max_turns,
@@ -465,13 +476,20 @@ def compare_heads(
 
     if options.threads is not None:
         torch.set_num_threads(options.threads)
-    target = placed_target(target_path, options, procs, lambda t: adapted_target(t, options.heads))
+    template = read_template(options)  # --chat-template: a wrong path fails before the target loads
+
+    def adapt(target: FrozenTarget) -> FrozenTarget:
+        apply_chat_options(target.tokenizer, template, options)
+        return adapted_target(target, options.heads)
+
+    target = placed_target(target_path, options, procs, adapt)
     tokenizer = target.tokenizer
     if tokenizer is None:
         raise ValueError(f"target {options.target!r} has no tokenizer; compare needs one to encode prompts")
     methods = build_methods(options, target, peers, configs, trees, table)
     templated = not options.no_chat_template and getattr(tokenizer, "chat_template", None) is not None
     templated = templated and any(c.chat for c in conversations)
+    note_raw_questions(tokenizer, not options.no_chat_template, any(c.chat for c in conversations))
     settings = TurnSettings(
         max_new_tokens=options.max_new_tokens,
         prompt_tokens=options.prompt_tokens,
@@ -575,6 +593,7 @@ def progress_settings(
             "category": options.category,
             "max_turns": options.max_turns,
             "chat_template": templated,
+            **chat_template_record(target.tokenizer, options),
             "prompt_tokens": options.prompt_tokens,
             "ids": [c.id for c in conversations],
         },

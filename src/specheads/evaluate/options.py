@@ -28,6 +28,8 @@ class EvalOptions:
     num_prompts: int | None = None  # the first N prompts (None: all)
     category: str | None = None  # only questions of this category
     no_chat_template: bool = False  # questions as raw text, not chat turns
+    chat_template: str | None = None  # a .jinja file (or the text) replacing the target's template
+    enable_thinking: bool | None = None  # a thinking model's template switch (None: its default)
     prompt_tokens: int = 64  # tokens taken from the start of each held-out file
     max_new_tokens: int = 128
     tree: str | None = None  # a tree name, or auto (calibrated); None: the method's default
@@ -45,6 +47,7 @@ class EvalOptions:
     attn: str = (
         "auto"  # the target's attention implementation; auto: sdpa, or eager where transformers refuses it
     )
+    trust_remote_code: bool = False  # run the modelling code a custom architecture ships
     threads: int | None = None  # CPU threads for torch (None: torch's own)
     no_progress: bool = False
     device_map: str | None = None  # "auto": the target spread over the GPUs (each process's share)
@@ -70,6 +73,8 @@ class CompareOptions:
     max_turns: int | None = None
     skip_long: bool = False
     no_chat_template: bool = False
+    chat_template: str | None = None  # a .jinja file (or the text) replacing the target's template
+    enable_thinking: bool | None = None  # a thinking model's template switch (None: its default)
     prompt_tokens: int = 64  # tokens taken from the start of each held-out file
     max_new_tokens: int = 128  # per turn
     tree: list[str] | None = None  # one name for every heads directory, or one each; auto: calibrated
@@ -84,6 +89,7 @@ class CompareOptions:
     dtype: str = "float32"
     device: str = "cpu"
     attn: str = "auto"
+    trust_remote_code: bool = False  # run the modelling code a custom architecture ships
     threads: int | None = None  # CPU threads for torch (None: torch's own)
     no_plots: bool = False
     no_progress: bool = False

@@ -10,7 +10,9 @@ with the target's tokenizer (and chat template), and checked against its context
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +20,12 @@ import torch
 
 from specheads.core.confined import confined
 from specheads.core.question_sets import prompt_set_path, read_questions
+from specheads.data.chat_masks import read_chat_template, set_chat_template
 
 # Written beside the embedded target by `specheads tiny-target` (builders/tiny_target.py); decode/
 # does not import train/, so the name is repeated here.
 HELDOUT_FILE = "heldout_files.json"
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -125,6 +129,38 @@ def _file_list(path: Path, confine: bool = False) -> list[PromptText]:
     return prompts
 
 
+def read_template(options) -> str:
+    """The template text of `options.chat_template` (EvalOptions, CompareOptions), read before the target
+    loads so that a wrong path fails at once; "" when it names none."""
+    return read_chat_template(options.chat_template) if options.chat_template else ""
+
+
+def apply_chat_options(tokenizer, template: str, options) -> None:
+    """Give the target's tokenizer the template `read_template` read and `options.enable_thinking`."""
+    if tokenizer is not None:
+        set_chat_template(tokenizer, template, options.enable_thinking)
+
+
+def chat_template_record(tokenizer, options) -> dict:
+    """What rendered the chat prompts, for results.json and a resume's settings: the --chat-template file
+    (None: the target's own template), enable_thinking, and the sha256 of the template text."""
+    template = getattr(tokenizer, "chat_template", None)
+    return {
+        "chat_template_file": options.chat_template,
+        "enable_thinking": options.enable_thinking,
+        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if template else None,
+    }
+
+
+def note_raw_questions(tokenizer, use_chat_template: bool, questions: bool) -> None:
+    """Say so when questions go to the target as raw text because it has no chat template (a base model)."""
+    if use_chat_template and questions and getattr(tokenizer, "chat_template", None) is None:
+        logger.warning(
+            "the target has no chat template (a base model): the questions go to it as raw text; "
+            "--chat-template FILE renders them as chat turns"
+        )
+
+
 def encode_prompts(
     texts: list[PromptText], tokenizer, use_chat_template: bool, prompt_tokens: int
 ) -> tuple[list[Prompt], bool]:
@@ -136,6 +172,7 @@ def encode_prompts(
     """
     templated = use_chat_template and getattr(tokenizer, "chat_template", None) is not None
     templated = templated and any(p.chat for p in texts)
+    note_raw_questions(tokenizer, use_chat_template, any(p.chat for p in texts))
     prompts = []
     for p in texts:
         if p.chat and templated:

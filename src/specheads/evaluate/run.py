@@ -63,7 +63,14 @@ from specheads.evaluate.progress import (
     stop_on_sigterm,
     stopped_message,
 )
-from specheads.evaluate.prompts import check_prompt_lengths, encode_prompts, read_prompts
+from specheads.evaluate.prompts import (
+    apply_chat_options,
+    chat_template_record,
+    check_prompt_lengths,
+    encode_prompts,
+    read_prompts,
+    read_template,
+)
 from specheads.evaluate.report import DEFINITIONS, per_category, run_environment, summarize
 from specheads.evaluate.sharing import NothingSetAside, merged_records, placed_target, process_share
 from specheads.heads import load_heads, read_head_config
@@ -121,8 +128,13 @@ def run_eval(
 
     if options.threads is not None:
         torch.set_num_threads(options.threads)
-    # Medusa-2: the adapted target decodes, both ways
-    target = placed_target(target_path, options, procs, lambda t: target_for_heads(t, options.heads))
+    template = read_template(options)  # --chat-template: a wrong path fails before the target loads
+
+    def adapt(target: FrozenTarget) -> FrozenTarget:
+        apply_chat_options(target.tokenizer, template, options)
+        return target_for_heads(target, options.heads)  # Medusa-2: the adapted target decodes, both ways
+
+    target = placed_target(target_path, options, procs, adapt)
     if target.tokenizer is None:
         raise ValueError(f"target {options.target!r} has no tokenizer; eval needs one to encode prompts")
     heads, head_config = load_heads(
@@ -319,6 +331,8 @@ def command_line(options: EvalOptions, tree_name: str) -> str:
         ("--category", o.category),
         ("--calibration-prompts", o.calibration_prompts),
         ("--draft-vocab", o.draft_vocab),
+        ("--chat-template", o.chat_template),
+        ("--enable-thinking", None if o.enable_thinking is None else str(o.enable_thinking).lower()),
     ):
         if value is not None:
             parts += [flag, str(value)]
@@ -326,6 +340,8 @@ def command_line(options: EvalOptions, tree_name: str) -> str:
         parts.append("--no-chat-template")
     if o.recalibrate:
         parts.append("--recalibrate")
+    if o.trust_remote_code:
+        parts.append("--trust-remote-code")
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -365,6 +381,7 @@ def build_results(
         "prompts": {
             "source": options.prompts,
             "chat_template": templated,
+            **chat_template_record(target.tokenizer, options),
             "prompt_tokens": options.prompt_tokens,
             "category": options.category,
         },
@@ -400,6 +417,7 @@ def progress_settings(
             "category": options.category,
             "num_prompts": len(prompts),
             "chat_template": templated,
+            **chat_template_record(target.tokenizer, options),
             "prompt_tokens": options.prompt_tokens,
             "token_ids_sha256": ids.hexdigest(),
         },

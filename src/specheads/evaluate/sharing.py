@@ -21,7 +21,11 @@ def placed_target(
     if options.device_map is not None:
         spread = {"device_map": options.device_map, "max_memory": procs.max_memory()}
     target = FrozenTarget.from_pretrained(
-        target_path, dtype=options.dtype, attn_implementation=options.attn, **spread
+        target_path,
+        dtype=options.dtype,
+        attn_implementation=options.attn,
+        trust_remote_code=options.trust_remote_code,
+        **spread,
     )
     target = adapt(target)
     if options.device_map is None:

@@ -75,6 +75,11 @@ class TrainConfig:
     attn_implementation: str = recipe_key(
         "auto", "the target's attention: auto (sdpa, or eager where transformers refuses sdpa), sdpa or eager"
     )
+    trust_remote_code: bool = recipe_key(
+        False,
+        "run the Python code a target's directory or hub repository ships for a custom architecture "
+        "(transformers' trust_remote_code; --trust-remote-code); off: such a target is refused",
+    )
     mode: str = recipe_key(
         "online", '"online": the target runs every batch; "offline": its states are read from cache_dir'
     )
@@ -94,6 +99,21 @@ class TrainConfig:
     max_length: int = recipe_key(512, "tokens a training row is cut to")
     packing: bool = recipe_key(False, "pack several rows into one sequence of max_length")
     loss_on: str = recipe_key("assistant", 'for chat rows: "assistant", "last_assistant" or "all" turns')
+    chat_template: str = recipe_key(
+        "",
+        "the chat template conversations are rendered with: a .jinja file or the template's text; "
+        '"": the target tokenizer\'s own (a base model has none)',
+    )
+    enable_thinking: bool | None = recipe_key(
+        None,
+        "a thinking model's switch, passed to its chat template (Qwen3: false renders an empty <think> "
+        "block); null: the template's default",
+    )
+    reasoning: str = recipe_key(
+        "keep",
+        '"keep": an assistant turn\'s reasoning (reasoning_content, or a <think> block opening its content) '
+        'reaches the template, which decides what to render; "drop": answers only',
+    )
     max_bad_rows: int | float = recipe_key(
         0.01, "rows that cannot be read or masked: a count, or a fraction; more stops the run"
     )
@@ -182,6 +202,10 @@ class TrainConfig:
                 f"loss_on must be 'assistant', 'last_assistant' or 'all', got {self.loss_on!r}",
             ),
             (self.mixed_precision in MIXED_PRECISION, f"mixed_precision must be one of {MIXED_PRECISION}"),
+            (
+                self.reasoning in ("keep", "drop"),
+                f"reasoning must be 'keep' or 'drop', got {self.reasoning!r}",
+            ),
             (
                 self.lr_schedule in LR_SCHEDULES,
                 f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}",
@@ -285,6 +309,9 @@ def _coerce(label: str, value: Any, hint: Any) -> Any:
             raise ValueError(f"recipe key {label!r} takes a list of {item.__name__}, got {value!r}") from None
     if origin in (typing.Union, types.UnionType):
         kinds = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none")):
+            if type(None) in typing.get_args(hint):  # a key whose default is "unset" (enable_thinking)
+                return None
         if type(value) in kinds:  # already one of them (max_bad_rows: an int count or a float fraction)
             return value
         hint = kinds[0]

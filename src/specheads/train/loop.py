@@ -41,6 +41,7 @@ from specheads import data as data_lib
 from specheads.builders.named_targets import resolve_target
 from specheads.core.atomic import write_json
 from specheads.core.target import FrozenTarget, TargetRecord
+from specheads.data.chat_masks import read_chat_template, set_chat_template
 from specheads.data.checks import check_label_tokens
 from specheads.heads import save_heads
 from specheads.heads.method import Method
@@ -86,16 +87,21 @@ from specheads.train.tracking import keep_metrics_until, log_record, new_run_id,
 def load_target(cfg: TrainConfig, path: str, device: torch.device) -> FrozenTarget | OfflineTarget:
     """The frozen target; every process loads it at once (under ZeRO-3 loading is a collective).
     Offline, only its embedding, final norm and lm_head: the cache holds its hidden states."""
+    template = read_chat_template(cfg.chat_template) if cfg.chat_template else ""  # before the target loads
+    trust = cfg.trust_remote_code
     if cfg.mode == "offline":
-        target = OfflineTarget.from_pretrained(path, dtype=cfg.target_dtype, device=device)
+        target = OfflineTarget.from_pretrained(
+            path, dtype=cfg.target_dtype, device=device, trust_remote_code=trust
+        )
     else:
         target = FrozenTarget.from_pretrained(
-            path, dtype=cfg.target_dtype, attn_implementation=cfg.attn_implementation
+            path, dtype=cfg.target_dtype, attn_implementation=cfg.attn_implementation, trust_remote_code=trust
         )
     if not is_partitioned(target.model):  # a ZeRO-3 target is placed by its engine (shard_target)
         target.model.to(device)
     if target.tokenizer is None:
         raise ValueError(f"target {cfg.target!r} has no tokenizer; training needs one")
+    set_chat_template(target.tokenizer, template, cfg.enable_thinking)  # chat_template, enable_thinking
     return target
 
 
@@ -163,6 +169,7 @@ def make_data(
         max_length=cfg.max_length,
         loss_on=cfg.loss_on,
         max_bad_rows=cfg.max_bad_rows,
+        reasoning=cfg.reasoning,
     )
     layout = dict(pad_token_id=tokenizer.pad_token_id, packing=cfg.packing, max_length=cfg.max_length)
     collate = partial(data_lib.collate, **layout)
@@ -500,7 +507,12 @@ def run_training(cfg: TrainConfig, method: Method, accelerator, progress: bool, 
     if main:
         out_dir.mkdir(parents=True, exist_ok=True)
         keep_metrics_until(out_dir / "metrics.jsonl", state["step"])
-        launch = provenance(cfg.to_dict(), accelerator.num_processes, resume_from and str(resume_from))
+        launch = provenance(
+            cfg.to_dict(),
+            accelerator.num_processes,
+            resume_from and str(resume_from),
+            chat_template=run.target.tokenizer.chat_template,
+        )
         write_provenance(out_dir, launch)
     start_tracking(accelerator, cfg, state["run_id"], state["step"])
     log = partial(log_record, accelerator, out_dir / "metrics.jsonl")

@@ -26,7 +26,7 @@ from torch import nn
 
 from specheads.core.confined import confined
 from specheads.core.fingerprint import files_sha256, weights_files
-from specheads.core.target import FrozenTarget, TargetOutput, resolve_dtype
+from specheads.core.target import FrozenTarget, TargetOutput, resolve_dtype, target_config
 
 SINGLE_FILE = "model.safetensors"
 SHARDED_INDEX = "model.safetensors.index.json"
@@ -148,7 +148,7 @@ class OfflineTarget:
             AutoTokenizer,
         )
 
-        config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        config = target_config(AutoConfig, name_or_path, name_or_path, trust_remote_code)
         with torch.device("meta"):  # structure only: no weights are allocated
             skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
         frame = FrozenTarget(skeleton)  # its rules find the embedding, final norm and lm_head

@@ -1,13 +1,15 @@
 """What a training run was: written to output_dir/provenance.jsonl when it starts, one line per launch
 (a fresh start, then each resume), so that a checkpoint can be traced to the code and settings behind it.
 
-Each line: time, command line, the resolved recipe, the checkpoint resumed from, package versions, the
-git commit of the specheads checkout and whether it had uncommitted changes (null outside a git
+Each line: time, command line, the resolved recipe, the checkpoint resumed from, the sha256 of the chat
+template the conversations were rendered with (the recipe's chat_template and enable_thinking applied;
+null without one), package versions, the git commit of the specheads checkout and whether it had uncommitted changes (null outside a git
 checkout), the host, Python, and the number of processes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import socket
@@ -65,12 +67,15 @@ def git_state(path: Path) -> dict | None:
     return {"commit": commit, "dirty": dirty}
 
 
-def provenance(config: dict, num_processes: int, resumed_from: str | None = None) -> dict:
+def provenance(
+    config: dict, num_processes: int, resumed_from: str | None = None, chat_template: str | None = None
+) -> dict:
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": sys.argv,
         "config": config,
         "resumed_from": resumed_from,
+        "chat_template_sha256": hashlib.sha256(chat_template.encode()).hexdigest() if chat_template else None,
         "packages": package_versions(),
         "git": git_state(Path(__file__).resolve().parent),
         "host": socket.gethostname(),

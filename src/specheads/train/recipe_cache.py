@@ -91,6 +91,7 @@ def load_spread_target(cfg, path: str, device_map: str, procs: Processes) -> Fro
         attn_implementation=cfg.attn_implementation,
         device_map=device_map,
         max_memory=procs.max_memory(),
+        trust_remote_code=cfg.trust_remote_code,
     )
     if target.tokenizer is None:
         raise ValueError(f"target {cfg.target!r} has no tokenizer; the cache needs one")

@@ -49,6 +49,7 @@ from specheads.core.atomic import replace_dir
 from specheads.core.target import FrozenTarget
 from specheads.data import distillation as distill
 from specheads.data import stdlib_corpus
+from specheads.data.readers import concatenate_rows
 from specheads.data.seed_prompts import touches_evaluation
 from specheads.train.config import TrainConfig
 
@@ -156,9 +157,9 @@ def _load(source: str, cfg: TrainConfig, heldout: bool = False) -> datasets.Data
 
 def rows_for(cfg: TrainConfig) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     """(training rows, evaluation rows or None) for a recipe."""
-    train = datasets.concatenate_datasets([_load(s, cfg) for s in cfg.data])
+    train = concatenate_rows([_load(s, cfg) for s in cfg.data])
     if cfg.eval_data:
-        return train, datasets.concatenate_datasets([_load(s, cfg, heldout=True) for s in cfg.eval_data])
+        return train, concatenate_rows([_load(s, cfg, heldout=True) for s in cfg.eval_data])
     if cfg.data in (["stdlib"], ["stdlib-distilled"], ["stdlib-chats"]):
         return train, _load(cfg.data[0], cfg, heldout=True)
     if cfg.eval_fraction == 0 or len(train) < 2:
