@@ -1,6 +1,12 @@
-"""Build an engine's own EAGLE-3 / EAGLE model class on CPU and call its load_weights on our export (engine env).
+"""Build an engine's own EAGLE-3 / EAGLE model class on CPU and call its load_weights on our exports (engine env).
 
-    python engine_load_run.py ENGINE FORMAT EXPORT_DIR TARGET_DIR OUT.json     # FORMAT: eagle3 or eagle
+    python engine_load_run.py ENGINE JOBS.json
+
+JOBS.json lists {"format", "export", "target", "out"}: FORMAT is eagle3 or eagle (both engines) or
+speculators (vLLM, which reads a speculators config into its own Eagle-3 draft). All jobs run in this one
+process (the engine's import chain is its slow part): the parallel groups are set up once, each job's
+model built under its own config. A job that raises writes {"error": traceback} to its `out` and the
+next job runs.
 
 Runs with PYTHONPATH at the engine's wheel (installed --no-deps by scripts/check_engines.py --load) and the
 pure-Python packages its import chain needs. It imports nothing of specheads. Two import-time stubs, both
@@ -117,6 +123,9 @@ def destinations(
     return where, held
 
 
+_READY: set[str] = set()  # engines whose parallel groups are set up (once a process)
+
+
 def build_sglang(export: Path, target: Path, fmt: str):
     from sglang.srt import runtime_context as rc
     from sglang.srt.server_args import ServerArgs
@@ -129,19 +138,27 @@ def build_sglang(export: Path, target: Path, fmt: str):
         tp_size=1,
         disable_cuda_graph=True,
     )
-    rc.publish(args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))
+    rc.publish(args, role="scheduler", ranks=rc.SpawnRanks(world_rank=0))  # last publish wins
     from sglang.srt.distributed import parallel_state as ps
 
-    ps.init_distributed_environment(
-        world_size=1, rank=0, local_rank=0, backend="gloo", distributed_init_method="tcp://127.0.0.1:29533"
-    )
-    ps.initialize_model_parallel(backend="gloo")
+    if "sglang" not in _READY:
+        ps.init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            backend="gloo",
+            distributed_init_method="tcp://127.0.0.1:29533",
+        )
+        ps.initialize_model_parallel(backend="gloo")
+        _READY.add("sglang")
     from transformers import AutoConfig
 
     if fmt == "eagle3":
         from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3 as cls
-    else:
+    elif fmt == "eagle":
         from sglang.srt.models.llama_eagle import LlamaForCausalLMEagle as cls
+    else:
+        raise ValueError(f"SGLang reads no {fmt!r} export here (eagle3, eagle)")
 
     model = cls(AutoConfig.from_pretrained(export))
     return model, f"{cls.__module__}.{cls.__name__}", lambda m: getattr(m, "hot_token_id", None)
@@ -164,25 +181,38 @@ def build_vllm(export: Path, target: Path, fmt: str):
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
     target_config = ModelConfig(model=str(target), dtype="float32")
+    if fmt == "speculators":  # the method and token count as vLLM reads them from a speculators config
+        from vllm.transformers_utils.configs.speculators import SpeculatorsConfig
+
+        config_dict = json.loads((export / "config.json").read_text())
+        spec = SpeculatorsConfig.extract_vllm_speculative_config(config_dict)
+    else:
+        spec = {"method": fmt, "num_speculative_tokens": 3}
     speculative = SpeculativeConfig(
         model=str(export),
-        method=fmt,
-        num_speculative_tokens=3,
+        **spec,
         target_model_config=target_config,
         target_parallel_config=ParallelConfig(),
     )
     config = VllmConfig(model_config=target_config, speculative_config=speculative)
-    _HELD.append(set_current_vllm_config(config))  # held for the process, as vLLM's worker holds it
+    while _HELD:  # the previous job's config: vLLM's worker holds one at a time
+        _HELD.pop().__exit__(None, None, None)
+    _HELD.append(set_current_vllm_config(config))  # held for the job, as vLLM's worker holds it
     _HELD[-1].__enter__()
-    init_distributed_environment(
-        world_size=1, rank=0, local_rank=0, distributed_init_method="tcp://127.0.0.1:29544", backend="gloo"
-    )
-    initialize_model_parallel(1, 1)
-    if fmt == "eagle3":
-        from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM as cls
-    else:
-        from vllm.model_executor.models.llama_eagle import EagleLlamaForCausalLM as cls
+    if "vllm" not in _READY:
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            distributed_init_method="tcp://127.0.0.1:29544",
+            backend="gloo",
+        )
+        initialize_model_parallel(1, 1)
+        _READY.add("vllm")
+    # the class vLLM's model loader picks for the draft's (renamed) architecture
+    from vllm.model_executor.model_loader.utils import get_model_architecture
 
+    cls, _ = get_model_architecture(speculative.draft_model_config)
     model = cls(vllm_config=config)
     d2t = lambda m: torch.arange(m.draft_id_to_target_id.numel()) + m.draft_id_to_target_id.detach()  # noqa: E731
     return model, f"{cls.__module__}.{cls.__name__}", d2t
@@ -230,15 +260,26 @@ def load_and_check(model, tensors: dict[str, torch.Tensor], d2t_map) -> dict:
     }
 
 
-def main(engine: str, fmt: str, export: str, target: str, out: str) -> None:
+def run_job(engine: str, job: dict) -> dict:
     from safetensors.torch import load_file
 
-    sys.meta_path.insert(0, _StubFinder(list(STUBS[engine])))
-    export_dir = Path(export)
+    export_dir = Path(job["export"])
     tensors = load_file(str(export_dir / "model.safetensors"))
-    model, cls, d2t_map = {"sglang": build_sglang, "vllm": build_vllm}[engine](export_dir, Path(target), fmt)
-    result = {"engine_class": cls, "stubs": STUBS[engine], **load_and_check(model, tensors, d2t_map)}
-    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    build = {"sglang": build_sglang, "vllm": build_vllm}[engine]
+    model, cls, d2t_map = build(export_dir, Path(job["target"]), job["format"])
+    return {"engine_class": cls, "stubs": STUBS[engine], **load_and_check(model, tensors, d2t_map)}
+
+
+def main(engine: str, jobs_file: str) -> None:
+    import traceback
+
+    sys.meta_path.insert(0, _StubFinder(list(STUBS[engine])))
+    for job in json.loads(Path(jobs_file).read_text()):
+        try:
+            result = run_job(engine, job)
+        except Exception:  # one job's failure is its report; the next job runs
+            result = {"error": traceback.format_exc()}
+        Path(job["out"]).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="resume a checkpoint trained against other target weights (same as allow_target_mismatch=true)",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="train even where the memory estimate printed first exceeds what the device has available",
+    )
     add_trust_remote_code_argument(p)
     p.add_argument("--no-progress", action="store_true")
     add_threads_argument(p)
@@ -45,7 +50,13 @@ def train_and_report(args: argparse.Namespace) -> int:
     cfg = load_config(args.recipe, args.overrides, methods=methods())
     cfg.allow_target_mismatch |= args.allow_target_mismatch
     cfg.trust_remote_code |= args.trust_remote_code
-    summary = train(cfg, method_named(cfg.method), progress=not args.no_progress, overwrite=args.overwrite)
+    summary = train(
+        cfg,
+        method_named(cfg.method),
+        progress=not args.no_progress,
+        overwrite=args.overwrite,
+        force=args.force,
+    )
     stopped = summary["exit_code"]  # 0, or 128 + the signal that stopped it
     if not PartialState().is_main_process:
         return stopped

@@ -73,6 +73,7 @@ from specheads.train.eagle_losses import count_label_tokens
 from specheads.train.held_out import HeldOutStates
 from specheads.train.hidden_cache import CachedRows, cache_layers, collate_cached
 from specheads.train.host_memory import keep_freed_memory
+from specheads.train.memory import check_memory
 from specheads.train.objective import HeadsWithLoss
 from specheads.train.offline_target import OfflineTarget, target_output
 from specheads.train.optimizers import build_optimizer, newton_schulz_dtype
@@ -476,13 +477,20 @@ def set_up(cfg: TrainConfig, method: Method, accelerator) -> Run:
     )
 
 
-def train(cfg: TrainConfig, method: Method, progress: bool = True, overwrite: bool = False) -> dict:
+def train(
+    cfg: TrainConfig, method: Method, progress: bool = True, overwrite: bool = False, force: bool = False
+) -> dict:
     """Train heads as `cfg` says; returns the run summary (also written to train_summary.json). `method`:
     `cfg.method`'s entry in the method table (`specheads.methods.method_named(cfg.method)`).
-    `overwrite`: delete another run's results in output_dir first (refused otherwise, unless resumed)."""
+    `overwrite`: delete another run's results in output_dir first (refused otherwise, unless resumed).
+    The run's memory is estimated and printed first (train/memory.py); one that cannot fit its device is
+    refused (MemoryEstimateError) unless `force`."""
     if method.name != cfg.method:
         raise ValueError(f"the recipe trains method {cfg.method!r}, but the entry given is {method.name!r}")
     accelerator = make_accelerator(cfg)
+    with accelerator.main_process_first():  # builds the embedded target once
+        path = resolve_target(cfg.target)
+    check_memory(cfg, method, path, accelerator, force=force)  # from its config: before any weight or row
     with claim_output_dir(cfg, accelerator.is_main_process, overwrite):  # before any expensive work
         # SIGTERM and SIGINT are taken from here on, set-up included (loading the target can take minutes):
         # they only ask the loop to save and stop after its next step, so a run stopped at any point exits

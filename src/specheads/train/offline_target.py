@@ -149,7 +149,11 @@ class OfflineTarget:
         )
 
         config = target_config(AutoConfig, name_or_path, name_or_path, trust_remote_code)
-        with torch.device("meta"):  # structure only: no weights are allocated
+        from accelerate import init_empty_weights  # lazy: as above
+
+        # Structure only: no weights are allocated. Buffers are: those not saved in a checkpoint are computed
+        # from the config as the model is built (Gemma's embedding scale, sqrt(hidden_size)).
+        with init_empty_weights(include_buffers=False):
             skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
         frame = FrozenTarget(skeleton)  # its rules find the embedding, final norm and lm_head
         names = {module: name for name, module in skeleton.named_modules()}
