@@ -97,7 +97,7 @@ def is_specheads(argv: list[str]) -> bool:
         return True
     if argv[0] in ("python", "python3") and argv[1:2] == ["-m"]:
         return argv[2:3] in (["specheads"], ["specheads.train"])
-    return argv[:2] == ["accelerate", "launch"] and "specheads.train" in argv
+    return argv[:2] == ["accelerate", "launch"] and ("specheads.train" in argv or "specheads" in argv)
 
 
 def command_parser(name: str) -> argparse.ArgumentParser:
@@ -137,8 +137,12 @@ def check(argv: list[str]) -> str:
     launch = launch_command_parser()
     launch.error = StrictParser.error.__get__(launch)
     parsed = launch.parse_args(argv[2:])
+    if parsed.module and parsed.training_script == "specheads" and parsed.training_script_args:
+        rest = parsed.training_script_args  # -m specheads cache / eval / compare, several processes
+        check_subcommand(rest[0], rest[1:])
+        return rest[0]
     if not parsed.module or parsed.training_script != "specheads.train":
-        raise ParseError("accelerate launch must run `-m specheads.train`")
+        raise ParseError("accelerate launch must run `-m specheads.train` or `-m specheads COMMAND`")
     check_subcommand("train", parsed.training_script_args)
     return "train"
 

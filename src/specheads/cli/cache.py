@@ -1,13 +1,16 @@
 """`specheads cache RECIPE.yaml [key=value ...] [--out DIR]`: precompute the target's hidden states for offline
-training (train/recipe_cache.py, train/hidden_cache.py)."""
+training (train/recipe_cache.py, train/hidden_cache.py). `accelerate launch --num_processes N -m specheads
+cache ...` (or torchrun) shares the shards out over N processes; the cache is the same as one process's."""
 
 from __future__ import annotations
 
 import argparse
+from contextlib import nullcontext
 from pathlib import Path
 
 from specheads.cli.eval_flags import add_trust_remote_code_argument
 from specheads.cli.threads import add_threads_argument
+from specheads.core.processes import launched
 from specheads.core.run_folder import check_writable, hold_folder
 from specheads.methods import method_named, methods
 from specheads.train import host_memory
@@ -24,12 +27,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="rows per target forward (default: recipe's)")
     p.add_argument("--overwrite", action="store_true", help="replace a cache built with other settings")
     add_trust_remote_code_argument(p)
+    p.add_argument(
+        "--device-map",
+        default=None,
+        choices=["auto"],
+        help="auto: spread a target too large for one device over the GPUs (each process's share of them "
+        "when launched as several); default: the whole target on one device",
+    )
     p.add_argument("--no-progress", action="store_true")
     add_threads_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
-
+    procs = launched()  # one process unless started by accelerate launch / torchrun
     cfg = load_config(args.recipe, args.overrides, methods=methods())
     cfg.trust_remote_code |= args.trust_remote_code
     out = args.out or getattr(cfg, "cache_dir", None)
@@ -38,9 +48,11 @@ def run(args: argparse.Namespace) -> int:
             "specheads cache: error: no cache directory: pass --out DIR or set cache_dir in the recipe"
         )
     check_writable(out, "cache folder")  # before the target loads
-    # a second cache into the folder stops at once, naming this one; the target's forwards free and allocate
-    # the same large activations every batch, so glibc keeps them as in training (the recipe's keep_host_memory)
-    with hold_folder(out, "cache folder"), host_memory.keep_freed_memory(cfg.keep_host_memory):
+    # a second cache into the folder stops at once, naming this one (process 0 holds it for all); the
+    # target's forwards free and allocate the same large activations every batch, so glibc keeps them as in
+    # training (the recipe's keep_host_memory)
+    held = hold_folder(out, "cache folder") if procs.main else nullcontext()
+    with held, host_memory.keep_freed_memory(cfg.keep_host_memory):
         summaries = cache_recipe(
             cfg,
             method_named(cfg.method),
@@ -50,7 +62,11 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             overwrite=args.overwrite,
             progress=not args.no_progress,
+            device_map=args.device_map,
+            processes=procs,
         )
+    if not procs.main:
+        return 0
     for split, s in summaries.items():
         print(
             f"{split}: {s['tokens']} tokens in {s['shards']} shards ({s['written']} written, {s['skipped']} "

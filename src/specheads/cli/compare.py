@@ -1,6 +1,7 @@
 """`specheads compare --target DIR --heads DIR ... --prompts FILE --out DIR`: heads beside generate(), prompt
 lookup and assisted generation. This module parses the flags into `CompareOptions` (evaluate/options.py);
-the run itself is the library's `compare_heads` (evaluate/compare.py)."""
+the run itself is the library's `compare_heads` (evaluate/compare.py). `accelerate launch --num_processes N -m
+specheads compare ...` shares the conversations out over N processes (one report, as one process writes it)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from pathlib import Path
 from specheads.cli.commands import options_from
 from specheads.cli.eval_flags import (
     add_chat_template_arguments,
+    add_device_map_argument,
     add_overwrite_argument,
     add_prompt_filter_arguments,
     add_target_argument,
     add_target_loading_arguments,
 )
 from specheads.cli.threads import add_threads_argument
+from specheads.core.processes import launched
 from specheads.evaluate.answers import ANSWERS_DIR
 from specheads.evaluate.compare import compare_heads
 from specheads.evaluate.eval_drafters import (
@@ -100,6 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--warmup", type=int, default=CompareOptions.warmup, help="untimed prompts every method decodes first"
     )
     add_target_loading_arguments(p, CompareOptions, "attention implementation")
+    add_device_map_argument(p)
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
         "--allow-target-mismatch",
@@ -113,7 +117,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """`specheads compare`: the flags as CompareOptions, to the library (evaluate/compare.py)."""
     options = options_from(CompareOptions, args)
-    compare_heads(options, methods())
+    procs = launched()  # one process unless started by accelerate launch / torchrun
+    compare_heads(options, methods(), procs)
+    if not procs.main:
+        return 0
     print((options.out / REPORT_FILE).read_text(), end="")
     print(
         f"wrote {options.out / RESULTS_FILE}, {options.out / REPORT_FILE}, plots and {options.out / ANSWERS_DIR}/"

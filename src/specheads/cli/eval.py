@@ -1,5 +1,6 @@
 """`specheads eval --target DIR --heads DIR --prompts FILE --out DIR`: speculative decoding against the
-target's own generate(). This module parses the flags into `EvalOptions` (evaluate/options.py); the run
+target's own generate(). `accelerate launch --num_processes N -m specheads eval ...` shares the prompts out
+over N processes (one report, as one process writes it). This module parses the flags into `EvalOptions` (evaluate/options.py); the run
 itself is the library's `run_eval` (evaluate/run.py)."""
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from pathlib import Path
 from specheads.cli.commands import options_from
 from specheads.cli.eval_flags import (
     add_chat_template_arguments,
+    add_device_map_argument,
     add_overwrite_argument,
     add_prompt_filter_arguments,
     add_target_argument,
     add_target_loading_arguments,
 )
 from specheads.cli.threads import add_threads_argument
+from specheads.core.processes import launched
 from specheads.evaluate.eval_drafters import (
     add_draft_vocab_argument,
     add_recalibrate_argument,
@@ -103,6 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "evenly)",
     )
     add_target_loading_arguments(p, D, "the target's attention implementation")
+    add_device_map_argument(p)
     p.add_argument("--no-progress", action="store_true")
     add_threads_argument(p)
 
@@ -110,7 +114,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """`specheads eval`: the flags as EvalOptions, to the library (evaluate/run.py)."""
     options = options_from(EvalOptions, args)
-    results = run_eval(options, methods())
+    procs = launched()  # one process unless started by accelerate launch / torchrun
+    results = run_eval(options, methods(), procs)
+    if not procs.main:
+        return 0
     print(report_text(results), end="")
     print(f"wrote {options.out / RESULTS_FILE} and {options.out / REPORT_FILE}")
     return 0

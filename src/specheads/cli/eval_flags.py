@@ -81,3 +81,13 @@ def add_target_loading_arguments(p: argparse.ArgumentParser, defaults: type, att
         help=f"{attn_help}; auto: sdpa, or eager where transformers refuses sdpa",
     )
     add_trust_remote_code_argument(p)
+
+
+def add_device_map_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device-map",
+        default=None,
+        choices=["auto"],
+        help="auto: spread a target too large for one device over the GPUs (each process's share of them "
+        "when launched as several); default: the whole target on --device",
+    )

@@ -346,6 +346,7 @@ class FrozenTarget:
         attn_implementation: str = "auto",
         load_tokenizer: bool = True,
         trust_remote_code: bool = False,
+        max_memory: dict | None = None,
     ) -> FrozenTarget:
         """Load a causal LM by hub name or local path, frozen.
 
@@ -353,6 +354,8 @@ class FrozenTarget:
             name_or_path: a hub id (`meta-llama/Llama-3.1-8B`) or a local HF directory.
             dtype: "auto" (the checkpoint's), a name in DTYPES, or a torch dtype.
             device_map: passed to transformers (e.g. "auto" to spread over GPUs).
+            max_memory: with device_map "auto", the most each device may hold ({gpu index: bytes});
+                passed to transformers when given.
             attn_implementation: one of ATTENTION_IMPLEMENTATIONS; "auto" picks sdpa, or eager for the
                 families transformers refuses sdpa for (`choose_attention`; `attention_choice` records it).
             load_tokenizer: also load the tokenizer (needed for the vocabulary hash).
@@ -396,6 +399,7 @@ class FrozenTarget:
                 device_map=device_map,
                 attn_implementation=attn_implementation,
                 trust_remote_code=trust_remote_code,
+                **({} if max_memory is None else {"max_memory": max_memory}),
             )
         except ValueError as e:
             if "Unrecognized configuration class" in str(e):

@@ -84,15 +84,19 @@ def evaluate_batched(
     done: list[dict[str, Any]] | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     draft_vocab: torch.Tensor | None = None,
+    group_indices: list[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Per-prompt records of the batched decoder against the target's batched `generate`, after `warmup`
     untimed groups; the decoder goes first on even groups, the baseline on odd ones. With `sampling`,
     group i is sampled with seed `seed + i` on both sides. `done`: the records of the first whole groups,
     finished by an earlier run (evaluate/progress.py); `on_record` is called with each new record once
-    its group is finished. `draft_vocab`: as `evaluate.evaluate` takes it."""
+    its group is finished. `draft_vocab`: as `evaluate.evaluate` takes it. `group_indices`: each group's
+    number in the whole run, which decides its order and seed (a process of several decodes every N-th
+    group; None: 0, 1, 2, ...)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     groups = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+    group_indices = list(range(len(groups))) if group_indices is None else list(group_indices)
     records = list(done or [])
     if len(records) >= len(prompts):
         return records[: len(prompts)]
@@ -107,8 +111,9 @@ def evaluate_batched(
     for i, group in enumerate(groups):
         if i < first:
             continue
+        n = group_indices[i]
         new = decode_group(
-            decoder, target, group, max_new_tokens, i % 2 == 0, sampling, seed + i, draft_vocab
+            decoder, target, group, max_new_tokens, n % 2 == 0, sampling, seed + n, draft_vocab
         )
         records += new
         for record in new if on_record is not None else ():

@@ -29,6 +29,13 @@ Writes to --out: results.json (one entry per method: DESIGN.md's figures, report
 per category, per prompt; the run order, settings, versions and the command), report.md (tables overall
 and per category, acceptance per position, the plots), the PNG plots (evaluate/plots.py), and
 answers/<method>.jsonl in Spec-Bench's answer-file format, for its evaluation/speed.py.
+
+Several processes (`accelerate launch --num_processes N -m specheads compare ...`; `processes`) share the
+conversations out as `specheads eval` shares its prompts (evaluate/sharing.py): process r compares
+conversations r, r + N, ..., each in the method order its number gives it, and keeps them in its own
+progress-rank{r}.jsonl; process 0 merges them in order and writes the one set of outputs, which says what
+one process's says of every token, τ, acceptance and identity (timings aside). With --tree auto, process 0
+calibrates and every process decodes with its trees. `--device-map auto` spreads the target over the GPUs.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +52,7 @@ from tqdm.auto import tqdm
 
 from specheads.builders.named_targets import resolve_target
 from specheads.core.atomic import write_text
+from specheads.core.processes import Processes
 from specheads.core.run_folder import claim_results_folder, hold_folder, replacing
 from specheads.core.target import FrozenTarget
 from specheads.decode.calibrate import CalibrationSettings
@@ -86,7 +95,13 @@ from specheads.evaluate.peers import (
     load_draft_model,
 )
 from specheads.evaluate.plots import PLOTS, check_matplotlib, write_plots
-from specheads.evaluate.progress import PROGRESS_FILE, Progress, stop_on_sigterm, stopped_message
+from specheads.evaluate.progress import (
+    PROGRESS_FILE,
+    Progress,
+    rank_file,
+    stop_on_sigterm,
+    stopped_message,
+)
 from specheads.evaluate.prompts import (
     Prompt,
     apply_chat_options,
@@ -101,6 +116,7 @@ from specheads.evaluate.report import (
     render_comparison,
     run_environment,
 )
+from specheads.evaluate.sharing import NothingSetAside, merged_records, placed_target, process_share
 from specheads.heads import load_heads, read_head_config
 from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter
 from specheads.heads.method import Method as MethodEntry
@@ -146,14 +162,17 @@ def compare(
     progress: bool = True,
     done: list[dict[str, Any]] | None = None,
     on_conversation: Callable[[dict[str, Any]], None] | None = None,
+    indices: list[int] | None = None,
 ) -> tuple[dict[str, list[Run]], list[list[str]]]:
     """Every method on every conversation, interleaved: (runs per method, the order per prompt).
 
     Before timing, every method decodes `warmup` conversations untimed (allocation, kernel selection).
     `done`: the first conversations, finished by an earlier run (`conversation_record`'s form,
     evaluate/progress.py); decoding goes on after them in the same order. `on_conversation` is called with
-    each conversation's record once every method has finished it.
+    each conversation's record once every method has finished it. `indices`: each conversation's number in
+    the whole run, which decides its method order (a process of several compares every N-th; None: 0, 1, ...).
     """
+    indices = list(range(len(conversations))) if indices is None else list(indices)
     names = list(methods)
     runs: dict[str, list[Run]] = {name: [] for name in names}
     orders = []
@@ -172,7 +191,7 @@ def compare(
     for i, conversation in enumerate(conversations):
         if i < len(orders):
             continue
-        order = rotated(names, i)
+        order = rotated(names, indices[i])
         finished = {}
         for slot, name in enumerate(order):
             finished[name] = run_conversation(methods[name], conversation, tokenizer, settings, device, slot)
@@ -230,6 +249,10 @@ def check_options(options: CompareOptions) -> None:
         )
     if options.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {options.device}: no CUDA device is available here")
+    if options.device_map not in (None, "auto"):
+        raise ValueError(
+            f"--device-map {options.device_map!r}: auto, or leave it out (the whole target on --device)"
+        )
     if options.out.exists() and not options.out.is_dir():
         raise NotADirectoryError(f"--out {options.out} exists and is not a directory")
     if not options.no_plots:
@@ -327,6 +350,7 @@ def command_line(options: CompareOptions, peers: list[str]) -> str:
         "prompt_lookup_ngram",
         "draft_vocab",
         "chat_template",
+        "device_map",
     )
     for flag in flags:
         if getattr(options, flag) is not None:
@@ -406,9 +430,14 @@ def write_outputs(
     write_text(out / REPORT_FILE, render_comparison(results))
 
 
-def compare_heads(options: CompareOptions, table: Mapping[str, MethodEntry]) -> dict[str, Any]:
+def compare_heads(
+    options: CompareOptions, table: Mapping[str, MethodEntry], processes: Processes | None = None
+) -> dict[str, Any]:
     """Check every input, decode every prompt with every method, write results, report, plots and answers
-    into `options.out`; returns the results. `table`: the method table, which reads each heads directory."""
+    into `options.out`; returns the results. `table`: the method table, which reads each heads directory.
+    `processes`: those sharing the conversations (core/processes.py; None: this one alone); every one
+    calls compare_heads with the same options, and every one returns the merged results."""
+    procs = processes or Processes()
     check_options(options)
     if options.resume and options.overwrite:
         raise ValueError("--resume goes on from a stopped run, --overwrite starts over: give one of them")
@@ -448,15 +477,12 @@ def compare_heads(options: CompareOptions, table: Mapping[str, MethodEntry]) -> 
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     template = read_template(options)  # --chat-template: a wrong path fails before the target loads
-    target = FrozenTarget.from_pretrained(
-        target_path,
-        dtype=options.dtype,
-        attn_implementation=options.attn,
-        trust_remote_code=options.trust_remote_code,
-    )
-    apply_chat_options(target.tokenizer, template, options)
-    target = adapted_target(target, options.heads)
-    target.model.to(options.device)
+
+    def adapt(target: FrozenTarget) -> FrozenTarget:
+        apply_chat_options(target.tokenizer, template, options)
+        return adapted_target(target, options.heads)
+
+    target = placed_target(target_path, options, procs, adapt)
     tokenizer = target.tokenizer
     if tokenizer is None:
         raise ValueError(f"target {options.target!r} has no tokenizer; compare needs one to encode prompts")
@@ -474,46 +500,79 @@ def compare_heads(options: CompareOptions, table: Mapping[str, MethodEntry]) -> 
     conversations, skipped = select_prompts(conversations, tokenizer, settings, options.skip_long)
     held_out = first_turns(held_out, tokenizer, settings)  # what --tree auto calibrates on
     check_prompt_lengths(held_out, target.config, options.max_new_tokens, settings.depth)
-    # a second eval or compare on the folder stops at once; --overwrite's old results stay until the first record
+    numbers, _ = process_share(len(conversations), 1, procs, what="conversations")
+    mine = [conversations[j] for j in numbers]
+    # a second eval or compare on the folder stops at once; --overwrite's old results stay until the first
+    # record (process 0 holds the folder for every process)
+    progress_files = (
+        (PROGRESS_FILE,) if procs.world == 1 else (PROGRESS_FILE, *map(rank_file, range(procs.world)))
+    )
     with (
-        hold_folder(options.out),
-        replacing(options.out, results_names, options.overwrite, also=(PROGRESS_FILE,)) as old,
+        hold_folder(options.out) if procs.main else nullcontext(),
+        replacing(options.out, results_names, options.overwrite, also=progress_files)
+        if procs.main
+        else nullcontext(NothingSetAside()) as old,
     ):
+        procs.barrier()  # process 0 has set old results aside: the others' progress files start after that
         header = progress_settings(options, peers, methods, conversations, target, templated, held_out)
-        progress = Progress(options.out, "compare", header, resume=options.resume)
+        if procs.world > 1:
+            header["processes"] = {"rank": procs.rank, "of": procs.world}
+        progress = Progress(
+            options.out,
+            "compare",
+            header,
+            resume=options.resume,
+            file=PROGRESS_FILE if procs.world == 1 else rank_file(procs.rank),
+        )
 
         def on_conversation(record: dict[str, Any]) -> None:
             progress.append(record)
             old.commit()  # the new run has kept a record: the old results go
 
         if progress.done:
-            print(
-                f"resuming: {len(progress.done)} of {len(conversations)} prompts already done ({progress.path})"
-            )
+            print(f"resuming: {len(progress.done)} of {len(mine)} prompts already done ({progress.path})")
         try:
             # every method, peers and baseline too, with the decoders' attention backends (decode/step.py)
             with stop_on_sigterm(), decoding_attention(target.device):
-                calibrate_heads(methods, progress, held_out, calibration_settings(options))
+                if procs.main:  # the others decode with the trees process 0 calibrates
+                    calibrate_heads(methods, progress, held_out, calibration_settings(options))
+                for key, kept in procs.broadcast(progress.kept).items():
+                    if not procs.main:
+                        progress.keep(key, kept)
+                if not procs.main:
+                    calibrate_heads(methods, progress, held_out, calibration_settings(options))
                 runs, orders = compare(
                     {name: method for name, (_, method) in methods.items()},
-                    conversations,
+                    mine,
                     tokenizer,
                     settings,
                     target.device,
                     options.warmup,
-                    progress=not options.no_progress,
+                    progress=not options.no_progress and procs.main,
                     done=progress.done,
                     on_conversation=on_conversation,
+                    indices=numbers,
                 )
         except KeyboardInterrupt:
             command = command_line(options, peers)
-            print(stopped_message(command, len(progress.done), len(conversations), options.out))
+            print(stopped_message(command, len(progress.done), len(mine), options.out))
             raise
+        if procs.world > 1:  # every process's conversations, as their records, in order
+            records = merged_records(procs, numbers, progress.done, len(conversations))
+            runs, orders = compare(
+                {name: method for name, (_, method) in methods.items()}, conversations, tokenizer, settings,
+                target.device, done=records,
+            )  # fmt: skip
         results = build_results(
             options, peers, methods, runs, orders, conversations, skipped, target, templated, held_out
         )
-        write_outputs(options.out, results, runs, conversations)
+        if procs.world > 1:
+            results["processes"] = procs.world
+        if procs.main:
+            write_outputs(options.out, results, runs, conversations)
+        procs.barrier()
         progress.remove()
+        procs.barrier()  # process 0 lets the folder go once every progress file is gone
     return results
 
 

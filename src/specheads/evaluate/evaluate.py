@@ -139,6 +139,7 @@ def evaluate(
     done: list[dict[str, Any]] | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     draft_vocab: torch.Tensor | None = None,
+    indices: list[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Per-prompt records of the decoder against the baseline, after `warmup` untimed prompts.
 
@@ -147,8 +148,10 @@ def evaluate(
     prompts, finished by an earlier run (evaluate/progress.py); decoding goes on after them, with the same
     order and seeds. `on_record` is called with each new record as soon as it is finished. `draft_vocab`:
     the (V,) bool mask of the tokens the draft can propose (`drafter_factory.draft_vocab_mask`; None: all),
-    whose share of each output its record counts.
+    whose share of each output its record counts. `indices`: each prompt's number in the whole run, which
+    decides its order and seed (a process of several decodes every N-th prompt; None: 0, 1, 2, ...).
     """
+    indices = list(range(len(prompts))) if indices is None else list(indices)
     records = list(done or [])
     if len(records) >= len(prompts):
         return records[: len(prompts)]
@@ -159,9 +162,10 @@ def evaluate(
     for i, prompt in enumerate(prompts):
         if i < len(records):
             continue
+        n = indices[i]
         records.append(
             decode_prompt(
-                decoder, target, prompt, max_new_tokens, i % 2 == 0, sampling, seed + i, draft_vocab
+                decoder, target, prompt, max_new_tokens, n % 2 == 0, sampling, seed + n, draft_vocab
             )
         )
         if on_record is not None:

@@ -50,6 +50,7 @@ class EvalOptions:
     trust_remote_code: bool = False  # run the modelling code a custom architecture ships
     threads: int | None = None  # CPU threads for torch (None: torch's own)
     no_progress: bool = False
+    device_map: str | None = None  # "auto": the target spread over the GPUs (each process's share)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -94,6 +95,7 @@ class CompareOptions:
     no_progress: bool = False
     allow_target_mismatch: bool = False  # heads trained against other weights of the same shapes: a warning
     resume: bool = False  # go on from the conversations a stopped run kept in out/progress.jsonl
+    device_map: str | None = None  # "auto": the target spread over the GPUs (each process's share)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)

@@ -34,17 +34,30 @@ from specheads.core.atomic import naming_a_full_disk, write_text
 PROGRESS_FILE = "progress.jsonl"
 
 
+def rank_file(rank: int) -> str:
+    """The progress file of process `rank` of a run shared by several (each keeps its own prompts')."""
+    return f"progress-rank{rank}.jsonl"
+
+
 class Progress:
     """`<out>/progress.jsonl` of one run: `done` (the records already finished), `append(record)`."""
 
-    def __init__(self, out: str | Path, kind: str, settings: dict[str, Any], resume: bool = False):
+    def __init__(
+        self,
+        out: str | Path,
+        kind: str,
+        settings: dict[str, Any],
+        resume: bool = False,
+        file: str = PROGRESS_FILE,
+    ):
         """Open the folder's progress: continue a file of the same `kind` and `settings`, or start one.
+        `file`: its name in `out` (each process of a several-process run keeps its own: `rank_file`).
 
         Raises:
             ValueError: the file holds another run (another command, or settings that differ: the keys
                 are named), or `resume` and there is nothing to resume.
         """
-        self.path = Path(out) / PROGRESS_FILE
+        self.path = Path(out) / file
         self.kind = kind
         self.settings = json.loads(json.dumps(settings, default=str))  # as it reads back
         self.done: list[Any] = []
@@ -55,9 +68,7 @@ class Progress:
             self.kept = header.get("kept", {})
             self._rewrite(header)  # drops a torn last line before anything is appended after it
         elif resume:
-            raise ValueError(
-                f"--resume: {self.path.parent} holds no {PROGRESS_FILE}, so there is nothing to resume"
-            )
+            raise ValueError(f"--resume: {self.path.parent} holds no {file}, so there is nothing to resume")
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._rewrite({"progress": kind, "settings": self.settings})

@@ -13,6 +13,14 @@ written (not a file, not a dangling symlink). Only then is the folder locked (a 
 on it stops at once, touching nothing), and only then, with `overwrite`, are its old results set aside:
 they go once the new run has kept its first record, and come back if it fails before that
 (core/run_folder.py: `replacing`). The decoding itself and the records: evaluate/evaluate.py.
+
+Several processes (`accelerate launch --num_processes N -m specheads eval ...`, or torchrun; `processes`)
+share the prompts out, data-parallel: process r decodes prompts r, r + N, ... (with `batch_size` B, whole
+groups of B: groups r, r + N, ...), each with the order and seed its number gives it in the whole run, and
+keeps them in its own progress-rank{r}.jsonl (resumable per process, with the same N). Process 0 merges
+the records in order and writes the one results.json and report.md: everything they say of tokens, τ,
+acceptance and identity is what one process reports; only the timings differ. With `device_map="auto"`
+(`--device-map auto`) the target is spread over the GPUs (each process's share of them).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import hashlib
 import json
 import shlex
 from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +38,7 @@ import torch
 
 from specheads.builders.named_targets import resolve_target
 from specheads.core.atomic import write_text
+from specheads.core.processes import Processes
 from specheads.core.run_folder import claim_results_folder, hold_folder, replacing
 from specheads.core.target import FrozenTarget
 from specheads.decode.batched import BatchedSpeculativeDecoder
@@ -46,7 +56,13 @@ from specheads.evaluate.batched_eval import evaluate_batched
 from specheads.evaluate.calibrate import calibrated_once, hold_out, holds_out, max_tree_depth
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, evaluate, report_text, sampling_record
 from specheads.evaluate.options import EvalOptions
-from specheads.evaluate.progress import PROGRESS_FILE, Progress, stop_on_sigterm, stopped_message
+from specheads.evaluate.progress import (
+    PROGRESS_FILE,
+    Progress,
+    rank_file,
+    stop_on_sigterm,
+    stopped_message,
+)
 from specheads.evaluate.prompts import (
     apply_chat_options,
     chat_template_record,
@@ -56,15 +72,20 @@ from specheads.evaluate.prompts import (
     read_template,
 )
 from specheads.evaluate.report import DEFINITIONS, per_category, run_environment, summarize
+from specheads.evaluate.sharing import NothingSetAside, merged_records, placed_target, process_share
 from specheads.heads import load_heads, read_head_config
 from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter, target_for_heads
 from specheads.heads.method import Method
 
 
-def run_eval(options: EvalOptions, table: Mapping[str, Method]) -> dict[str, Any]:
+def run_eval(
+    options: EvalOptions, table: Mapping[str, Method], processes: Processes | None = None
+) -> dict[str, Any]:
     """Check every input, decode every prompt both ways, write results.json and report.md into
     `options.out`; returns the results. `table`: the method table (`specheads.methods.methods()`), which
-    reads the heads directory."""
+    reads the heads directory. `processes`: those sharing the prompts (core/processes.py; None: this one
+    alone); every one calls run_eval with the same options, and every one returns the merged results."""
+    procs = processes or Processes()
     check_options(options)
     if options.resume and options.overwrite:
         raise ValueError("--resume goes on from a stopped run, --overwrite starts over: give one of them")
@@ -108,15 +129,12 @@ def run_eval(options: EvalOptions, table: Mapping[str, Method]) -> dict[str, Any
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     template = read_template(options)  # --chat-template: a wrong path fails before the target loads
-    target = FrozenTarget.from_pretrained(
-        target_path,
-        dtype=options.dtype,
-        attn_implementation=options.attn,
-        trust_remote_code=options.trust_remote_code,
-    )
-    apply_chat_options(target.tokenizer, template, options)
-    target = target_for_heads(target, options.heads)  # Medusa-2: the adapted target decodes, both ways
-    target.model.to(options.device)
+
+    def adapt(target: FrozenTarget) -> FrozenTarget:
+        apply_chat_options(target.tokenizer, template, options)
+        return target_for_heads(target, options.heads)  # Medusa-2: the adapted target decodes, both ways
+
+    target = placed_target(target_path, options, procs, adapt)
     if target.tokenizer is None:
         raise ValueError(f"target {options.target!r} has no tokenizer; eval needs one to encode prompts")
     heads, head_config = load_heads(
@@ -141,16 +159,33 @@ def run_eval(options: EvalOptions, table: Mapping[str, Method]) -> dict[str, Any
     else:
         drafter, tree = drafter_for(heads, head_config, target, options.tree, vocab, methods=table)
         check_prompt_lengths(prompts, target.config, options.max_new_tokens, tree["depth"])
+    numbers, groups = process_share(len(prompts), options.batch_size, procs)
+    mine = [prompts[j] for j in numbers]
     # a second eval or compare on --out stops at once; --overwrite's old results stay until the first record
+    # (process 0 holds the folder for every process)
+    progress_files = (
+        (PROGRESS_FILE,) if procs.world == 1 else (PROGRESS_FILE, *map(rank_file, range(procs.world)))
+    )
     with (
-        hold_folder(options.out),
-        replacing(options.out, (RESULTS_FILE, REPORT_FILE), options.overwrite, also=(PROGRESS_FILE,)) as old,
+        hold_folder(options.out) if procs.main else nullcontext(),
+        replacing(options.out, (RESULTS_FILE, REPORT_FILE), options.overwrite, also=progress_files)
+        if procs.main
+        else nullcontext(NothingSetAside()) as old,
     ):
+        procs.barrier()  # process 0 has set old results aside: the others' progress files start after that
         sampling = sampling_params(options)
         settings = progress_settings(options, head_config, target, tree, templated, prompts, held_out)
-        progress = Progress(options.out, "eval", settings, resume=options.resume)
+        if procs.world > 1:
+            settings["processes"] = {"rank": procs.rank, "of": procs.world}
+        progress = Progress(
+            options.out,
+            "eval",
+            settings,
+            resume=options.resume,
+            file=PROGRESS_FILE if procs.world == 1 else rank_file(procs.rank),
+        )
         if progress.done:
-            print(f"resuming: {len(progress.done)} of {len(prompts)} prompts already done ({progress.path})")
+            print(f"resuming: {len(progress.done)} of {len(mine)} prompts already done ({progress.path})")
 
         def on_record(record: dict[str, Any]) -> None:
             progress.append(record)
@@ -162,50 +197,67 @@ def run_eval(options: EvalOptions, table: Mapping[str, Method]) -> dict[str, Any
             # SIGTERM stops as Ctrl-C does (what is finished stays in progress.jsonl); the baseline runs with
             # the decoder's attention backends (decode/step.py)
             with stop_on_sigterm(), decoding_attention(target.device):
-                if auto:
-                    drafter, tree, calibration = calibrated_once(
-                        progress,
-                        "calibration",
-                        heads,
-                        head_config,
-                        target,
-                        held_out,
-                        calibration_settings,
-                        vocab,
-                        reuse=not options.recalibrate,
-                        methods=table,
-                    )
+                if auto:  # several processes decode with the tree process 0 calibrated
+
+                    def calibrate():
+                        return calibrated_once(
+                            progress,
+                            "calibration",
+                            heads,
+                            head_config,
+                            target,
+                            held_out,
+                            calibration_settings,
+                            vocab,
+                            reuse=not options.recalibrate,
+                            methods=table,
+                        )
+
+                    if procs.main:
+                        drafter, tree, calibration = calibrate()
+                    calibration = procs.broadcast(calibration)
+                    if not procs.main:
+                        progress.keep("calibration", calibration)
+                        drafter, tree, calibration = calibrate()
                 how["draft_vocab"] = draft_vocab_mask(drafter, target.vocab_size)
                 if options.batch_size > 1:
                     decoder = BatchedSpeculativeDecoder(target, drafter)
                     records = evaluate_batched(
                         decoder,
                         target,
-                        prompts,
+                        mine,
                         options.max_new_tokens,
                         options.batch_size,
                         options.warmup,
-                        not options.no_progress,
+                        not options.no_progress and procs.main,
                         **how,
+                        group_indices=groups,
                     )
                 else:
                     records = evaluate(
                         SpeculativeDecoder(target, drafter),
                         target,
-                        prompts,
+                        mine,
                         options.max_new_tokens,
                         options.warmup,
-                        progress=not options.no_progress,
+                        progress=not options.no_progress and procs.main,
                         **how,
+                        indices=numbers,
                     )
         except KeyboardInterrupt:
             command = command_line(options, "auto" if auto else tree["name"])
-            print(stopped_message(command, len(progress.done), len(prompts), options.out))
+            print(stopped_message(command, len(progress.done), len(mine), options.out))
             raise
-        results = build_results(options, records, head_config, target, tree, templated, calibration)
-        write_text(options.out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
-        write_text(options.out / REPORT_FILE, report_text(results))
+        records = merged_records(procs, numbers, records, len(prompts))
+        results = build_results(
+            options, records, head_config, target, tree, templated, calibration, processes=procs.world
+        )
+        if procs.main:
+            write_text(options.out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
+            write_text(options.out / REPORT_FILE, report_text(results))
+        procs.barrier()
         progress.remove()
+        procs.barrier()  # process 0 lets the folder go once every progress file is gone
     return results
 
 
@@ -227,6 +279,10 @@ def check_options(options: EvalOptions) -> None:
         raise ValueError(f"--warmup must be >= 0, got {options.warmup}")
     if options.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {options.device}: no CUDA device is available here")
+    if options.device_map not in (None, "auto"):
+        raise ValueError(
+            f"--device-map {options.device_map!r}: auto, or leave it out (the whole target on --device)"
+        )
     if options.calibration_prompts is not None and (
         options.tree not in ("auto", None) or options.calibration_prompts < 1
     ):
@@ -269,6 +325,7 @@ def command_line(options: EvalOptions, tree_name: str) -> str:
     parts += ["--temperature", str(o.temperature), "--top-k", str(o.top_k), "--top-p", str(o.top_p)]
     parts += ["--seed", str(o.seed), "--batch-size", str(o.batch_size)]
     for flag, value in (
+        ("--device-map", o.device_map),
         ("--threads", o.threads),
         ("--num-prompts", o.num_prompts),
         ("--category", o.category),
@@ -296,8 +353,10 @@ def build_results(
     tree: dict[str, Any],
     templated: bool,
     calibration: dict[str, Any] | None = None,
+    processes: int = 1,
 ) -> dict[str, Any]:
-    """results.json: the headline figures first, then what produced them, then the per-prompt records."""
+    """results.json: the headline figures first, then what produced them, then the per-prompt records
+    (`processes`: how many shared them, recorded when more than one)."""
     sampling = sampling_params(options)
     adapter = heads_adapter(options.heads)
     return {
@@ -329,6 +388,7 @@ def build_results(
         "max_new_tokens": options.max_new_tokens,
         "warmup": options.warmup,
         "batch_size": options.batch_size,
+        **({"processes": processes} if processes > 1 else {}),
         **run_environment(target, options.attn),
         "command": command_line(options, "auto" if calibration else tree["name"]),
         "definitions": DEFINITIONS,

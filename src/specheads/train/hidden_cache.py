@@ -60,6 +60,7 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from specheads.core.atomic import write_file, write_json
+from specheads.core.processes import Processes
 from specheads.core.target import FrozenTarget, TargetRecord, resolve_dtype
 from specheads.data.packing import collate
 from specheads.heads.checkpoint import sha256_file
@@ -82,6 +83,8 @@ __all__ = [
 FORMAT = "specheads-hidden-cache"
 FORMAT_VERSION = 1
 INDEX_FILE = "index.json"
+RANK_INDEX = "index-rank{rank}.json"  # what process `rank` of a several-process run has finished
+RANK_GLOB = "index-rank*.json"
 # Index fields that must agree for a restarted job to reuse the shards already written.
 RESUME_KEYS = (
     "version",
@@ -243,7 +246,9 @@ def _write_shard(tensors: dict[str, torch.Tensor], path: Path, rows: list[int]) 
 
 
 def _start_index(out_dir: Path, settings: dict, overwrite: bool) -> dict:
-    """The index to continue: the existing one when its settings agree, else a fresh one."""
+    """The index to continue: the existing one when its settings agree, else a fresh one; with the shards
+    that the processes of an earlier several-process run recorded in their own index-rank*.json (those
+    of other settings are dropped; every shard's checksum is checked before it is skipped)."""
     path = out_dir / INDEX_FILE
     if path.exists() and not overwrite:
         old = read_index(out_dir)
@@ -256,10 +261,25 @@ def _start_index(out_dir: Path, settings: dict, overwrite: bool) -> dict:
                 f"{out_dir} holds a cache built with other settings ({shown or 'shard plan'}); "
                 "use another directory or overwrite=True (`--overwrite`)"
             )
-        return {**settings, "shards": old.get("shards", []), "complete": False}
-    for old_shard in out_dir.glob("shard-*.safetensors"):
+        shards = old.get("shards", []) + _rank_shards(out_dir, settings)
+        return {**settings, "shards": shards, "complete": False}
+    for old_shard in [*out_dir.glob("shard-*.safetensors"), *out_dir.glob(RANK_GLOB)]:
         old_shard.unlink()
     return {**settings, "shards": [], "complete": False}
+
+
+def _rank_shards(out_dir: Path, settings: dict) -> list[dict]:
+    """The shards the processes of an earlier run recorded in their index-rank*.json, where that run had
+    these settings."""
+    shards = []
+    for rank_file in sorted(out_dir.glob(RANK_GLOB)):
+        try:
+            record = json.loads(rank_file.read_text())
+        except ValueError:  # written atomically, so not expected; a rerun recomputes its shards
+            continue
+        if all(record.get(k) == settings.get(k) for k in RESUME_KEYS):
+            shards += record.get("shards", [])
+    return shards
 
 
 def _cache_settings(
@@ -322,6 +342,7 @@ def build_cache(
     overwrite: bool = False,
     progress: bool = True,
     on_shard: Callable[[int, dict], None] | None = None,
+    processes: Processes | None = None,
 ) -> dict[str, Any]:
     """Run the frozen target once over `rows` and store the captured layers as sharded safetensors.
 
@@ -339,10 +360,19 @@ def build_cache(
         pad_token_id: defaults to the target tokenizer's.
         overwrite: discard a cache of other settings in `out_dir` instead of refusing.
         on_shard: called as on_shard(shard number, its index entry) after each shard is recorded.
+        processes: the processes sharing the work (core/processes.py; None: this one alone). Every one
+            calls build_cache with the same arguments; see "Several processes" below.
 
     Returns:
-        {"dir", "shards", "written", "skipped", "tokens", "bytes"}.
+        {"dir", "shards", "written", "skipped", "tokens", "bytes"}, over every process's shards.
+
+    Several processes: process r of N computes and writes shards r, r + N, ... of the plan (the plan, the
+    shard names and their bytes do not depend on N), and records each one it finishes in its own
+    `index-rank{r}.json`; process 0 merges those into `index.json` at the start (so a rerun with any N
+    skips what any process finished) and at the end, after every process is done, writes the finished
+    `index.json` (byte for byte the one a single process writes) and removes the per-process files.
     """
+    procs = processes or Processes()
     storage = resolve_dtype(dtype)
     if storage not in DTYPE_NAMES:
         raise ValueError(f"cache dtype must be one of {sorted(DTYPE_NAMES.values())}, got {dtype!r}")
@@ -350,15 +380,34 @@ def build_cache(
         target, rows, capture_layers, storage, max_length, pad_token_id, shard_tokens, batch_size
     )
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    index = _start_index(out_dir, settings, overwrite)
+    if procs.world == 1:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        index = _start_index(out_dir, settings, overwrite)
+    else:
+        index, error = None, None
+        if procs.main:  # the others wait: it may remove the shards of a cache of other settings
+            try:
+                out_dir.mkdir(parents=True, exist_ok=True)
+                index = _start_index(out_dir, settings, overwrite)
+                write_json(out_dir / INDEX_FILE, index)
+            except (CacheError, OSError) as e:
+                error = e
+        procs.agree(error)
+        index = procs.broadcast(index)
     done = {tuple(s["rows"]): s for s in index["shards"]}
     index["shards"] = []
     written = skipped = 0
+    mine = [k for k in range(len(settings["plan"])) if procs.owns(k)]
     bar = tqdm(
-        total=settings["num_tokens"], desc="cache", unit="tok", disable=not progress, dynamic_ncols=True
+        total=sum(int(lengths[slice(*settings["plan"][k])].sum()) for k in mine),
+        desc="cache" if procs.world == 1 else f"cache (process {procs.rank} of {procs.world})",
+        unit="tok",
+        disable=not progress or not procs.main,
+        dynamic_ncols=True,
     )
-    for k, (start, end) in enumerate(settings["plan"]):
+    entries: dict[int, dict] = {}
+    for k in mine:
+        start, end = settings["plan"][k]
         path = out_dir / f"shard-{k:05d}.safetensors"
         entry = done.get((start, end))
         if entry is None or not path.exists() or sha256_file(path) != entry["sha256"]:
@@ -378,13 +427,33 @@ def build_cache(
             written += 1
         else:
             skipped += 1
-        index["shards"].append(entry)
-        index["complete"] = k == len(settings["plan"]) - 1
-        write_json(out_dir / INDEX_FILE, index)
+        entries[k] = entry
+        if procs.world == 1:
+            index["shards"].append(entry)
+            index["complete"] = k == len(settings["plan"]) - 1
+            write_json(out_dir / INDEX_FILE, index)
+            if index["complete"]:
+                for rank_file in out_dir.glob(RANK_GLOB):  # an earlier several-process run's, now merged
+                    rank_file.unlink()
+        else:  # this process's own record: what it has finished, for a rerun
+            write_json(
+                out_dir / RANK_INDEX.format(rank=procs.rank), {**index, "shards": list(entries.values())}
+            )
         bar.update(entry["tokens"])
         if on_shard is not None:
             on_shard(k, entry)
     bar.close()
+    if procs.world > 1:
+        gathered = procs.gather((entries, written, skipped))
+        written, skipped = sum(g[1] for g in gathered), sum(g[2] for g in gathered)
+        every = {k: e for g in gathered for k, e in g[0].items()}
+        index["shards"] = [every[k] for k in range(len(settings["plan"]))]
+        index["complete"] = True
+        if procs.main:
+            write_json(out_dir / INDEX_FILE, index)
+            for rank_file in out_dir.glob(RANK_GLOB):
+                rank_file.unlink()
+        procs.barrier()  # no process returns before the index is finished
     size = sum((out_dir / s["file"]).stat().st_size for s in index["shards"])
     return {
         "dir": str(out_dir),
