@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from specheads.cli.eval_flags import add_tree_argument
 from specheads.core.target import FrozenTarget
 from specheads.decode.baseline import generate_rows, pad_token_id
 from specheads.decode.batched import BatchedSpeculativeDecoder
@@ -33,7 +34,6 @@ from specheads.decode.batched_inputs import left_pad
 from specheads.decode.decoder import PHASES
 from specheads.decode.drafter_factory import drafter_for
 from specheads.decode.step import timed
-from specheads.evaluate.eval_drafters import add_tree_argument
 from specheads.evaluate.prompts import encode_prompts, read_prompts
 from specheads.heads import load_heads
 from specheads.methods import methods

@@ -443,7 +443,7 @@ def test_heldout_file_name_is_the_one_tiny_target_writes():
 
 
 def test_eval_and_compare_take_one_tree_argument():
-    """`--tree` is defined once (eval_drafters.add_tree_argument): eval takes a name (or auto), compare one
+    """`--tree` is defined once (cli/eval_flags.add_tree_argument): eval takes a name (or auto), compare one
     per --heads directory, and both read dynamic[-N] the same way."""
     import argparse
 

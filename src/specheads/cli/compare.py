@@ -10,22 +10,15 @@ from pathlib import Path
 
 from specheads.cli.commands import options_from
 from specheads.cli.eval_flags import (
-    add_chat_template_arguments,
-    add_device_map_argument,
     add_overwrite_argument,
-    add_prompt_filter_arguments,
+    add_question_arguments,
+    add_run_arguments,
     add_target_argument,
-    add_target_loading_arguments,
+    add_tree_arguments,
 )
-from specheads.cli.threads import add_threads_argument
 from specheads.core.processes import launched
 from specheads.evaluate.answers import ANSWERS_DIR
 from specheads.evaluate.compare import compare_heads
-from specheads.evaluate.eval_drafters import (
-    add_draft_vocab_argument,
-    add_recalibrate_argument,
-    add_tree_argument,
-)
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE
 from specheads.evaluate.options import CompareOptions
 from specheads.evaluate.peers import BASELINE, PEERS
@@ -36,12 +29,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_target_argument(p)
     p.add_argument(
         "--heads", nargs="*", default=[], help="native head checkpoint directories (any methods, any number)"
-    )
-    p.add_argument(
-        "--prompts",
-        required=True,
-        help="mt-bench, spec-bench, a .jsonl of such questions, heldout (the target's heldout_files.json), "
-        "or a .json file list in that format",
     )
     add_overwrite_argument(p)
     p.add_argument("--out", required=True, type=Path, help="directory for results, report, plots, answers")
@@ -58,28 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"when --draft-model is given); {BASELINE} always runs: speedups and identity are against it",
     )
     p.add_argument("--draft-model", default=None, help="HF directory of the assistant model (same tokenizer)")
-    add_prompt_filter_arguments(p)
     p.add_argument("--max-turns", type=int, default=None, help="ask at most N turns of each question")
     p.add_argument("--skip-long", action="store_true", help="skip prompts that outrun the target's positions")
-    p.add_argument("--no-chat-template", action="store_true", help="questions as raw text, not chat turns")
-    add_chat_template_arguments(p, "the questions are")
-    p.add_argument(
-        "--prompt-tokens",
-        type=int,
-        default=CompareOptions.prompt_tokens,
-        help="tokens taken from the start of each file",
-    )
+    add_question_arguments(p, CompareOptions.prompt_tokens, "tokens taken from the start of each file")
     p.add_argument("--max-new-tokens", type=int, default=CompareOptions.max_new_tokens, help="per turn")
-    add_tree_argument(p, per_heads=True, auto=True)
-    p.add_argument(
-        "--calibration-prompts",
-        type=int,
-        default=None,
-        help="--tree auto: calibrate on the first turns of the last K prompts of --prompts, which are then "
-        "not compared (default 4); --num-prompts counts the rest",
-    )
-    add_recalibrate_argument(p)
-    add_draft_vocab_argument(p)
+    add_tree_arguments(p, per_heads=True, calibrated_on="the first turns of ")
     p.add_argument(
         "--prompt-lookup-tokens",
         type=int,
@@ -102,16 +72,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warmup", type=int, default=CompareOptions.warmup, help="untimed prompts every method decodes first"
     )
-    add_target_loading_arguments(p, CompareOptions, "attention implementation")
-    add_device_map_argument(p)
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
         "--allow-target-mismatch",
         action="store_true",
         help="decode heads trained against other weights of the same shapes (a warning, not an error)",
     )
-    p.add_argument("--no-progress", action="store_true")
-    add_threads_argument(p)
+    add_run_arguments(p, CompareOptions, "attention implementation")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,20 +10,13 @@ from pathlib import Path
 
 from specheads.cli.commands import options_from
 from specheads.cli.eval_flags import (
-    add_chat_template_arguments,
-    add_device_map_argument,
     add_overwrite_argument,
-    add_prompt_filter_arguments,
+    add_question_arguments,
+    add_run_arguments,
     add_target_argument,
-    add_target_loading_arguments,
+    add_tree_arguments,
 )
-from specheads.cli.threads import add_threads_argument
 from specheads.core.processes import launched
-from specheads.evaluate.eval_drafters import (
-    add_draft_vocab_argument,
-    add_recalibrate_argument,
-    add_tree_argument,
-)
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, report_text
 from specheads.evaluate.options import EvalOptions
 from specheads.evaluate.progress import PROGRESS_FILE
@@ -38,12 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--heads", required=True, help="native head checkpoint directory (its config.json names the method)"
     )
-    p.add_argument(
-        "--prompts",
-        required=True,
-        help="mt-bench, spec-bench, a .jsonl of such questions, `heldout` (the target's "
-        "heldout_files.json), or a .json file list in that format",
-    )
     add_overwrite_argument(p)
     p.add_argument(
         "--allow-target-mismatch",
@@ -57,26 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"go on from the prompts a stopped run kept in --out's {PROGRESS_FILE} (a re-run with the same "
         "settings on a folder holding only that file resumes too; other settings are refused)",
     )
-    add_prompt_filter_arguments(p)
-    p.add_argument("--no-chat-template", action="store_true", help="questions as raw text, not chat turns")
-    add_chat_template_arguments(p, "the questions are")
-    p.add_argument(
-        "--prompt-tokens",
-        type=int,
-        default=D.prompt_tokens,
-        help="tokens taken from the start of each file prompt",
-    )
+    add_question_arguments(p, D.prompt_tokens, "tokens taken from the start of each file prompt")
     p.add_argument("--max-new-tokens", type=int, default=D.max_new_tokens)
-    add_tree_argument(p, auto=True)
-    p.add_argument(
-        "--calibration-prompts",
-        type=int,
-        default=None,
-        help="--tree auto: calibrate on the last K prompts of --prompts, which are then not evaluated "
-        "(default 4); --num-prompts counts the rest",
-    )
-    add_recalibrate_argument(p)
-    add_draft_vocab_argument(p)
+    add_tree_arguments(p, per_heads=False, calibrated_on="")
     p.add_argument(
         "--temperature",
         type=float,
@@ -105,10 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(with --temperature, batch i sampled with seed + i; each prompt's seconds are its batch's, shared "
         "evenly)",
     )
-    add_target_loading_arguments(p, D, "the target's attention implementation")
-    add_device_map_argument(p)
-    p.add_argument("--no-progress", action="store_true")
-    add_threads_argument(p)
+    add_run_arguments(p, D, "the target's attention implementation")
 
 
 def run(args: argparse.Namespace) -> int:
