@@ -592,23 +592,16 @@ class CachedRows(Dataset):
             )
 
 
-def collate_cached(
-    examples: list[dict],
-    *,
-    pad_token_id: int,
-    packing: bool,
-    max_length: int,
-    mask_dtype: torch.dtype = torch.float32,
-) -> dict[str, torch.Tensor]:
+def collate_cached(examples: list[dict], **layout) -> dict[str, torch.Tensor]:
     """`collate` over CachedRows items, plus `hidden.{layer}` (B, T, H) laid out as the tokens are.
+    `layout`: collate's keywords (pad_token_id, packing, max_length, mask_dtype).
 
     The tensors of `collate` are the online batch's exactly (same rows, same function); the hidden
     states land where their tokens did (padding positions hold zeros).
     """
     tokens = [{k: v for k, v in ex.items() if k != "hidden"} for ex in examples]
-    batch = collate(
-        tokens, pad_token_id=pad_token_id, packing=packing, max_length=max_length, mask_dtype=mask_dtype
-    )
+    batch = collate(tokens, **layout)
+    packing, max_length = layout["packing"], layout["max_length"]
     # Where each token landed: collate the tokens' numbers in the concatenation, with the same layout.
     lengths = [len(t["input_ids"]) for t in tokens]
     starts = np.cumsum([0, *lengths[:-1]]).tolist()
