@@ -101,13 +101,17 @@ def _medusa_state(heads: nn.Module, fmt: str, target: FrozenTarget | None) -> tu
     return state, sizes
 
 
+def _engine_tensors(heads: nn.Module, fmt: str, keys: KeyTable, target: FrozenTarget | None):
+    """The heads' tensors under `fmt`'s names (`keys`), and their config."""
+    state, sizes = _medusa_state(heads, fmt, target)
+    return to_engine(state, keys, sizes, f"{fmt} export"), heads.config
+
+
 def to_medusa(
     heads: nn.Module, native_config: dict[str, Any], target: FrozenTarget | None = None, dtype=None
 ) -> Export:
     """MedusaHeads as a FasterDecoding v0.1 checkpoint (TGI `--model-id DIR`, TensorRT-LLM convert)."""
-    state, sizes = _medusa_state(heads, "medusa", target)
-    tensors = to_engine(state, MEDUSA_KEYS, sizes, "medusa export")
-    cfg = heads.config
+    tensors, cfg = _engine_tensors(heads, "medusa", MEDUSA_KEYS, target)
     notes = [
         f"TensorRT-LLM: examples/medusa/convert_checkpoint.py --medusa_model_dir DIR "
         f"--num_medusa_heads {cfg.num_heads} --num_medusa_layers {cfg.num_layers}"
@@ -130,9 +134,7 @@ def to_vllm_medusa(
     heads: nn.Module, native_config: dict[str, Any], target: FrozenTarget | None = None, dtype=None
 ) -> Export:
     """MedusaHeads as a vLLM `MedusaModel` checkpoint."""
-    state, sizes = _medusa_state(heads, "vllm-medusa", target)
-    tensors = to_engine(state, VLLM_MEDUSA_KEYS, sizes, "vllm-medusa export")
-    cfg = heads.config
+    tensors, cfg = _engine_tensors(heads, "vllm-medusa", VLLM_MEDUSA_KEYS, target)
     if cfg.share_lm_head:  # vLLM's original_lm_head: one lm_head for every head, read from lm_heads.0
         for h in range(1, cfg.num_heads):
             del tensors[f"lm_heads.{h}.weight"]
