@@ -32,6 +32,20 @@ class Family:
     what: str = ""
 
 
+# the sizes every family's tiny config shares (tests/helpers.py builds its tiny models from them too)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+    bos_token_id=256,
+    eos_token_id=257,
+    pad_token_id=258,
+)
+
 _MIXED = {"layer_types": list(MIXED_LAYERS), "sliding_window": 8}
 
 FAMILIES: dict[str, Family] = {
@@ -87,19 +101,7 @@ def tiny_config(family: str, vocab_size: int = 264, **overrides):
 
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}: one of {', '.join(FAMILIES)}")
-    kwargs = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        bos_token_id=256,
-        eos_token_id=257,
-        pad_token_id=258,
-    )
+    kwargs = dict(vocab_size=vocab_size, **TINY)
     kwargs.update(FAMILIES[family].overrides)
     kwargs.update(overrides)
     return AutoConfig.for_model(FAMILIES[family].model_type, **kwargs)

@@ -73,19 +73,9 @@ def tiny_config(family: str, vocab_size: int = 264, **overrides):
     """A 4-layer, 64-wide config of `family` (GQA with 2 KV heads)."""
     from transformers import AutoConfig
 
-    kwargs = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        bos_token_id=256,
-        eos_token_id=257,
-        pad_token_id=258,
-    )
+    from scripts.families import TINY
+
+    kwargs = dict(vocab_size=vocab_size, **TINY)
     if family == "qwen3":
         kwargs["head_dim"] = 16
     if family == "mistral":
