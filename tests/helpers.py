@@ -212,3 +212,29 @@ def target_with_heldout(source: Path, root: Path, sources: dict[str, str], **hel
     listing = {"stdlib": "sources", **heldout, "files": sorted(sources)}
     (target_dir / HELDOUT_FILE).write_text(json.dumps(listing))
     return target_dir
+
+
+def train_with_qwen3_8b_recipe(target_dir: Path, root: Path) -> Path:
+    """`specheads train recipes/qwen3-8b/eagle3.yaml` as it ships (its layer ids, draft vocabulary and
+    assistant-only loss) on `target_dir` (a tiny 36-layer Qwen3) and a few chat rows, for 2 steps; the run."""
+    import json
+
+    from specheads.cli import main as cli_main
+
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"count from {i}"},
+                {"role": "assistant", "content": "0123456789"},
+            ]
+        }
+        for i in range(24)
+    ]
+    data = root / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = root / "run"
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "qwen3-8b" / "eagle3.yaml"
+    overrides = ["max_length=64", "max_steps=2", "warmup_steps=1", "eval_fraction=0.1", "report_to=none"]
+    args = [str(recipe), f"target={target_dir}", f"data={data}", *overrides, f"output_dir={run}"]
+    assert cli_main(["train", *args, "--no-progress"]) == 0
+    return run

@@ -22,7 +22,7 @@ from specheads.heads.checkpoint import load_heads
 from specheads.methods import methods
 
 from consumer_env import run_consumers
-from helpers import causal_mask, max_diff, tiny_model, tiny_tokenizer
+from helpers import causal_mask, max_diff, tiny_model, tiny_tokenizer, train_with_qwen3_8b_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 T = 9
@@ -42,32 +42,9 @@ def trained(tmp_path_factory) -> dict:
     target_dir = root / "target"
     tiny_model("qwen3", num_hidden_layers=36, vocab_size=40000).save_pretrained(target_dir)
     tiny_tokenizer().save_pretrained(target_dir)
-    rows = [
-        {
-            "messages": [
-                {"role": "user", "content": f"count from {i}"},
-                {"role": "assistant", "content": "0123456789"},
-            ]
-        }
-        for i in range(24)
-    ]
-    data = root / "chat.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    run = root / "run"
-    args = [
-        str(REPO / "recipes" / "qwen3-8b" / "eagle3.yaml"),
-        f"target={target_dir}",
-        f"data={data}",
-        "max_length=64",
-        "max_steps=2",
-        "warmup_steps=1",
-        "eval_fraction=0.1",
-        "report_to=none",
-        f"output_dir={run}",
-    ]
     AcceleratorState._reset_state(reset_partial_state=True)
     try:
-        assert cli_main(["train", *args, "--no-progress"]) == 0
+        run = train_with_qwen3_8b_recipe(target_dir, root)
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
     exports = {}

@@ -18,7 +18,7 @@ from specheads.methods import methods
 from specheads.train.checkpointing import check_resumable
 from specheads.train.config import load_config
 
-from helpers import OTHER_FAMILIES, save_tiny_target, tiny_model
+from helpers import OTHER_FAMILIES, save_tiny_target, tiny_model, train_with_qwen3_8b_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -180,30 +180,7 @@ def test_the_qwen3_8b_eagle3_recipe_trains_a_llama_draft_that_exports(tmp_path):
     with assistant-only loss), on a tiny random 36-layer Qwen3 and a few chat rows for a few steps: the
     head is a Llama draft and exports to eagle3 and speculators with the recipe's layer ids."""
     target_dir = save_tiny_target("qwen3", tmp_path / "qwen3-36", num_hidden_layers=36)
-    rows = [
-        {
-            "messages": [
-                {"role": "user", "content": f"count from {i}"},
-                {"role": "assistant", "content": "0123456789"},
-            ]
-        }
-        for i in range(24)
-    ]
-    data = tmp_path / "chat.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = tmp_path / "run"
-    args = [
-        str(REPO / "recipes" / "qwen3-8b" / "eagle3.yaml"),
-        f"target={target_dir}",
-        f"data={data}",
-        "max_length=64",
-        "max_steps=2",
-        "warmup_steps=1",
-        "eval_fraction=0.1",
-        "report_to=none",
-        f"output_dir={out}",
-    ]
-    assert cli_main(["train", *args, "--no-progress"]) == 0
+    out = train_with_qwen3_8b_recipe(target_dir, tmp_path)
     config = json.loads((out / "config.json").read_text())
     assert config["head_config"]["draft_arch"] == "llama"
     assert config["head_config"]["layer_config"]["model_type"] == "llama"
