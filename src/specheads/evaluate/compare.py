@@ -96,9 +96,6 @@ from specheads.evaluate.peers import (
 )
 from specheads.evaluate.plots import PLOTS, check_matplotlib, write_plots
 from specheads.evaluate.progress import (
-    PROGRESS_FILE,
-    Progress,
-    rank_file,
     stop_on_sigterm,
     stopped_message,
 )
@@ -116,7 +113,14 @@ from specheads.evaluate.report import (
     render_comparison,
     run_environment,
 )
-from specheads.evaluate.sharing import NothingSetAside, merged_records, placed_target, process_share
+from specheads.evaluate.sharing import (
+    NothingSetAside,
+    merged_records,
+    open_progress,
+    placed_target,
+    process_share,
+    progress_names,
+)
 from specheads.heads import load_heads, read_head_config
 from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter
 from specheads.heads.method import Method as MethodEntry
@@ -504,9 +508,7 @@ def compare_heads(
     mine = [conversations[j] for j in numbers]
     # a second eval or compare on the folder stops at once; --overwrite's old results stay until the first
     # record (process 0 holds the folder for every process)
-    progress_files = (
-        (PROGRESS_FILE,) if procs.world == 1 else (PROGRESS_FILE, *map(rank_file, range(procs.world)))
-    )
+    progress_files = progress_names(procs)
     with (
         hold_folder(options.out) if procs.main else nullcontext(),
         replacing(options.out, results_names, options.overwrite, also=progress_files)
@@ -515,15 +517,7 @@ def compare_heads(
     ):
         procs.barrier()  # process 0 has set old results aside: the others' progress files start after that
         header = progress_settings(options, peers, methods, conversations, target, templated, held_out)
-        if procs.world > 1:
-            header["processes"] = {"rank": procs.rank, "of": procs.world}
-        progress = Progress(
-            options.out,
-            "compare",
-            header,
-            resume=options.resume,
-            file=PROGRESS_FILE if procs.world == 1 else rank_file(procs.rank),
-        )
+        progress = open_progress(options.out, "compare", header, options.resume, procs)
 
         def on_conversation(record: dict[str, Any]) -> None:
             progress.append(record)

@@ -57,9 +57,6 @@ from specheads.evaluate.calibrate import calibrated_once, hold_out, holds_out, m
 from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, evaluate, report_text, sampling_record
 from specheads.evaluate.options import EvalOptions
 from specheads.evaluate.progress import (
-    PROGRESS_FILE,
-    Progress,
-    rank_file,
     stop_on_sigterm,
     stopped_message,
 )
@@ -72,7 +69,14 @@ from specheads.evaluate.prompts import (
     read_template,
 )
 from specheads.evaluate.report import DEFINITIONS, per_category, run_environment, summarize
-from specheads.evaluate.sharing import NothingSetAside, merged_records, placed_target, process_share
+from specheads.evaluate.sharing import (
+    NothingSetAside,
+    merged_records,
+    open_progress,
+    placed_target,
+    process_share,
+    progress_names,
+)
 from specheads.heads import load_heads, read_head_config
 from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter, target_for_heads
 from specheads.heads.method import Method
@@ -163,9 +167,7 @@ def run_eval(
     mine = [prompts[j] for j in numbers]
     # a second eval or compare on --out stops at once; --overwrite's old results stay until the first record
     # (process 0 holds the folder for every process)
-    progress_files = (
-        (PROGRESS_FILE,) if procs.world == 1 else (PROGRESS_FILE, *map(rank_file, range(procs.world)))
-    )
+    progress_files = progress_names(procs)
     with (
         hold_folder(options.out) if procs.main else nullcontext(),
         replacing(options.out, (RESULTS_FILE, REPORT_FILE), options.overwrite, also=progress_files)
@@ -175,15 +177,7 @@ def run_eval(
         procs.barrier()  # process 0 has set old results aside: the others' progress files start after that
         sampling = sampling_params(options)
         settings = progress_settings(options, head_config, target, tree, templated, prompts, held_out)
-        if procs.world > 1:
-            settings["processes"] = {"rank": procs.rank, "of": procs.world}
-        progress = Progress(
-            options.out,
-            "eval",
-            settings,
-            resume=options.resume,
-            file=PROGRESS_FILE if procs.world == 1 else rank_file(procs.rank),
-        )
+        progress = open_progress(options.out, "eval", settings, options.resume, procs)
         if progress.done:
             print(f"resuming: {len(progress.done)} of {len(mine)} prompts already done ({progress.path})")
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from specheads.core.processes import Processes
 from specheads.core.target import FrozenTarget
+from specheads.evaluate.progress import PROGRESS_FILE, Progress, rank_file
 
 
 def placed_target(
@@ -68,3 +69,17 @@ class NothingSetAside:
 
     def commit(self) -> None:
         pass
+
+
+def progress_names(procs: Processes) -> tuple[str, ...]:
+    """The progress files a run of `procs` keeps (one, or one a process): what --overwrite sets aside."""
+    return (PROGRESS_FILE,) if procs.world == 1 else (PROGRESS_FILE, *map(rank_file, range(procs.world)))
+
+
+def open_progress(out, command: str, header: dict[str, Any], resume: bool, procs: Processes) -> Progress:
+    """This process's progress file: the run's one, or its own (`rank_file`) among several, whose header
+    also says which process of how many wrote it."""
+    if procs.world > 1:
+        header["processes"] = {"rank": procs.rank, "of": procs.world}
+    file = PROGRESS_FILE if procs.world == 1 else rank_file(procs.rank)
+    return Progress(out, command, header, resume=resume, file=file)
