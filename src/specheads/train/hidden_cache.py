@@ -380,20 +380,17 @@ def build_cache(
         target, rows, capture_layers, storage, max_length, pad_token_id, shard_tokens, batch_size
     )
     out_dir = Path(out_dir)
-    if procs.world == 1:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        index = _start_index(out_dir, settings, overwrite)
-    else:
-        index, error = None, None
-        if procs.main:  # the others wait: it may remove the shards of a cache of other settings
-            try:
-                out_dir.mkdir(parents=True, exist_ok=True)
-                index = _start_index(out_dir, settings, overwrite)
+    index, error = None, None
+    if procs.main:  # the others wait: it may remove the shards of a cache of other settings
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            index = _start_index(out_dir, settings, overwrite)
+            if procs.world > 1:  # the merged record of every process's finished shards, for a rerun
                 write_json(out_dir / INDEX_FILE, index)
-            except (CacheError, OSError) as e:
-                error = e
-        procs.agree(error)
-        index = procs.broadcast(index)
+        except (CacheError, OSError) as e:
+            error = e
+    procs.agree(error)  # one process: raises its own error, as it is
+    index = procs.broadcast(index)
     done = {tuple(s["rows"]): s for s in index["shards"]}
     index["shards"] = []
     written = skipped = 0

@@ -119,18 +119,14 @@ def meta_heads(cfg: TrainConfig, method: Method, target) -> nn.Module:
     return heads
 
 
-def unique_parameters(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    return list(module.named_parameters())  # shared (tied) parameters once
-
-
 def target_bytes(cfg: TrainConfig, target, dtype_bytes: int) -> tuple[int, int]:
     """(parameters, bytes) of the target's weights on one process (before any ZeRO-3 split): offline its
     embedding, final norm and lm_head alone."""
     if cfg.mode == "offline":
         parts = nn.ModuleDict({"e": target.embed_tokens, "n": target.norm, "l": target.lm_head})
-        count = sum(p.numel() for _, p in unique_parameters(parts))
+        count = sum(p.numel() for p in parts.parameters())  # tied ones once
     else:
-        count = sum(p.numel() for _, p in unique_parameters(target.model))
+        count = sum(p.numel() for p in target.model.parameters())
     return count, count * dtype_bytes
 
 
@@ -298,7 +294,7 @@ def estimate_memory(
     target_count, weights = target_bytes(cfg, target, nbytes)
     if zero_stage == 3:
         weights //= processes
-    params = [(n, p) for n, p in unique_parameters(heads) if p.requires_grad]
+    params = [(n, p) for n, p in heads.named_parameters() if p.requires_grad]
     lora = lora_parameters(cfg.settings, target) if method.runs_target else 0
     trainable = sum(p.numel() for _, p in params) + lora
     param_bytes = trainable * FP32
