@@ -238,3 +238,38 @@ def train_with_qwen3_8b_recipe(target_dir: Path, root: Path) -> Path:
     args = [str(recipe), f"target={target_dir}", f"data={data}", *overrides, f"output_dir={run}"]
     assert cli_main(["train", *args, "--no-progress"]) == 0
     return run
+
+
+# The model families that ship a recipe for every method.
+REAL_RECIPE_FAMILIES = [
+    "llama-3.1-8b",
+    "llama-3.3-70b",
+    "qwen2.5-7b",
+    "qwen3-8b",
+    "mistral-7b",
+    "smollm2-135m",
+]
+
+
+def recipe_header(path: Path) -> str:
+    """A recipe's comment lines before its first key."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def without_chat_template(target_dir: Path, path: Path) -> Path:
+    """A copy of `target_dir` at `path` as a base model brings it: the same weights and tokenizer, no chat
+    template."""
+    import json
+    import shutil
+
+    shutil.copytree(target_dir, path)
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path

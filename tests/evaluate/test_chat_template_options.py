@@ -5,7 +5,6 @@ results record."""
 import hashlib
 import json
 import logging
-import shutil
 
 import pytest
 
@@ -16,21 +15,9 @@ from specheads.evaluate.options import EvalOptions
 from specheads.evaluate.run import run_eval
 from specheads.methods import methods
 
-from helpers import command
+from helpers import command, without_chat_template
 
 eval_cli, compare_cli = command("eval"), command("compare")
-
-
-def base_copy(target_dir, root):
-    """The target as a base model brings it: the same weights and tokenizer, no chat template."""
-    base = root / "base"
-    shutil.copytree(target_dir, base)
-    (base / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((base / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (base / "tokenizer_config.json").write_text(json.dumps(config))
-    assert FrozenTarget.from_pretrained(str(base)).tokenizer.chat_template is None
-    return base
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +25,9 @@ def base_setup(compare_setup, tmp_path_factory):
     root = tmp_path_factory.mktemp("base")
     template = root / "chat.jinja"
     template.write_text(CHAT_TEMPLATE)
-    return {**compare_setup, "base": base_copy(compare_setup["target"], root), "template": template}
+    base = without_chat_template(compare_setup["target"], root / "base")
+    assert FrozenTarget.from_pretrained(str(base)).tokenizer.chat_template is None
+    return {**compare_setup, "base": base, "template": template}
 
 
 def common(setup, out):

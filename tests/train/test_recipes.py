@@ -18,6 +18,8 @@ from specheads.builders.tiny_target import TinyTargetConfig
 from specheads.methods import methods
 from specheads.train.config import RecipeKeyMoved, common_fields, load_config, settings_class
 
+from helpers import REAL_RECIPE_FAMILIES, recipe_header
+
 METHODS = tuple(methods())  # the built-in methods: a recipe each per real target family
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,18 +35,7 @@ DEPTHS = {
     "mistralai/Mistral-7B-Instruct-v0.3": 32,
     "smollm2": 30,
 }
-# The model families that ship a recipe for every method.
-REAL = ["llama-3.1-8b", "llama-3.3-70b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "smollm2-135m"]
-
-
-def header(path: Path) -> str:
-    """The comment lines before the first key."""
-    lines = []
-    for line in path.read_text().splitlines():
-        if line and not line.startswith("#"):
-            break
-        lines.append(line)
-    return "\n".join(lines)
+REAL = REAL_RECIPE_FAMILIES
 
 
 def relative(path: Path) -> str:
@@ -65,7 +56,7 @@ def test_recipe_loads_and_its_header_launches_it(path):
         cfg = load_config(path, methods=methods())  # unknown keys and bad values raise here
     assert cfg.method in METHODS and path.stem.split("-")[0] == cfg.method
     assert cfg.data and all(isinstance(d, str) and d for d in cfg.data)
-    text = header(path)
+    text = recipe_header(path)
     launches = re.findall(r"(?:specheads train|-m specheads\.train) (\S+\.yaml)", text)
     assert launches, f"{relative(path)}: its header gives no launch command"
     # every command in the header runs this file, not a neighbour it was copied from
@@ -176,7 +167,7 @@ def test_accelerate_config_parses(path):
     from accelerate.utils import DistributedType
 
     config = ClusterConfig.from_yaml_file(str(path))  # what `accelerate launch --config_file` reads
-    assert f"accelerate launch --config_file {relative(path)} " in header(path)
+    assert f"accelerate launch --config_file {relative(path)} " in recipe_header(path)
     raw = yaml.safe_load(path.read_text())
     if config.distributed_type == DistributedType.DEEPSPEED:
         ds_file = REPO / raw["deepspeed_config"]["deepspeed_config_file"]

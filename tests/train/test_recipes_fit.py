@@ -17,6 +17,8 @@ from specheads.methods import methods
 from specheads.train.config import load_config
 from specheads.train.memory import estimate_memory, meta_target
 
+from helpers import REAL_RECIPE_FAMILIES, recipe_header
+
 REPO = Path(__file__).resolve().parents[2]
 FIT = 0.9
 GIB = 2**30  # a card's "80GB" read as GiB: an H100 80GB shows CUDA 79.6 GiB, an H200 141GB 140.4
@@ -32,20 +34,11 @@ CONFIGS = {
     "mistralai/Mistral-7B-Instruct-v0.3": ("mistral", 4096, 14336, 32, 32, 8, 32768, False, {}),
     "smollm2": ("llama", 576, 1536, 30, 9, 3, 49152, True, {}),  # HuggingFaceTB/SmolLM2-135M-Instruct
 }
-FAMILIES = ["llama-3.1-8b", "llama-3.3-70b", "qwen2.5-7b", "qwen3-8b", "mistral-7b", "smollm2-135m"]
+FAMILIES = REAL_RECIPE_FAMILIES
 RECIPES = sorted(p for f in FAMILIES for p in (REPO / "recipes" / f).glob("*.yaml"))
 LAUNCH = re.compile(
     r"^#\s+(?:accelerate launch (?P<accel>.*?) -m specheads\.train|specheads train) (?P<rest>\S+\.yaml.*)$"
 )
-
-
-def header(path: Path) -> str:
-    lines = []
-    for line in path.read_text().splitlines():
-        if line and not line.startswith("#"):
-            break
-        lines.append(line)
-    return "\n".join(lines)
 
 
 def gpus(text: str) -> tuple[int, str, int]:
@@ -107,7 +100,7 @@ def targets():
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_recipe_fits_the_gpus_its_header_names(path, targets):
-    text = header(path)
+    text = recipe_header(path)
     count, name, memory = gpus(text)
     runs = launches(text)
     assert runs, f"{path}: its header gives no GPU launch"
@@ -129,7 +122,7 @@ def test_recipe_fits_the_gpus_its_header_names(path, targets):
 def test_every_real_recipe_and_launch_is_checked():
     """Each family's four methods, each header's online launch and (where it gives one) offline launch."""
     assert [p.parent.name for p in RECIPES] == [f for f in sorted(FAMILIES) for _ in methods()]
-    counts = {p.relative_to(REPO).as_posix(): len(launches(header(p))) for p in RECIPES}
+    counts = {p.relative_to(REPO).as_posix(): len(launches(recipe_header(p))) for p in RECIPES}
     offline = {p for p, n in counts.items() if "medusa2" not in p and "smollm2" not in p}
     assert all(n == (2 if p in offline else 1) for p, n in counts.items()), counts
 
@@ -138,7 +131,7 @@ def test_a_recipe_too_large_for_its_gpus_is_caught(targets):
     """Llama-3.1-8B's Medusa-1 at 4 rows of 2,048 tokens a GPU: five heads of fp32 logits over 128,256
     tokens do not fit an H100 even under ZeRO-2 (2 rows do)."""
     path = REPO / "recipes" / "llama-3.1-8b" / "medusa.yaml"
-    count, _, memory = gpus(header(path))
+    count, _, memory = gpus(recipe_header(path))
     config, target = targets("meta-llama/Llama-3.1-8B-Instruct")
     peaks = {}
     for rows in (4, 2):

@@ -4,7 +4,6 @@ model, recorded in the distillation's settings."""
 
 import hashlib
 import json
-import shutil
 
 import pytest
 
@@ -20,7 +19,7 @@ from specheads.train import loop
 from specheads.train.config import load_config
 from specheads.train.offline_target import OfflineTarget
 
-from helpers import command
+from helpers import command, without_chat_template
 
 distill_cli, train_cli, cache_cli = command("distill"), command("train"), command("cache")
 
@@ -135,13 +134,7 @@ def _raise():
 @pytest.fixture
 def base_target(small_tiny_target, tmp_path):
     """The small tiny target as a base model brings it: no chat template."""
-    base = tmp_path / "base"
-    shutil.copytree(small_tiny_target, base)
-    (base / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((base / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (base / "tokenizer_config.json").write_text(json.dumps(config))
-    return base
+    return without_chat_template(small_tiny_target, tmp_path / "base")
 
 
 def test_distill_gives_a_base_model_a_chat_template(base_target, tmp_path):
