@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from specheads.core.processes import Processes
+from specheads.core.run_folder import LOCK_FILE
 from specheads.core.target import FrozenTarget
 from specheads.train.hidden_cache import RANK_GLOB, build_cache, read_index
 
@@ -147,8 +148,9 @@ def test_a_killed_two_process_cache_resumes_to_the_same_bytes(
                 workers = psutil.Process(proc.pid).children(recursive=True)
                 for worker in [*workers, psutil.Process(proc.pid)]:
                     worker.kill()
-                while not all(gone_or_zombie(w) for w in workers):  # their locks are released
+                while not all(gone_or_zombie(w) for w in workers):
                     time.sleep(0.01)
+                wait_for_lock_release(out)
             proc.wait()
         assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed part way"
         return sum(len(json.loads(p.read_text())["shards"]) for p in (out / "train").glob(RANK_GLOB))
@@ -190,6 +192,25 @@ def test_device_map_reaches_from_pretrained(llama_dir, many_rows, one_process_ca
     )
     assert loaded == [("auto", None, torch.device("cpu"))]
     assert_same_folder(one_process_cache, out)
+
+
+def wait_for_lock_release(folder: Path, timeout: float = 60.0) -> None:
+    """Until the killed run's folder lock is free. A killed process's leader thread shows as a zombie
+    while its other threads are still exiting, holding its files (and so its flock) until the last one
+    has gone."""
+    import fcntl
+
+    lock, deadline = folder / LOCK_FILE, time.monotonic() + timeout
+    while lock.exists() and time.monotonic() < deadline:
+        with lock.open("rb") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(0.01)
+                continue
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return
+    assert not lock.exists() or time.monotonic() < deadline, f"{lock} still held {timeout} s after the kill"
 
 
 def gone_or_zombie(process: psutil.Process) -> bool:
