@@ -61,6 +61,7 @@ from tqdm.auto import tqdm
 
 from specheads.core.atomic import write_file, write_json
 from specheads.core.processes import Processes
+from specheads.core.run_folder import clean_stale_tmp
 from specheads.core.target import FrozenTarget, TargetRecord, resolve_dtype
 from specheads.data.packing import collate
 from specheads.heads.checkpoint import sha256_file
@@ -282,6 +283,16 @@ def _rank_shards(out_dir: Path, settings: dict) -> list[dict]:
     return shards
 
 
+def _remove_rank_records(out_dir: Path) -> None:
+    """Remove the index-rank*.json files of a several-process run, and what a process killed while writing
+    one left beside it (`.index-rank{r}.json.tmp-*`, clean_stale_tmp)."""
+    names = {p.name for p in out_dir.glob(RANK_GLOB)}
+    names |= {p.name[1:].split(".tmp-")[0] for p in out_dir.glob(f".{RANK_GLOB}.tmp-*")}
+    for name in names:
+        (out_dir / name).unlink(missing_ok=True)
+        clean_stale_tmp(out_dir / name)
+
+
 def _cache_settings(
     target: FrozenTarget,
     rows,
@@ -430,8 +441,7 @@ def build_cache(
             index["complete"] = k == len(settings["plan"]) - 1
             write_json(out_dir / INDEX_FILE, index)
             if index["complete"]:
-                for rank_file in out_dir.glob(RANK_GLOB):  # an earlier several-process run's, now merged
-                    rank_file.unlink()
+                _remove_rank_records(out_dir)  # an earlier several-process run's, now merged
         else:  # this process's own record: what it has finished, for a rerun
             write_json(
                 out_dir / RANK_INDEX.format(rank=procs.rank), {**index, "shards": list(entries.values())}
@@ -448,8 +458,7 @@ def build_cache(
         index["complete"] = True
         if procs.main:
             write_json(out_dir / INDEX_FILE, index)
-            for rank_file in out_dir.glob(RANK_GLOB):
-                rank_file.unlink()
+            _remove_rank_records(out_dir)
         procs.barrier()  # no process returns before the index is finished
     size = sum((out_dir / s["file"]).stat().st_size for s in index["shards"])
     return {
