@@ -10,6 +10,7 @@ from specheads.decode.baseline import generate_rows
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
 from specheads.evaluate.batched_eval import evaluate_batched
+from specheads.evaluate.evaluate import EvalRun
 from specheads.evaluate.prompts import Prompt
 from specheads.evaluate.report import first_mismatch, summarize
 from specheads.heads import MedusaConfig, MedusaHeads
@@ -34,9 +35,8 @@ def test_batched_records_equal_generate_and_add_up():
         Prompt(str(i), "c", torch.randint(0, 256, (1, t), generator=g)) for i, t in enumerate((4, 9, 2, 7, 5))
     ]
     vocab = torch.arange(VOCAB) % 3 == 0  # the tokens a draft could propose, counted in each output
-    records = evaluate_batched(
-        decoder, target, prompts, 10, batch_size=2, warmup=0, progress=False, draft_vocab=vocab
-    )
+    run = EvalRun(warmup=0, progress=False, draft_vocab=vocab)
+    records = evaluate_batched(decoder, target, prompts, 10, batch_size=2, run=run)
     assert [r["id"] for r in records] == ["0", "1", "2", "3", "4"]
     assert [r["batch_size"] for r in records] == [2, 2, 2, 2, 1]
     assert records[0]["seconds"] == records[1]["seconds"] and records[0]["seconds"] != records[2]["seconds"]
@@ -89,9 +89,8 @@ def test_sampled_batches_leave_identical_unmeasured_and_a_seed_reproduces_them()
     sampling = SamplingParams(temperature=0.9, top_k=20, top_p=0.95)
 
     def run(seed):
-        return evaluate_batched(
-            decoder, target, prompts, 8, batch_size=2, warmup=0, progress=False, sampling=sampling, seed=seed
-        )
+        sampled = EvalRun(warmup=0, progress=False, sampling=sampling, seed=seed)
+        return evaluate_batched(decoder, target, prompts, 8, batch_size=2, run=sampled)
 
     first, again = run(3), run(3)
     assert all(r["identical_to_baseline"] is None and r["first_mismatch"] is None for r in first)

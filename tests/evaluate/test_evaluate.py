@@ -429,7 +429,8 @@ def test_order_alternates_and_warmup_is_untimed(monkeypatch):
     monkeypatch.setattr(evaluate, "baseline_generate", lambda *a: calls.append("baseline") or [5, 6])
     target = argparse.Namespace(device=torch.device("cpu"))
     prompts = [prompt_io.Prompt(str(i), None, torch.tensor([[1, 2]])) for i in range(3)]
-    records = evaluate.evaluate(Decoder(), target, prompts, max_new_tokens=2, warmup=1, progress=False)
+    run = evaluate.EvalRun(warmup=1, progress=False)
+    records = evaluate.evaluate(Decoder(), target, prompts, max_new_tokens=2, run=run)
     warmup, timed = calls[:2], calls[2:]
     assert warmup == ["method", "baseline"] and len(records) == 3
     assert timed == ["method", "baseline", "baseline", "method", "method", "baseline"]

@@ -10,11 +10,10 @@ so tokens/s and speedup (`report.summarize`) are the batched throughputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from specheads.core.target import FrozenTarget
 from specheads.decode.baseline import generate_rows, pad_token_id
@@ -22,7 +21,8 @@ from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
 from specheads.decode.decoder import timed
 from specheads.decode.sampling import SamplingParams
-from specheads.evaluate.report import prompt_record, summarize
+from specheads.evaluate.evaluate import EvalRun, decode_in_turn
+from specheads.evaluate.report import prompt_record
 
 
 def decode_group(
@@ -77,52 +77,16 @@ def evaluate_batched(
     prompts: Sequence[Any],
     max_new_tokens: int,
     batch_size: int,
-    warmup: int = 1,
-    progress: bool = True,
-    sampling: SamplingParams | None = None,
-    seed: int = 0,
-    done: list[dict[str, Any]] | None = None,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
-    draft_vocab: torch.Tensor | None = None,
-    group_indices: list[int] | None = None,
+    run: EvalRun | None = None,
 ) -> list[dict[str, Any]]:
-    """Per-prompt records of the batched decoder against the target's batched `generate`, after `warmup`
-    untimed groups; the decoder goes first on even groups, the baseline on odd ones. With `sampling`,
-    group i is sampled with seed `seed + i` on both sides. `done`: the records of the first whole groups,
-    finished by an earlier run (evaluate/progress.py); `on_record` is called with each new record once
-    its group is finished. `draft_vocab`: as `evaluate.evaluate` takes it. `group_indices`: each group's
-    number in the whole run, which decides its order and seed (a process of several decodes every N-th
-    group; None: 0, 1, 2, ...)."""
+    """Per-prompt records of the batched decoder against the target's batched `generate` (`decode_group`),
+    group of `batch_size` after group, as `run` says (`evaluate.EvalRun`: its numbers are the groups')."""
+    run = run or EvalRun()
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     groups = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
-    group_indices = list(range(len(groups))) if group_indices is None else list(group_indices)
-    records = list(done or [])
-    if len(records) >= len(prompts):
-        return records[: len(prompts)]
-    if len(records) % batch_size:
-        raise ValueError(f"{len(records)} finished prompts are not whole batches of {batch_size}")
-    for i in range(warmup):  # the first calls pay for allocation and kernel selection
-        decode_group(decoder, target, groups[i % len(groups)], max_new_tokens, True, sampling, seed + i)
-    first = len(records) // batch_size
-    bar = tqdm(
-        groups, desc=f"eval (batches of {batch_size})", unit="batch", disable=not progress, initial=first
-    )
-    for i, group in enumerate(groups):
-        if i < first:
-            continue
-        n = group_indices[i]
-        new = decode_group(
-            decoder, target, group, max_new_tokens, n % 2 == 0, sampling, seed + n, draft_vocab
-        )
-        records += new
-        for record in new if on_record is not None else ():
-            on_record(record)
-        bar.update(1)
-        so_far = summarize(records, tree_depth=0)
-        tau, speedup = so_far["mean_accept_length"], so_far["speedup"]
-        bar.set_postfix(
-            tau="-" if tau is None else f"{tau:.2f}", speedup="-" if speedup is None else f"{speedup:.2f}"
-        )
-    bar.close()
-    return records
+
+    def decode(group: Sequence[Any], method_first: bool, seed: int, vocab: torch.Tensor | None):
+        return decode_group(decoder, target, group, max_new_tokens, method_first, run.sampling, seed, vocab)
+
+    return decode_in_turn(decode, groups, run, f"eval (batches of {batch_size})", "batch")

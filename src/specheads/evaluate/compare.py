@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,7 @@ from tqdm.auto import tqdm
 from specheads.builders.named_targets import resolve_target
 from specheads.core.atomic import write_text
 from specheads.core.processes import Processes
-from specheads.core.run_folder import claim_results_folder, hold_folder, replacing
+from specheads.core.run_folder import claim_results_folder
 from specheads.core.target import FrozenTarget
 from specheads.decode.calibrate import CalibrationSettings
 from specheads.decode.decoder import timed
@@ -89,7 +88,6 @@ from specheads.evaluate.peers import (
     HeadsMethod,
     Method,
     PromptLookupPeer,
-    adapted_target,
     calibrate_heads,
     head_names,
     load_draft_model,
@@ -101,11 +99,9 @@ from specheads.evaluate.progress import (
 )
 from specheads.evaluate.prompts import (
     Prompt,
-    apply_chat_options,
     chat_template_record,
     check_prompt_lengths,
     note_raw_questions,
-    read_template,
 )
 from specheads.evaluate.report import (
     DEFINITIONS,
@@ -114,12 +110,10 @@ from specheads.evaluate.report import (
     run_environment,
 )
 from specheads.evaluate.sharing import (
-    NothingSetAside,
     merged_records,
-    open_progress,
     placed_target,
     process_share,
-    progress_names,
+    results_folder,
 )
 from specheads.heads import load_heads, read_head_config
 from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter
@@ -478,15 +472,7 @@ def compare_heads(
     )
     conversations = conversations[: options.num_prompts]
 
-    if options.threads is not None:
-        torch.set_num_threads(options.threads)
-    template = read_template(options)  # --chat-template: a wrong path fails before the target loads
-
-    def adapt(target: FrozenTarget) -> FrozenTarget:
-        apply_chat_options(target.tokenizer, template, options)
-        return adapted_target(target, options.heads)
-
-    target = placed_target(target_path, options, procs, adapt)
+    target = placed_target(target_path, options, procs, options.heads)
     tokenizer = target.tokenizer
     if tokenizer is None:
         raise ValueError(f"target {options.target!r} has no tokenizer; compare needs one to encode prompts")
@@ -506,23 +492,9 @@ def compare_heads(
     check_prompt_lengths(held_out, target.config, options.max_new_tokens, settings.depth)
     numbers, _ = process_share(len(conversations), 1, procs, what="conversations")
     mine = [conversations[j] for j in numbers]
-    # a second eval or compare on the folder stops at once; --overwrite's old results stay until the first
-    # record (process 0 holds the folder for every process)
-    progress_files = progress_names(procs)
-    with (
-        hold_folder(options.out) if procs.main else nullcontext(),
-        replacing(options.out, results_names, options.overwrite, also=progress_files)
-        if procs.main
-        else nullcontext(NothingSetAside()) as old,
-    ):
-        procs.barrier()  # process 0 has set old results aside: the others' progress files start after that
-        header = progress_settings(options, peers, methods, conversations, target, templated, held_out)
-        progress = open_progress(options.out, "compare", header, options.resume, procs)
-
-        def on_conversation(record: dict[str, Any]) -> None:
-            progress.append(record)
-            old.commit()  # the new run has kept a record: the old results go
-
+    header = progress_settings(options, peers, methods, conversations, target, templated, held_out)
+    # a second eval or compare on --out stops at once; --overwrite's old results stay until the first record
+    with results_folder(options.out, results_names, "compare", header, options, procs) as (progress, keep):
         if progress.done:
             print(f"resuming: {len(progress.done)} of {len(mine)} prompts already done ({progress.path})")
         try:
@@ -544,7 +516,7 @@ def compare_heads(
                     options.warmup,
                     progress=not options.no_progress and procs.main,
                     done=progress.done,
-                    on_conversation=on_conversation,
+                    on_conversation=keep,
                     indices=numbers,
                 )
         except KeyboardInterrupt:
@@ -564,9 +536,6 @@ def compare_heads(
             results["processes"] = procs.world
         if procs.main:
             write_outputs(options.out, results, runs, conversations)
-        procs.barrier()
-        progress.remove()
-        procs.barrier()  # process 0 lets the folder go once every progress file is gone
     return results
 
 

@@ -43,7 +43,8 @@ Terms (all taken over every prompt together, never as a mean of per-prompt ratio
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -127,49 +128,82 @@ def decode_prompt(
     )
 
 
+@dataclass(frozen=True)
+class EvalRun:
+    """How `evaluate` and `evaluate_batched` go through their prompts (each group of prompts, batched).
+
+    warmup: untimed prompts (groups) decoded first, for allocation and kernel selection.
+    progress: show a progress bar with τ and the speedup so far.
+    sampling: None decodes greedily; else both the decoder and the baseline sample, prompt (group) n
+        seeded with `seed + n` on both sides.
+    done: the records of the first prompts (whole groups), finished by an earlier run
+        (evaluate/progress.py); decoding goes on after them, with the same order and seeds.
+    on_record: called with each new record as soon as its prompt (group) is finished.
+    draft_vocab: the (V,) bool mask of the tokens the draft can propose (`drafter_factory.draft_vocab_mask`;
+        None: all), whose share of each output its record counts.
+    indices: each prompt's (group's) number in the whole run, which decides its order and seed (a process
+        of several decodes every N-th; None: 0, 1, 2, ...). The decoder goes first on even numbers, the
+        baseline on odd ones.
+    """
+
+    warmup: int = 1
+    progress: bool = True
+    sampling: SamplingParams | None = None
+    seed: int = 0
+    done: list[dict[str, Any]] | None = None
+    on_record: Callable[[dict[str, Any]], None] | None = None
+    draft_vocab: torch.Tensor | None = None
+    indices: list[int] | None = None
+
+
 def evaluate(
     decoder: SpeculativeDecoder,
     target: FrozenTarget,
     prompts: list[Prompt],
     max_new_tokens: int,
-    warmup: int = 1,
-    progress: bool = True,
-    sampling: SamplingParams | None = None,
-    seed: int = 0,
-    done: list[dict[str, Any]] | None = None,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
-    draft_vocab: torch.Tensor | None = None,
-    indices: list[int] | None = None,
+    run: EvalRun | None = None,
 ) -> list[dict[str, Any]]:
-    """Per-prompt records of the decoder against the baseline, after `warmup` untimed prompts.
+    """Per-prompt records of the decoder against the baseline (`decode_prompt`), prompt after prompt, as
+    `run` says."""
+    run = run or EvalRun()
 
-    The order alternates: the decoder goes first on even prompts, the baseline on odd ones. With
-    `sampling`, prompt i is sampled with seed `seed + i` on both sides. `done`: the records of the first
-    prompts, finished by an earlier run (evaluate/progress.py); decoding goes on after them, with the same
-    order and seeds. `on_record` is called with each new record as soon as it is finished. `draft_vocab`:
-    the (V,) bool mask of the tokens the draft can propose (`drafter_factory.draft_vocab_mask`; None: all),
-    whose share of each output its record counts. `indices`: each prompt's number in the whole run, which
-    decides its order and seed (a process of several decodes every N-th prompt; None: 0, 1, 2, ...).
-    """
-    indices = list(range(len(prompts))) if indices is None else list(indices)
-    records = list(done or [])
-    if len(records) >= len(prompts):
-        return records[: len(prompts)]
-    for i in range(warmup):  # the first calls pay for allocation and kernel selection
-        prompt = prompts[i % len(prompts)]
-        decode_prompt(decoder, target, prompt, max_new_tokens, True, sampling, seed + i)
-    bar = tqdm(prompts, desc="eval", unit="prompt", disable=not progress, initial=len(records))
-    for i, prompt in enumerate(prompts):
-        if i < len(records):
+    def decode(group: list[Prompt], method_first: bool, seed: int, vocab: torch.Tensor | None):
+        return [
+            decode_prompt(decoder, target, group[0], max_new_tokens, method_first, run.sampling, seed, vocab)
+        ]
+
+    return decode_in_turn(decode, [[prompt] for prompt in prompts], run, "eval", "prompt")
+
+
+def decode_in_turn(
+    decode: Callable[[Sequence[Prompt], bool, int, torch.Tensor | None], list[dict[str, Any]]],
+    groups: list[Sequence[Prompt]],
+    run: EvalRun,
+    desc: str,
+    unit: str,
+) -> list[dict[str, Any]]:
+    """The records of every group of prompts, in order, after `run.warmup` untimed groups.
+    `decode(group, method_first, seed, draft_vocab)` decodes one group with the decoder and the baseline,
+    in that order or the other, and returns its records. `desc`, `unit`: the progress bar's words."""
+    count = sum(len(group) for group in groups)
+    indices = list(range(len(groups))) if run.indices is None else list(run.indices)
+    records = list(run.done or [])
+    if len(records) >= count:
+        return records[:count]
+    if len(records) % len(groups[0]):
+        raise ValueError(f"{len(records)} finished prompts are not whole batches of {len(groups[0])}")
+    for i in range(run.warmup):  # the first calls pay for allocation and kernel selection
+        decode(groups[i % len(groups)], True, run.seed + i, None)
+    first = len(records) // len(groups[0])
+    bar = tqdm(groups, desc=desc, unit=unit, disable=not run.progress, initial=first)
+    for i, group in enumerate(groups):
+        if i < first:
             continue
         n = indices[i]
-        records.append(
-            decode_prompt(
-                decoder, target, prompt, max_new_tokens, n % 2 == 0, sampling, seed + n, draft_vocab
-            )
-        )
-        if on_record is not None:
-            on_record(records[-1])
+        new = decode(group, n % 2 == 0, run.seed + n, run.draft_vocab)
+        records += new
+        for record in new if run.on_record is not None else ():
+            run.on_record(record)
         bar.update(1)
         so_far = summarize(records, tree_depth=0)
         bar.set_postfix(tau=_fmt(so_far["mean_accept_length"]), speedup=_fmt(so_far["speedup"]))

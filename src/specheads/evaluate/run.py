@@ -30,7 +30,6 @@ import hashlib
 import json
 import shlex
 from collections.abc import Mapping
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ import torch
 from specheads.builders.named_targets import resolve_target
 from specheads.core.atomic import write_text
 from specheads.core.processes import Processes
-from specheads.core.run_folder import claim_results_folder, hold_folder, replacing
+from specheads.core.run_folder import claim_results_folder
 from specheads.core.target import FrozenTarget
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.calibrate import CalibrationSettings
@@ -54,31 +53,34 @@ from specheads.decode.sampling import SamplingParams
 from specheads.decode.step import decoding_attention
 from specheads.evaluate.batched_eval import evaluate_batched
 from specheads.evaluate.calibrate import calibrated_once, hold_out, holds_out, max_tree_depth
-from specheads.evaluate.evaluate import REPORT_FILE, RESULTS_FILE, evaluate, report_text, sampling_record
+from specheads.evaluate.evaluate import (
+    REPORT_FILE,
+    RESULTS_FILE,
+    EvalRun,
+    evaluate,
+    report_text,
+    sampling_record,
+)
 from specheads.evaluate.options import EvalOptions
 from specheads.evaluate.progress import (
     stop_on_sigterm,
     stopped_message,
 )
 from specheads.evaluate.prompts import (
-    apply_chat_options,
     chat_template_record,
     check_prompt_lengths,
     encode_prompts,
     read_prompts,
-    read_template,
 )
 from specheads.evaluate.report import DEFINITIONS, per_category, run_environment, summarize
 from specheads.evaluate.sharing import (
-    NothingSetAside,
     merged_records,
-    open_progress,
     placed_target,
     process_share,
-    progress_names,
+    results_folder,
 )
 from specheads.heads import load_heads, read_head_config
-from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter, target_for_heads
+from specheads.heads.checkpoint import draft_vocab_ids, heads_adapter
 from specheads.heads.method import Method
 
 
@@ -130,15 +132,7 @@ def run_eval(
     held_out, texts = hold_out(texts, options.calibration_prompts) if auto else ([], texts)
     texts = texts[: options.num_prompts]
 
-    if options.threads is not None:
-        torch.set_num_threads(options.threads)
-    template = read_template(options)  # --chat-template: a wrong path fails before the target loads
-
-    def adapt(target: FrozenTarget) -> FrozenTarget:
-        apply_chat_options(target.tokenizer, template, options)
-        return target_for_heads(target, options.heads)  # Medusa-2: the adapted target decodes, both ways
-
-    target = placed_target(target_path, options, procs, adapt)
+    target = placed_target(target_path, options, procs, [options.heads])
     if target.tokenizer is None:
         raise ValueError(f"target {options.target!r} has no tokenizer; eval needs one to encode prompts")
     heads, head_config = load_heads(
@@ -165,27 +159,12 @@ def run_eval(
         check_prompt_lengths(prompts, target.config, options.max_new_tokens, tree["depth"])
     numbers, groups = process_share(len(prompts), options.batch_size, procs)
     mine = [prompts[j] for j in numbers]
+    settings = progress_settings(options, head_config, target, tree, templated, prompts, held_out)
+    results_names = (RESULTS_FILE, REPORT_FILE)
     # a second eval or compare on --out stops at once; --overwrite's old results stay until the first record
-    # (process 0 holds the folder for every process)
-    progress_files = progress_names(procs)
-    with (
-        hold_folder(options.out) if procs.main else nullcontext(),
-        replacing(options.out, (RESULTS_FILE, REPORT_FILE), options.overwrite, also=progress_files)
-        if procs.main
-        else nullcontext(NothingSetAside()) as old,
-    ):
-        procs.barrier()  # process 0 has set old results aside: the others' progress files start after that
-        sampling = sampling_params(options)
-        settings = progress_settings(options, head_config, target, tree, templated, prompts, held_out)
-        progress = open_progress(options.out, "eval", settings, options.resume, procs)
+    with results_folder(options.out, results_names, "eval", settings, options, procs) as (progress, keep):
         if progress.done:
             print(f"resuming: {len(progress.done)} of {len(mine)} prompts already done ({progress.path})")
-
-        def on_record(record: dict[str, Any]) -> None:
-            progress.append(record)
-            old.commit()  # the new run has kept a record: the old results go
-
-        how = {"sampling": sampling, "seed": options.seed, "done": progress.done, "on_record": on_record}
         calibration = None
         try:
             # SIGTERM stops as Ctrl-C does (what is finished stays in progress.jsonl); the baseline runs with
@@ -213,30 +192,24 @@ def run_eval(
                     if not procs.main:
                         progress.keep("calibration", calibration)
                         drafter, tree, calibration = calibrate()
-                how["draft_vocab"] = draft_vocab_mask(drafter, target.vocab_size)
+                run = EvalRun(
+                    warmup=options.warmup,
+                    progress=not options.no_progress and procs.main,
+                    sampling=sampling_params(options),
+                    seed=options.seed,
+                    done=progress.done,
+                    on_record=keep,
+                    draft_vocab=draft_vocab_mask(drafter, target.vocab_size),
+                    indices=groups,  # with --batch-size 1, each group is one prompt
+                )
                 if options.batch_size > 1:
                     decoder = BatchedSpeculativeDecoder(target, drafter)
                     records = evaluate_batched(
-                        decoder,
-                        target,
-                        mine,
-                        options.max_new_tokens,
-                        options.batch_size,
-                        options.warmup,
-                        not options.no_progress and procs.main,
-                        **how,
-                        group_indices=groups,
+                        decoder, target, mine, options.max_new_tokens, options.batch_size, run
                     )
                 else:
                     records = evaluate(
-                        SpeculativeDecoder(target, drafter),
-                        target,
-                        mine,
-                        options.max_new_tokens,
-                        options.warmup,
-                        progress=not options.no_progress and procs.main,
-                        **how,
-                        indices=numbers,
+                        SpeculativeDecoder(target, drafter), target, mine, options.max_new_tokens, run
                     )
         except KeyboardInterrupt:
             command = command_line(options, "auto" if auto else tree["name"])
@@ -249,9 +222,6 @@ def run_eval(
         if procs.main:
             write_text(options.out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
             write_text(options.out / REPORT_FILE, report_text(results))
-        procs.barrier()
-        progress.remove()
-        procs.barrier()  # process 0 lets the folder go once every progress file is gone
     return results
 
 
