@@ -102,7 +102,7 @@ BIGRAM = Method(
     metric_shape=lambda cfg: (3, 1),
     summarise=summarise,
     metric_unit="head",
-    drafter=lambda head, config, target, tree: (
+    drafter=lambda head, target, tree: (
         ChainDrafter(head),
         {"name": "chain-2", "nodes": 2, "depth": 1},
     ),

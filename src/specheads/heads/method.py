@@ -57,7 +57,7 @@ class Method:
         after_prepare(accelerator, target) -> notes; save_extra(accelerator, target, out_dir): a method's
             own state beside the heads (Medusa-2's adapter).
     Decoding:
-        drafter(heads, config, target, tree[, vocab=ids]) -> (drafter, results.json's record of its trees);
+        drafter(heads, target, tree[, vocab=ids]) -> (drafter, results.json's record of its trees);
             `vocab` (ascending target ids, `--draft-vocab`) only where `draft_vocab` is "".
         draft_vocab: why its drafter takes no draft vocabulary ("" = it takes one: `--draft-vocab`).
         calibrate(heads, target, prompt_ids, settings[, vocab=ids]) -> (candidates, acceptance record,
