@@ -42,6 +42,7 @@ def add_chat_template_arguments(p: argparse.ArgumentParser, what: str = "the pro
 
 
 def add_trust_remote_code_argument(p: argparse.ArgumentParser) -> None:
+    """--trust-remote-code, for every command that loads the target (train, cache, distill, eval, compare)."""
     p.add_argument(
         "--trust-remote-code",
         action="store_true",
@@ -51,6 +52,7 @@ def add_trust_remote_code_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_target_argument(p: argparse.ArgumentParser) -> None:
+    """--target, required: the model the heads draft for."""
     p.add_argument(
         "--target",
         required=True,
@@ -59,6 +61,7 @@ def add_target_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
+    """--overwrite: what replacing a results folder costs, and when the old results go."""
     p.add_argument(
         "--overwrite",
         action="store_true",
@@ -69,6 +72,7 @@ def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_prompt_filter_arguments(p: argparse.ArgumentParser) -> None:
+    """--num-prompts and --category: which of the prompt set's prompts run."""
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: all)")
     p.add_argument("--category", default=None, help="only questions of this category")
 
@@ -88,12 +92,13 @@ def add_target_loading_arguments(p: argparse.ArgumentParser, defaults: type, att
 
 
 def add_device_map_argument(p: argparse.ArgumentParser) -> None:
+    """--device-map auto: a target sharded over the GPUs (eval, compare, cache)."""
     p.add_argument(
         "--device-map",
         default=None,
         choices=["auto"],
         help="auto: spread a target too large for one device over the GPUs (each process's share of them "
-        "when launched as several); default: the whole target on --device",
+        "when launched as several); default: the whole target on one device",
     )
 
 
