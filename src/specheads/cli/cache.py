@@ -8,7 +8,7 @@ import argparse
 from contextlib import nullcontext
 from pathlib import Path
 
-from specheads.cli.eval_flags import add_device_map_argument, add_trust_remote_code_argument
+from specheads.cli.target_flags import add_device_map_argument, add_trust_remote_code_argument
 from specheads.cli.threads import add_threads_argument
 from specheads.core.processes import launched
 from specheads.core.run_folder import check_writable, hold_folder

@@ -10,7 +10,7 @@ from pathlib import Path
 from specheads import data as data_lib
 from specheads.builders.named_targets import resolve_target
 from specheads.cli.commands import options_from
-from specheads.cli.eval_flags import add_chat_template_arguments, add_trust_remote_code_argument
+from specheads.cli.target_flags import add_chat_template_arguments, add_trust_remote_code_argument
 from specheads.cli.threads import add_threads_argument
 from specheads.core.run_folder import LOCK_FILE, check_writable, clear, hold_folder
 from specheads.core.target import FrozenTarget
