@@ -211,6 +211,10 @@ def test_left_pad_and_padding_checks():
     decoder = BatchedSpeculativeDecoder(target, make_drafter("medusa", target))
     with pytest.raises(ValueError, match=r"attention_mask \(2, 2\) does not match input_ids \(2, 3\)"):
         decoder.generate(ids, torch.ones(2, 2, dtype=torch.long), 4)
+    with pytest.raises(
+        TypeError, match=r"argument\(s\) 'max_new_token'; its sampling keywords are do_sample, "
+    ):
+        decoder.generate(ids, mask, max_new_token=4)
     with pytest.raises(TypeError, match="no batched form of object"):
         as_batched(object())
 

@@ -25,7 +25,7 @@ from specheads.decode import (
 )
 from specheads.decode.batched import BatchedSpeculativeDecoder
 from specheads.decode.batched_inputs import left_pad
-from specheads.decode.decoder import sampling_settings
+from specheads.decode.decoder import SamplingOptions
 from specheads.decode.drafters import DraftContext
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.sampling import SamplingParams, sampling_probs
@@ -146,7 +146,7 @@ class PrefixSampler:
 
     def sample(self, generator: torch.Generator, verify=None) -> tuple[int, ...]:
         verify = verify or self.decoder.verify
-        settings = sampling_settings(True, **self.params.to_dict(), generator=generator)
+        settings = SamplingOptions(True, **self.params.to_dict(), generator=generator).context_fields()
         context = self.decoder.first_context(self.prompt, self.prefilled, **settings)
         new = [context.tokens[0, -1].item()]
         key = ("first", new[0])
@@ -272,6 +272,12 @@ def test_typical_acceptance_runs_and_the_arguments_are_checked(target):
         decoder.generate(prompt, 4, do_sample=True, acceptance="lossy")
     with pytest.raises(ValueError, match="temperature 0 is greedy decoding"):
         decoder.generate(prompt, 4, do_sample=True, temperature=0.0)
+    with pytest.raises(
+        TypeError,
+        match=r"unexpected keyword argument\(s\) 'temprature'; its sampling keywords are "
+        r"do_sample, temperature, top_k, top_p, generator, acceptance",
+    ):
+        decoder.generate(prompt, 4, do_sample=True, temprature=0.5)
 
 
 # -- batched sampling: the same verification, row by row ----------------------------------------------

@@ -31,6 +31,8 @@ class BigramConfig:
 
 class BigramHead(nn.Module):
     method = "bigram"
+    config_class = BigramConfig
+    capture_layers = (-1,)
 
     def __init__(self, config: BigramConfig):
         super().__init__()
@@ -90,19 +92,17 @@ class ChainDrafter:
 BIGRAM = Method(
     name="bigram",
     head_class=BigramHead,
-    config_class=BigramConfig,
     build_heads=lambda cfg, target, label_counts: (
         BigramHead(BigramConfig(target.hidden_size, target.vocab_size)).to(target.device),
         {},
     ),
     target_layers=lambda num_layers, chosen=(): (num_layers,),
-    capture=lambda head: (-1,),
     loss=loss,
     needs_logits=lambda cfg: False,
     metric_shape=lambda cfg: (3, 1),
     summarise=summarise,
     metric_unit="head",
-    drafter=lambda head, config, target, tree: (
+    drafter=lambda head, target, tree: (
         ChainDrafter(head),
         {"name": "chain-2", "nodes": 2, "depth": 1},
     ),

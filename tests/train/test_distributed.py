@@ -226,7 +226,7 @@ def test_heads_with_loss_owns_only_the_heads_and_covers_every_weight():
     heads = MedusaHeads(MedusaConfig(hidden_size=64, vocab_size=264, num_heads=3))
     heads.init_lm_heads_from(target.lm_head)
     model = HeadsWithLoss(
-        heads, MEDUSA.loss, capture_layers=MEDUSA.capture(heads), settings=MedusaSettings(decay=0.8)
+        heads, MEDUSA.loss, capture_layers=heads.capture_layers, settings=MedusaSettings(decay=0.8)
     )
     assert [p for p in model.parameters()] == [p for p in heads.parameters()]
     ids = torch.randint(0, 264, (2, 9))

@@ -44,6 +44,7 @@ from safetensors import safe_open
 
 from specheads.builders.tiny_target import (
     HELDOUT_FILE,
+    TinyLlamaConfig,
     TinyTargetConfig,
     adamw_steps,
     default_cache_dir,
@@ -66,47 +67,30 @@ META_FILE = "specheads_tiny_draft.json"
 
 
 @dataclass(frozen=True)
-class TinyDraftConfig:
-    """The draft's own settings. The corpus (files, held-out split, chats) is the target's.
+class TinyDraftConfig(TinyLlamaConfig):
+    """The draft's own settings: the tiny target's schedule, a smaller model. The corpus (files, held-out
+    split, chats) is the target's.
 
     2 layers of 64 against the default target's 4 of 128: about a quarter of its multiply-adds per
     token, still enough to guess the target's commonest continuations (indentation, keywords, names).
     """
 
-    seed: int = 0
     steps: int = 600  # 110 s of CPU time on the 2-core reference machine, corpus preparation included
     hidden_size: int = 64
     num_layers: int = 2
-    num_heads: int = 2
-    num_kv_heads: int = 2
     intermediate_size: int = 176
     seq_len: int = 256
-    batch_size: int = 8
-    lr: float = 3e-3
-    warmup_steps: int = 30
     eval_blocks: int = 48
 
 
-def draft_model(cfg, target_config, tokenizer, positions: int, tied: bool):
+def draft_model(cfg: TinyLlamaConfig, target_config, tokenizer, positions: int, tied: bool):
     """A fresh LlamaForCausalLM of `cfg`'s sizes (seeded) in the target's vocabulary and special ids: its
     ids must mean the target's tokens. `positions` when the target's config names none."""
-    from transformers import LlamaConfig, LlamaForCausalLM  # lazy: seconds at every command's start
-
-    torch.manual_seed(cfg.seed)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=target_config.vocab_size,
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads,
-            max_position_embeddings=getattr(target_config, "max_position_embeddings", positions),
-            tie_word_embeddings=tied,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
+    return cfg.fresh_model(
+        target_config.vocab_size,
+        getattr(target_config, "max_position_embeddings", positions),
+        tokenizer,
+        tied=tied,
     )
 
 
@@ -234,24 +218,19 @@ def save_draft(model, tokenizer, target_dir: Path, out: Path, meta: dict, starte
 
 
 @dataclass(frozen=True)
-class DistilledDraftConfig:
+class DistilledDraftConfig(TinyLlamaConfig):
     """A draft for any target, trained on its own answers (a `specheads distill` folder): next-token
     cross-entropy on the assistant tokens, whose labels are the target's (greedy) choices.
 
-    4 layers of 128 with tied embeddings: at SmolLM2's 49152 tokens the embedding is most of its 7M
-    parameters and of its multiply-adds per token, about 5% of the 135M target's.
+    4 layers of 128 (the tiny target's) with 4 heads and tied embeddings: at SmolLM2's 49152 tokens the
+    embedding is most of its 7M parameters and of its multiply-adds per token, about 5% of the 135M
+    target's.
     """
 
-    seed: int = 0
     steps: int = 300
-    hidden_size: int = 128
-    num_layers: int = 4
     num_heads: int = 4
-    num_kv_heads: int = 2
     intermediate_size: int = 384
     max_length: int = 512
-    batch_size: int = 8
-    lr: float = 3e-3
     warmup_steps: int = 20
     heldout_rows: int = 32  # the folder's last rows, left out of training for the held-out loss
     init_from_target: bool = True  # the embedding starts as the target's, on its top principal axes

@@ -61,13 +61,12 @@ STEPS_PER_MINUTE = 240
 
 
 @dataclass(frozen=True)
-class TinyTargetConfig:
-    """Everything that decides the tiny target's weights. Its hash names the cache entry."""
+class TinyLlamaConfig:
+    """A small Llama trained here from scratch: its sizes and its optimizer schedule (adamw_steps, lr_at).
+    The defaults are the tiny target's; a draft's config (builders/tiny_draft.py) restates what it changes.
+    """
 
     seed: int = 0
-    minutes: float = 5.0  # budget, converted to steps with STEPS_PER_MINUTE
-    steps: int | None = None  # exact step count; overrides `minutes`
-    vocab_size: int = 4096
     # Chosen with benchmarks/tune_tiny_target.py at a 4.3-minute training budget (held-out nats/token):
     # h256 b16 5.80, h192 b16 5.59, h256 b8 5.69, h192 b8 lr 2e-3 5.34, h192 b8 5.33, h128 b8 4.79.
     # Under-trained at this budget, smaller models that take more steps win.
@@ -76,10 +75,40 @@ class TinyTargetConfig:
     num_heads: int = 2
     num_kv_heads: int = 2
     intermediate_size: int = 352
-    seq_len: int = 256
     batch_size: int = 8
     lr: float = 3e-3
     warmup_steps: int = 30
+
+    def fresh_model(self, vocab_size: int, positions: int, tokenizer, tied: bool):
+        """A LlamaForCausalLM of these sizes, initialised from `seed`, with `tokenizer`'s special ids."""
+        from transformers import LlamaConfig, LlamaForCausalLM  # lazy: seconds at every command's start
+
+        torch.manual_seed(self.seed)
+        return LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=vocab_size,
+                hidden_size=self.hidden_size,
+                intermediate_size=self.intermediate_size,
+                num_hidden_layers=self.num_layers,
+                num_attention_heads=self.num_heads,
+                num_key_value_heads=self.num_kv_heads,
+                max_position_embeddings=positions,
+                tie_word_embeddings=tied,
+                bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        )
+
+
+@dataclass(frozen=True)
+class TinyTargetConfig(TinyLlamaConfig):
+    """Everything that decides the tiny target's weights. Its hash names the cache entry."""
+
+    minutes: float = 5.0  # budget, converted to steps with STEPS_PER_MINUTE
+    steps: int | None = None  # exact step count; overrides `minutes`
+    vocab_size: int = 4096
+    seq_len: int = 256
     heldout_fraction: float = 0.03
     chats_per_file: int = 3  # chat samples made from documented functions in each training file
     eval_blocks: int = 48  # held-out blocks of seq_len tokens for the held-out loss
@@ -258,14 +287,9 @@ def train_steps(model, stream: torch.Tensor, cfg: TinyTargetConfig, progress: bo
 
 def build(cfg: TinyTargetConfig, out: Path, progress: bool = True) -> dict:
     """Train the tiny target into `out` (written whole: a temporary folder renamed at the end)."""
-    from transformers import (  # lazy: transformers adds seconds to every command's start
-        GenerationConfig,
-        LlamaConfig,
-        LlamaForCausalLM,
-    )
+    from transformers import GenerationConfig  # lazy: transformers adds seconds to every command's start
 
     started = time.time()
-    torch.manual_seed(cfg.seed)
     corpus_key, train_files, heldout_files, train_texts, heldout_texts = load_corpus(cfg)
     tokenizer = train_tokenizer(train_texts, cfg.vocab_size)
     chats = [c for text in train_texts for c in stdlib_corpus.function_chats(text, cfg.chats_per_file)]
@@ -276,20 +300,7 @@ def build(cfg: TinyTargetConfig, out: Path, progress: bool = True) -> dict:
     if stream.numel() <= cfg.seq_len + 1:
         raise ValueError(f"training text has {stream.numel()} tokens, fewer than one block of {cfg.seq_len}")
 
-    model_config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
-        max_position_embeddings=4 * cfg.seq_len,
-        tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model = LlamaForCausalLM(model_config)
+    model = cfg.fresh_model(len(tokenizer), 4 * cfg.seq_len, tokenizer, tied=False)
     train_steps(model, stream, cfg, progress, desc="tiny-target")
     loss_heldout = heldout_loss(model, blocks, cfg.batch_size)
     model.eval()

@@ -8,7 +8,7 @@ import argparse
 from contextlib import nullcontext
 from pathlib import Path
 
-from specheads.cli.eval_flags import add_trust_remote_code_argument
+from specheads.cli.target_flags import add_device_map_argument, add_trust_remote_code_argument
 from specheads.cli.threads import add_threads_argument
 from specheads.core.processes import launched
 from specheads.core.run_folder import check_writable, hold_folder
@@ -27,13 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="rows per target forward (default: recipe's)")
     p.add_argument("--overwrite", action="store_true", help="replace a cache built with other settings")
     add_trust_remote_code_argument(p)
-    p.add_argument(
-        "--device-map",
-        default=None,
-        choices=["auto"],
-        help="auto: spread a target too large for one device over the GPUs (each process's share of them "
-        "when launched as several); default: the whole target on one device",
-    )
+    add_device_map_argument(p)
     p.add_argument("--no-progress", action="store_true")
     add_threads_argument(p)
 

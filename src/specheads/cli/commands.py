@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import importlib
 from types import ModuleType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 Options = TypeVar("Options")
 
@@ -40,7 +40,13 @@ def load(name: str) -> ModuleType:
     return importlib.import_module(f"specheads.cli.{module}")
 
 
-def options_from(cls: type[Options], args: argparse.Namespace) -> Options:
+def options_from(cls: type[Options], args: argparse.Namespace, **given: Any) -> Options:
     """The typed options `cls` (a dataclass of the library, one field a flag) from parsed arguments: the
-    one place a command's Namespace becomes what the library takes."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    one place a command's Namespace becomes what the library takes. `given`: the fields no flag holds as
+    it is (a value the command derives from its flags)."""
+    return cls(
+        **{
+            f.name: given[f.name] if f.name in given else getattr(args, f.name)
+            for f in dataclasses.fields(cls)
+        }
+    )

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from specheads import data as data_lib
 from specheads.builders.named_targets import resolve_target
-from specheads.cli.eval_flags import add_chat_template_arguments, add_trust_remote_code_argument
+from specheads.cli.commands import options_from
+from specheads.cli.target_flags import add_chat_template_arguments, add_trust_remote_code_argument
 from specheads.cli.threads import add_threads_argument
 from specheads.core.run_folder import LOCK_FILE, check_writable, clear, hold_folder
 from specheads.core.target import FrozenTarget
@@ -129,17 +130,9 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.out)  # before the rows and the target load
     template = read_chat_template(args.chat_template) if args.chat_template else ""
     bad = args.max_bad_rows
-    cfg = DistillConfig(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens,
-        prompt_tokens=args.prompt_tokens,
-        batch_size=args.batch_size,
-        chunk_rows=args.chunk_rows,
-        seed=args.seed,
-        max_rows=args.max_rows,
-        cache=args.cache,
-        max_length=args.max_length,
+    cfg = options_from(
+        DistillConfig,
+        args,
         long_prompts="skip" if args.skip_long else "refuse",
         max_bad_rows=int(bad) if bad >= 1 and float(bad).is_integer() else bad,
     )

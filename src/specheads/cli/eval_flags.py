@@ -7,50 +7,19 @@ from __future__ import annotations
 
 import argparse
 
+from specheads.cli.target_flags import (
+    add_chat_template_arguments,
+    add_device_map_argument,
+    add_trust_remote_code_argument,
+)
 from specheads.cli.threads import add_threads_argument
 from specheads.core.target import DTYPES
 from specheads.decode.drafter_factory import EAGLE_TOTAL_TOKENS
 from specheads.decode.trees import DEFAULT_TREES
 
 
-def true_or_false(value: str) -> bool:
-    """A flag's true/false value."""
-    if value.lower() in ("true", "1", "yes", "on"):
-        return True
-    if value.lower() in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-
-
-def add_chat_template_arguments(p: argparse.ArgumentParser, what: str = "the prompts") -> None:
-    """--chat-template FILE and --enable-thinking true|false: the template `what` is rendered with."""
-    p.add_argument(
-        "--chat-template",
-        default=None,
-        metavar="FILE",
-        help=f"the chat template {what} is rendered with, a .jinja file: for a base model, which has "
-        "none, or to replace the target's own",
-    )
-    p.add_argument(
-        "--enable-thinking",
-        default=None,
-        type=true_or_false,
-        metavar="true|false",
-        help="a thinking model's switch, passed to its chat template (Qwen3: false renders an empty <think> "
-        "block); default: the template's own",
-    )
-
-
-def add_trust_remote_code_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="load a custom architecture: run the Python code the target's directory or hub repository "
-        "ships (transformers' trust_remote_code; read it first, it runs with your permissions)",
-    )
-
-
 def add_target_argument(p: argparse.ArgumentParser) -> None:
+    """--target, required: the model the heads draft for."""
     p.add_argument(
         "--target",
         required=True,
@@ -59,6 +28,7 @@ def add_target_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
+    """--overwrite: what replacing a results folder costs, and when the old results go."""
     p.add_argument(
         "--overwrite",
         action="store_true",
@@ -69,6 +39,7 @@ def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_prompt_filter_arguments(p: argparse.ArgumentParser) -> None:
+    """--num-prompts and --category: which of the prompt set's prompts run."""
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: all)")
     p.add_argument("--category", default=None, help="only questions of this category")
 
@@ -85,16 +56,6 @@ def add_target_loading_arguments(p: argparse.ArgumentParser, defaults: type, att
         help=f"{attn_help}; auto: sdpa, or eager where transformers refuses sdpa",
     )
     add_trust_remote_code_argument(p)
-
-
-def add_device_map_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--device-map",
-        default=None,
-        choices=["auto"],
-        help="auto: spread a target too large for one device over the GPUs (each process's share of them "
-        "when launched as several); default: the whole target on --device",
-    )
 
 
 def add_tree_argument(parser, *, per_heads: bool = False, auto: bool = False) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specheads.cli.eval_flags import add_trust_remote_code_argument
+from specheads.cli.target_flags import add_trust_remote_code_argument
 from specheads.cli.threads import add_threads_argument
 from specheads.methods import method_named, methods
 from specheads.train.config import load_config

@@ -350,15 +350,19 @@ def _chat_rows(messages, tokenizer, loss_on, mask_by: str, reasoning: str, split
     return labelled
 
 
-def tokenize_chat(
+def tokenize_chat_rows(
     messages: Sequence[dict],
     tokenizer,
     *,
     loss_on: str | Iterable[str] = "assistant",
     mask_by: str = "auto",
     reasoning: str = "keep",
-) -> tuple[list[int], list[int]]:
-    """Token ids of one conversation in the tokenizer's chat template, and its loss mask (untruncated).
+    split: bool = True,
+) -> list[tuple[list[int], list[int]]]:
+    """The training rows of one conversation, (token ids, loss mask) each, untruncated: its full render,
+    and where the template rewrites earlier turns that are trained on, one more row for each group of
+    them, the render in which the latest is last (module docstring). Each trained turn is a label in
+    exactly one row; rows without a label are left out.
 
     Args:
         messages: [{"role", "content"}, ...] with roles in ROLES (and an assistant turn's
@@ -367,28 +371,21 @@ def tokenize_chat(
         mask_by: "auto" (generation markers when the template has them and every assistant turn is
             trained on, else prefix renders), "prefix" or "markers".
         reasoning: "keep" or "drop" the assistant turns' reasoning (module docstring).
+        split: False: the full render alone, and a rewritten turn that is trained on is refused
+            (tokenize_chat).
 
     Raises:
         ChatMaskError: the template fails on the conversation, rewrites an earlier turn that is trained
-            on (tokenize_chat_rows trains those), or the mask comes out all zeros or all ones.
+            on while `split` is False, or a mask comes out all zeros or all ones.
     """
-    return _chat_rows(messages, tokenizer, loss_on, mask_by, reasoning, split=False)[0]
+    return _chat_rows(messages, tokenizer, loss_on, mask_by, reasoning, split)
 
 
-def tokenize_chat_rows(
-    messages: Sequence[dict],
-    tokenizer,
-    *,
-    loss_on: str | Iterable[str] = "assistant",
-    mask_by: str = "auto",
-    reasoning: str = "keep",
-) -> list[tuple[list[int], list[int]]]:
-    """The training rows of one conversation, (token ids, loss mask) each, untruncated: its full render,
-    and where the template rewrites earlier turns that are trained on, one more row for each group of
-    them, the render in which the latest is last (module docstring). Each trained turn is a label in
-    exactly one row; rows without a label are left out. Arguments and errors as tokenize_chat's, save
-    that a rewritten assistant turn is trained rather than refused."""
-    return _chat_rows(messages, tokenizer, loss_on, mask_by, reasoning, split=True)
+def tokenize_chat(messages: Sequence[dict], tokenizer, **masking) -> tuple[list[int], list[int]]:
+    """Token ids of one conversation in the tokenizer's chat template, and its loss mask (untruncated):
+    its full render, refused where the template rewrites an earlier turn that is trained on.
+    `masking`: tokenize_chat_rows's loss_on, mask_by and reasoning."""
+    return tokenize_chat_rows(messages, tokenizer, split=False, **masking)[0]
 
 
 def _tokenize_batch(

@@ -8,6 +8,7 @@ from specheads.decode.dynamic_tree import Candidates, dynamic_tree, grow_candida
 from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.decode.kv_cache import compact_cache, new_cache
 from specheads.decode.sampling import SamplingParams, sampling_probs
+from specheads.decode.step import SamplingOptions
 from specheads.decode.tree_inputs import (
     TreeInputs,
     attention_window,
@@ -46,6 +47,7 @@ __all__ = [
     "EagleDrafter",
     "MedusaDrafter",
     "SampledTree",
+    "SamplingOptions",
     "SamplingParams",
     "SpeculativeDecoder",
     "StaticTree",

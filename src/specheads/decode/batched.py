@@ -56,10 +56,10 @@ from specheads.decode.sampling import SamplingParams
 from specheads.decode.step import (
     PHASES,
     PhaseClock,
+    SamplingOptions,
     TreeDecoder,
     extend,
     first_tokens,
-    sampling_settings,
     speculative_step,
     stop_ids,
     with_decoding_attention,
@@ -140,13 +140,7 @@ class BatchedSpeculativeDecoder(TreeDecoder):
         max_new_tokens: int = 128,
         eos_token_id: int | Sequence[int] | None = None,
         profile: bool = False,
-        *,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        generator: torch.Generator | None = None,
-        acceptance: str | TypicalAcceptance = "exact",
+        **sampling,
     ) -> BatchedDecodeOutput:
         """Speculative decoding of B prompts, greedy or sampled.
 
@@ -157,9 +151,9 @@ class BatchedSpeculativeDecoder(TreeDecoder):
             eos_token_id: id(s) that end a row (kept, as `generate` keeps them); None takes the target's
                 generation config, [] never stops early.
             profile: synchronise the accelerator around each timed phase.
-            do_sample, temperature, top_k, top_p, generator, acceptance: as `SpeculativeDecoder.generate`;
-                every row draws from the one generator, rows in order at each draw (the first tokens,
-                then each step's verification).
+            **sampling: `SamplingOptions`' keywords, as `SpeculativeDecoder.generate` takes them; every row
+                draws from the one generator, rows in order at each draw (the first tokens, then each
+                step's verification).
         """
         if input_ids.ndim != 2 or input_ids.shape[0] == 0:
             raise ValueError(f"generate takes prompts (B, T), got shape {tuple(input_ids.shape)}")
@@ -170,7 +164,7 @@ class BatchedSpeculativeDecoder(TreeDecoder):
                 f"attention_mask {tuple(attention_mask.shape)} does not match input_ids {tuple(input_ids.shape)}"
             )
         eos = stop_ids(self.target, eos_token_id)
-        settings = sampling_settings(do_sample, temperature, top_k, top_p, generator, acceptance)
+        settings = SamplingOptions.from_keywords(sampling).context_fields()
         clock = PhaseClock(sync=profile and self.target.device.type == "cuda")
         begin = time.perf_counter()
         device = self.target.device
@@ -214,7 +208,7 @@ class BatchedSpeculativeDecoder(TreeDecoder):
         acceptance: str | TypicalAcceptance = "exact",
     ) -> BatchDraftContext:
         """Run the target over the left-padded prompts (B, T), filling `cache`; the first context (the
-        sampling arguments are those `sampling_settings` returns; none: greedy)."""
+        sampling arguments are those `SamplingOptions.context_fields` returns; none: greedy)."""
         layout, mask, positions = prefill_inputs(attention_mask, self.mask_dtype, self.window)
         out = self.target(
             input_ids,

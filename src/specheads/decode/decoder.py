@@ -32,12 +32,12 @@ from specheads.decode.sampling import SamplingParams
 from specheads.decode.step import (
     PHASES,
     PhaseClock,
+    SamplingOptions,
     TreeDecoder,
     Verify,
     eos_ids,
     extend,
     first_tokens,
-    sampling_settings,
     speculative_step,
     stop_ids,
     timed,
@@ -50,9 +50,9 @@ __all__ = [
     "PHASES",
     "DecodeOutput",
     "PhaseClock",
+    "SamplingOptions",
     "SpeculativeDecoder",
     "eos_ids",
-    "sampling_settings",
     "timed",
 ]
 
@@ -100,13 +100,7 @@ class SpeculativeDecoder(TreeDecoder):
         max_new_tokens: int,
         eos_token_id: int | Sequence[int] | None = None,
         profile: bool = False,
-        *,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        generator: torch.Generator | None = None,
-        acceptance: str | TypicalAcceptance = "exact",
+        **sampling,
     ) -> DecodeOutput:
         """Speculative decoding of one prompt, greedy or sampled.
 
@@ -116,13 +110,8 @@ class SpeculativeDecoder(TreeDecoder):
             eos_token_id: id(s) that end the output (kept, as `generate` keeps them); None takes the
                 target's generation config, [] never stops early.
             profile: synchronise the accelerator around each timed phase (accurate timings on GPU).
-            do_sample: sample from the target's distribution p instead of taking its argmax.
-            temperature, top_k, top_p: p as `generate(do_sample=True, ...)` builds it (sampling.py); top_k=0
-                keeps every token, whereas `generate` left without top_k applies its config's (50 by
-                default): give both the same top_k.
-            generator: a CPU torch.Generator for every draw; None seeds one from torch's global RNG.
-            acceptance: "exact" (lossless, the rule that matches how the drafter picked children), or
-                "typical" / a `TypicalAcceptance`: Medusa's typical acceptance, which is LOSSY.
+            **sampling: `SamplingOptions`' keywords (do_sample, temperature, top_k, top_p, generator,
+                acceptance), as `model.generate` takes them; none: greedy.
 
         Returns:
             DecodeOutput: the new tokens, per-step accept lengths and timings.
@@ -130,7 +119,7 @@ class SpeculativeDecoder(TreeDecoder):
         if prompt_ids.ndim != 2 or prompt_ids.shape[0] != 1:
             raise ValueError(f"generate takes one prompt (1, T), got shape {tuple(prompt_ids.shape)}")
         eos = stop_ids(self.target, eos_token_id)
-        settings = sampling_settings(do_sample, temperature, top_k, top_p, generator, acceptance)
+        settings = SamplingOptions.from_keywords(sampling).context_fields()
         clock = PhaseClock(sync=profile and self.target.device.type == "cuda")
         start = time.perf_counter()
         prompt_ids = prompt_ids.to(self.target.device)
@@ -166,7 +155,7 @@ class SpeculativeDecoder(TreeDecoder):
     ) -> DraftContext:
         """The first new token (argmax, or a draw from p, after the prompt) and the first step's context.
 
-        The sampling arguments are those `sampling_settings` returns (none: greedy).
+        The sampling arguments are those `SamplingOptions.context_fields` returns (none: greedy).
         """
         root = first_tokens(out.logits[:, -1], sampling, generator)[:, None]  # (1, 1) after the prompt
         tokens = torch.cat([prompt_ids, root.to(prompt_ids.device)], 1)

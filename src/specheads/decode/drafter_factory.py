@@ -141,10 +141,10 @@ def drafter_for(
     if isinstance(tree, str):
         method.check_tree(tree)
     if vocab is None:
-        return method.drafter(heads, config, target, tree)
+        return method.drafter(heads, target, tree)
     if method.draft_vocab:
         raise ValueError(f"--draft-vocab: {method.draft_vocab} ({method.name} heads)")
-    return method.drafter(heads, config, target, tree, vocab=vocab)
+    return method.drafter(heads, target, tree, vocab=vocab)
 
 
 def draft_vocab_mask(drafter: Drafter, vocab_size: int) -> torch.Tensor | None:
@@ -164,9 +164,8 @@ def draft_vocab_mask(drafter: Drafter, vocab_size: int) -> torch.Tensor | None:
 
 def medusa_drafter_for(
     heads: torch.nn.Module,
-    config: dict[str, Any],
     target: FrozenTarget,
-    tree: str | None,
+    tree: str | dict[str, Any] | None,
     vocab: torch.Tensor | None = None,
 ):
     """Medusa's `Method.drafter`: its heads over a static tree (`--tree`, a recorded tree, or one sized to
@@ -180,9 +179,8 @@ def medusa_drafter_for(
 
 def eagle_drafter_for(
     head: torch.nn.Module,
-    config: dict[str, Any],
     target: FrozenTarget,
-    tree: str | None,
+    tree: str | dict[str, Any] | None,
     vocab: torch.Tensor | None = None,
 ):
     """EAGLE's and EAGLE-3's `Method.drafter`: a static EAGLE-1 tree when `--tree` names one, else EAGLE-2

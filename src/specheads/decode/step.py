@@ -24,7 +24,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 import torch
@@ -116,33 +116,68 @@ def stop_ids(target: FrozenTarget, eos_token_id: int | Sequence[int] | None) -> 
     return eos_ids(target) if eos_token_id is None else {int(e) for e in eos_token_id}
 
 
-def sampling_settings(
-    do_sample: bool,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-    acceptance: str | TypicalAcceptance = "exact",
-) -> dict:
-    """Check a generate call's sampling arguments; the DraftContext fields they set (none when greedy).
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How a `generate` call picks its tokens: the HF-style sampling keywords both decoders take, checked.
+
+    do_sample: sample from the target's distribution p instead of taking its argmax.
+    temperature, top_k, top_p: p as `generate(do_sample=True, ...)` builds it (`SamplingParams`); top_k=0
+        keeps every token, whereas `generate` left without top_k applies its config's (50 by default):
+        give both the same top_k.
+    generator: a CPU torch.Generator for every draw; None seeds one from torch's global RNG per call.
+    acceptance: "exact" (lossless, the rule that matches how the drafter picked children), or "typical" /
+        a `TypicalAcceptance`: Medusa's typical acceptance, which is LOSSY.
 
     Raises:
-        ValueError: for bad temperature / top-k / top-p, an unknown acceptance, typical acceptance
-            without sampling, or a generator that is not on the CPU.
+        ValueError: for an unknown acceptance, typical acceptance without sampling, and when sampling, bad
+            temperature / top-k / top-p or a generator that is not on the CPU.
     """
-    if isinstance(acceptance, str):
-        if acceptance not in ("exact", "typical"):
-            raise ValueError(f"acceptance={acceptance!r}: expected 'exact', 'typical' or a TypicalAcceptance")
-        acceptance = TypicalAcceptance() if acceptance == "typical" else acceptance
-    if not do_sample:
-        if acceptance != "exact":
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+    acceptance: str | TypicalAcceptance = "exact"
+
+    def __post_init__(self):
+        if isinstance(self.acceptance, str) and self.acceptance not in ("exact", "typical"):
+            raise ValueError(
+                f"acceptance={self.acceptance!r}: expected 'exact', 'typical' or a TypicalAcceptance"
+            )
+        if not self.do_sample and self.acceptance != "exact":
             raise ValueError("typical acceptance is a sampling rule: pass do_sample=True")
-        return {}
-    return {
-        "sampling": SamplingParams(temperature, top_k, top_p),
-        "generator": check_generator(generator),
-        "acceptance": acceptance,
-    }
+        if self.do_sample:
+            SamplingParams(self.temperature, self.top_k, self.top_p)  # checks them
+            if self.generator is not None:
+                check_generator(self.generator)
+
+    @classmethod
+    def from_keywords(cls, keywords: dict[str, Any]) -> SamplingOptions:
+        """The options a `generate(..., **keywords)` call gives.
+
+        Raises:
+            TypeError: for a keyword that is not one of the options, naming those that are.
+        """
+        names = [f.name for f in fields(cls)]
+        unknown = [key for key in keywords if key not in names]
+        if unknown:
+            raise TypeError(
+                f"generate() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; its sampling "
+                f"keywords are {', '.join(names)}"
+            )
+        return cls(**keywords)
+
+    def context_fields(self) -> dict[str, Any]:
+        """The DraftContext fields these options set for one call (none when greedy): the sampling
+        parameters, the generator (seeded here when none was given) and the acceptance rule."""
+        if not self.do_sample:
+            return {}
+        return {
+            "sampling": SamplingParams(self.temperature, self.top_k, self.top_p),
+            "generator": check_generator(self.generator),
+            "acceptance": TypicalAcceptance() if self.acceptance == "typical" else self.acceptance,
+        }
 
 
 def extend(new: list[int], tokens: list[int], eos: set[int], max_new_tokens: int) -> bool:

@@ -264,6 +264,7 @@ class EagleHead(nn.Module):
     """
 
     method = "eagle"
+    config_class = EagleConfig
 
     def __init__(self, config: EagleConfig):
         super().__init__()

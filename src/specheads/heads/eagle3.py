@@ -164,6 +164,7 @@ class Eagle3Head(nn.Module):
     """
 
     method = "eagle3"
+    config_class = Eagle3Config
 
     def __init__(self, config: Eagle3Config):
         super().__init__()

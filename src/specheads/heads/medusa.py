@@ -56,6 +56,8 @@ class MedusaHeads(nn.Module):
     """
 
     method = "medusa"
+    config_class = MedusaConfig
+    capture_layers = (-1,)  # the target's last hidden state, after the final norm (its lm_head's input)
 
     def __init__(self, config: MedusaConfig):
         super().__init__()

@@ -14,7 +14,7 @@ table, where it chooses by a checkpoint's method name) as a parameter, and the c
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from torch import nn
@@ -24,6 +24,10 @@ from torch import nn
 class Method:
     """One method's entry. `cfg` is the recipe (train/config.TrainConfig), `heads` the head module.
 
+    head_class: the head module. Its `config_class` (class attribute) is the dataclass of its config
+        (what a checkpoint's head_config holds), and its `capture_layers` (an attribute or property of a
+        built head) the layer ids the loss asks the target's forward for (-1: the last).
+
     Training:
         build_heads(cfg, target, label_counts) -> (heads, notes for the checkpoint's training record);
             `label_counts` (V,) how often each token is a label in the training rows (EAGLE-3's draft
@@ -31,7 +35,6 @@ class Method:
         target_layers(num_layers, chosen) -> the target layer ids its training reads (HF hidden_states
             indexing: num_layers = after the final norm), `chosen` the ids the recipe names (EAGLE-3's
             eagle3_layers); what the hidden-state cache stores.
-        capture(heads) -> the layer ids the loss asks the target's forward for (-1: the last).
         loss(objective, batch, out, target) -> (loss, metrics (rows, columns) float64 sums); run inside
             `train.objective.HeadsWithLoss`, which holds `objective.heads` and the recipe's loss settings.
         needs_logits(cfg) -> whether the loss reads the target's logits.
@@ -41,10 +44,10 @@ class Method:
         metric_shape(cfg) -> (rows, columns) of the metric sums.
         summarise(cfg, sums) -> the logged means (with `loss` and `tau_sim`).
         metric_unit: what a metric column is ("head", "draft step"), for the final line.
-        recipe_keys: the recipe keys only this method (or its family) reads; a recipe for another method
-            that sets one is refused. check_recipe(cfg) -> [(ok, message)] checks their values.
-        settings_class: the dataclass of those keys, the recipe's section named after the method
-            (`cfg.settings`); None: the method has no keys of its own.
+        settings_class: the dataclass of the recipe keys only this method (or its family) reads, the
+            recipe's section named after the method (`cfg.settings`); None: the method has no keys of its
+            own. A recipe for another method that sets one is refused (`recipe_keys`).
+            check_recipe(cfg) -> [(ok, message)] checks their values.
         online_only: why its training cannot read the target's states from a cache ("" = it can).
         objective(cfg, target, heads) -> (module to train, optimizer, target) when it is not the
             default HeadsWithLoss + AdamW (Medusa-2: LoRA adapters trained with the heads).
@@ -54,7 +57,7 @@ class Method:
         after_prepare(accelerator, target) -> notes; save_extra(accelerator, target, out_dir): a method's
             own state beside the heads (Medusa-2's adapter).
     Decoding:
-        drafter(heads, config, target, tree[, vocab=ids]) -> (drafter, results.json's record of its trees);
+        drafter(heads, target, tree[, vocab=ids]) -> (drafter, results.json's record of its trees);
             `vocab` (ascending target ids, `--draft-vocab`) only where `draft_vocab` is "".
         draft_vocab: why its drafter takes no draft vocabulary ("" = it takes one: `--draft-vocab`).
         calibrate(heads, target, prompt_ids, settings[, vocab=ids]) -> (candidates, acceptance record,
@@ -70,10 +73,8 @@ class Method:
 
     name: str
     head_class: type[nn.Module]
-    config_class: type
     build_heads: Callable[..., tuple[nn.Module, dict]]
     target_layers: Callable[[int, Any], tuple[int, ...]]
-    capture: Callable[[nn.Module], tuple[int, ...]]
     metric_shape: Callable[[Any], tuple[int, int]]
     summarise: Callable[[Any, Any], dict[str, float]]
     loss: Callable[..., tuple[Any, Any]] | None = None
@@ -82,7 +83,6 @@ class Method:
     needs_logits: Callable[[Any], bool] = lambda cfg: True
     logit_columns: Callable[[nn.Module], Any] | None = None
     metric_unit: str = "draft step"
-    recipe_keys: tuple[str, ...] = ()
     settings_class: type | None = None
     check_recipe: Callable[[Any], list[tuple[bool, str]]] = lambda cfg: []
     online_only: str = ""
@@ -98,6 +98,16 @@ class Method:
     default_tree: str | None = None
     export_formats: tuple[str, ...] = ()
     refused_formats: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def config_class(self) -> type:
+        """The dataclass of the head's config (the head class's `config_class`)."""
+        return self.head_class.config_class
+
+    @property
+    def recipe_keys(self) -> tuple[str, ...]:
+        """The recipe keys only this method reads: its settings section's fields."""
+        return tuple(f.name for f in fields(self.settings_class)) if self.settings_class else ()
 
 
 def at_least(section: str, settings: Any, key: str, low: float, note: str = "") -> tuple[bool, str]:

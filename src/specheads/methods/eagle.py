@@ -6,7 +6,7 @@ Decoded over EAGLE-1 static trees of its own top-k ranks, or EAGLE-2 dynamic tre
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from specheads.decode.calibrate_dynamic import calibrate_eagle
 from specheads.decode.drafter_factory import eagle_drafter_for
@@ -62,16 +62,13 @@ def loss(objective, batch: dict, out, target):
 EAGLE = Method(
     name="eagle",
     head_class=EagleHead,
-    config_class=EagleConfig,
     build_heads=build_heads,
     target_layers=last_layer,
-    capture=lambda head: tuple(head.capture_layers),
     loss=loss,
     metric_shape=lambda cfg: (DraftMetrics.ROWS, 1),
     summarise=lambda cfg, sums: DraftMetrics.summarise(
         sums, [cfg.settings.w_tok], cfg.topk, w_feat=cfg.settings.w_feat
     ),
-    recipe_keys=tuple(f.name for f in fields(EagleSettings)),
     settings_class=EagleSettings,
     check_recipe=lambda cfg: [
         at_least("eagle", cfg.settings, "noise", 0),

@@ -3,7 +3,7 @@ draft vocabulary of the data's most frequent label tokens. Decoded like EAGLE (t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from specheads.decode.calibrate_dynamic import calibrate_eagle
 from specheads.decode.drafter_factory import eagle_drafter_for
@@ -167,17 +167,14 @@ def check_recipe(cfg) -> list[tuple[bool, str]]:
 EAGLE3 = Method(
     name="eagle3",
     head_class=Eagle3Head,
-    config_class=Eagle3Config,
     build_heads=build_heads,
     target_layers=fused_and_last,
-    capture=lambda head: tuple(head.capture_layers),
     loss=loss,
     logit_columns=lambda head: head.vocab_target_ids(),  # the teacher's; and the argmax
     metric_shape=lambda cfg: (DraftMetrics.ROWS, cfg.settings.ttt_steps),
     summarise=lambda cfg, sums: DraftMetrics.summarise(
         sums, [cfg.settings.decay**i for i in range(cfg.settings.ttt_steps)], cfg.topk
     ),
-    recipe_keys=tuple(f.name for f in fields(Eagle3Settings)),
     settings_class=Eagle3Settings,
     check_recipe=check_recipe,
     drafter=eagle_drafter_for,

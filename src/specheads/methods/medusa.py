@@ -6,7 +6,7 @@ accuracies along greedy continuations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from specheads.decode.calibrate import calibrate_medusa
 from specheads.decode.drafter_factory import medusa_drafter_for, static_tree_only
@@ -91,16 +91,13 @@ def last_layer(num_layers: int, chosen=()) -> tuple[int, ...]:
 MEDUSA = Method(
     name="medusa",
     head_class=MedusaHeads,
-    config_class=MedusaConfig,
     build_heads=build_heads,
     target_layers=last_layer,
-    capture=lambda heads: (-1,),
     loss=loss,
     needs_logits=lambda cfg: cfg.settings.labels != "data",
     metric_shape=lambda cfg: (4, cfg.settings.num_heads),
     summarise=lambda cfg, sums: HeadMetrics.summarise(sums, cfg.settings.decay, cfg.topk),
     metric_unit="head",
-    recipe_keys=tuple(f.name for f in fields(MedusaSettings)),
     settings_class=MedusaSettings,
     check_recipe=check_recipe,
     drafter=medusa_drafter_for,

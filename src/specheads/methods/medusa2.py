@@ -8,7 +8,7 @@ target with the adapter merged in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -104,7 +104,6 @@ MEDUSA2 = replace(
     loss=None,  # Medusa2WithLoss computes it, target forward included
     metric_shape=lambda cfg: (4, cfg.settings.num_heads + 1),  # one more column: the target's KL
     summarise=lambda cfg, sums: Medusa2WithLoss.summarise(sums, cfg.settings.decay, cfg.topk),
-    recipe_keys=tuple(f.name for f in fields(Medusa2Settings)),
     settings_class=Medusa2Settings,
     check_recipe=check_recipe,
     online_only="trains LoRA adapters that change the target's hidden states",

@@ -420,7 +420,7 @@ def build_objective(
     model = HeadsWithLoss(
         heads,
         method.loss,
-        capture_layers=method.capture(heads),
+        capture_layers=tuple(heads.capture_layers),
         needs_logits=method.needs_logits(cfg),
         topk=cfg.topk,
         settings=cfg.settings,

@@ -41,23 +41,8 @@ from torch import nn
 
 from specheads.core.target import FrozenTarget
 from specheads.heads.eagle import EagleConfig, EagleHead, layer_config_from
-from specheads.heads.formats.io import (
-    Export,
-    FormatError,
-    KeyTable,
-    cast_floats,
-    head_state,
-    provenance,
-    read_config,
-    read_weights,
-    row,
-    to_engine,
-    to_native,
-)
+from specheads.heads.formats.io import Export, FormatError, KeyTable, head_state, read_config, read_weights
 
-WEIGHTS_FILE = "model.safetensors"
-# Official EAGLE-1 checkpoints ship pytorch_model.bin; SGLang / vLLM conversions ship safetensors.
-READ_WEIGHTS = ("model.safetensors", "*.safetensors", "pytorch_model.bin")
 LLAMA_FAMILIES = ("llama", "mistral")  # their decoder layer is the engines' LlamaDecoderLayer, key for key
 
 # The draft decoder layer the engines build (vLLM / SGLang LlamaDecoderLayer, EAGLE cnets LlamaDecoderLayer).
@@ -73,10 +58,10 @@ LLAMA_LAYER = (
     ("post_attention_layernorm.weight", ("H",)),
 )
 
-EAGLE_KEYS: KeyTable = (
-    row("fc.weight", "fc.weight", ("H", "2H")),
-    row("fc.bias", "fc.bias", ("H",)),
-    *(row(f"layers.0.{k}", f"layers.0.{k}", shape) for k, shape in LLAMA_LAYER),  # no input_layernorm
+EAGLE_KEYS = KeyTable(
+    ("fc.weight", "fc.weight", ("H", "2H")),
+    ("fc.bias", "fc.bias", ("H",)),
+    *((f"layers.0.{k}", f"layers.0.{k}", shape) for k, shape in LLAMA_LAYER),  # no input_layernorm
 )
 
 
@@ -164,8 +149,11 @@ def import_layer_config(draft: dict[str, Any], target: FrozenTarget, what: str) 
     """Our head's layer config for an official Llama draft layer `draft` read against `target`.
 
     Sizes of the target (hidden, vocabulary, number of layers) come from the target; the draft layer's own
-    sizes (heads, MLP width, rope, norm eps) from the checkpoint. The draft must read the target's width.
+    sizes (heads, MLP width, rope, norm eps) from the checkpoint. The draft must be one layer (the heads here
+    have one) and read the target's width.
     """
+    if draft.get("num_hidden_layers", 1) != 1:
+        raise FormatError(f"{what}: {draft['num_hidden_layers']} draft layers; the heads here have one")
     if draft.get("model_type", "llama") not in LLAMA_FAMILIES:
         raise FormatError(f"{what}: draft layer model_type {draft.get('model_type')!r} is not a Llama layer")
     if draft.get("hidden_size") != target.hidden_size:
@@ -295,36 +283,29 @@ def to_eagle(
     layer_config = heads.config.layer_config
     check_llama_layer(layer_config, "eagle")
     architectures, notes = _fc_bias_for_engines(state, heads.config.hidden_size, fc_bias)
-    tensors = to_engine(state, EAGLE_KEYS, layer_sizes(layer_config, 1), "eagle export")
-    config = {
-        "architectures": architectures,
-        **llama_draft_config(layer_config),
-        "specheads_provenance": provenance(
-            native_config, "eagle", fc_bias=heads.config.fc_bias, fc_bias_export=fc_bias, notes=list(notes)
-        ),
-    }
-    return Export(config, WEIGHTS_FILE, cast_floats(tensors, dtype), notes)
+    tensors = EAGLE_KEYS.to_engine(state, layer_sizes(layer_config, 1), "eagle export")
+    config = {"architectures": architectures, **llama_draft_config(layer_config)}
+    record = {"fc_bias": heads.config.fc_bias, "fc_bias_export": fc_bias, "notes": list(notes)}
+    return Export.build("eagle", native_config, config, tensors, dtype, notes, record)
 
 
 def from_eagle(path, target: FrozenTarget) -> EagleHead:
     """An `eagle` checkpoint (official EAGLE-1/2 or ours) as an EagleHead reading `target`."""
     what = f"EAGLE checkpoint {path}"
-    config = read_config(path)
-    tensors, _ = read_weights(path, READ_WEIGHTS)
+    layer_config = import_layer_config(read_config(path), target, what)
+    # official EAGLE-1 checkpoints ship pytorch_model.bin, SGLang / vLLM conversions safetensors: both are read
+    tensors, _ = read_weights(path)
     check_shared_weights(tensors, target, what)
     if "lm_head.weight" in tensors:
         raise FormatError(
             f"{what}: has its own lm_head.weight; EAGLE-1/2 heads here read the target's lm_head"
         )
-    if config.get("num_hidden_layers", 1) != 1:
-        raise FormatError(f"{what}: {config['num_hidden_layers']} draft layers; EagleHead has one")
-    layer_config = import_layer_config(config, target, what)
     bias = tensors.get("fc.bias")
     fc_bias = bias is not None and bool(bias.any())  # an all-zero bias is no bias: identical outputs
     if bias is not None and not fc_bias:
         del tensors["fc.bias"]
-    table = EAGLE_KEYS if fc_bias else tuple(r for r in EAGLE_KEYS if r[0] != "fc.bias")
-    state = to_native(tensors, table, layer_sizes(layer_config, 1), what)
+    table = EAGLE_KEYS if fc_bias else EAGLE_KEYS.without("fc.bias")
+    state = table.to_native(tensors, layer_sizes(layer_config, 1), what)
     head = EagleHead(EagleConfig(layer_config, draft_arch="llama", fc_bias=fc_bias))
     head.load_state_dict(state, strict=True)
     return head.eval()

@@ -67,44 +67,30 @@ from specheads.heads.eagle3 import (
 )
 from specheads.heads.formats.eagle import (
     LLAMA_LAYER,
-    READ_WEIGHTS,
     check_llama_layer,
     check_shared_weights,
     import_layer_config,
     layer_sizes,
     llama_draft_config,
 )
-from specheads.heads.formats.io import (
-    Export,
-    FormatError,
-    KeyTable,
-    cast_floats,
-    head_state,
-    provenance,
-    read_config,
-    read_weights,
-    row,
-    to_engine,
-    to_native,
-)
+from specheads.heads.formats.io import Export, FormatError, KeyTable, head_state, read_config, read_weights
 
-WEIGHTS_FILE = "model.safetensors"
 EAGLE3_LAYER = (*LLAMA_LAYER, ("input_layernorm.weight", ("H",)), ("hidden_norm.weight", ("H",)))
 
 
 def _table(layer_prefix: str) -> KeyTable:
-    return (
-        row("fc.weight", "fc.weight", ("H", "3H")),
-        *(row(f"midlayer.{k}", f"{layer_prefix}{k}", shape) for k, shape in EAGLE3_LAYER),
-        row("norm.weight", "norm.weight", ("H",)),
-        row("lm_head.weight", "lm_head.weight", ("Vd", "H")),
-        row("d2t", "d2t", ("Vd",), torch.int64),
-        row("t2d", "t2d", ("V",), torch.bool),
+    return KeyTable(
+        ("fc.weight", "fc.weight", ("H", "3H")),
+        *((f"midlayer.{k}", f"{layer_prefix}{k}", shape) for k, shape in EAGLE3_LAYER),
+        ("norm.weight", "norm.weight", ("H",)),
+        ("lm_head.weight", "lm_head.weight", ("Vd", "H")),
+        ("d2t", "d2t", ("Vd",), torch.int64),
+        ("t2d", "t2d", ("V",), torch.bool),
     )
 
 
-EAGLE3_KEYS: KeyTable = _table("midlayer.")  # SGLang llama_eagle3.py, EAGLE cnets.py
-SPECULATORS_KEYS: KeyTable = _table("layers.0.")  # speculators Eagle3 draft model
+EAGLE3_KEYS = _table("midlayer.")  # SGLang llama_eagle3.py, EAGLE cnets.py
+SPECULATORS_KEYS = _table("layers.0.")  # speculators Eagle3 draft model
 
 
 # -- checks shared by both directions --------------------------------------------------------------
@@ -154,15 +140,17 @@ def _eagle3_export_parts(heads: nn.Module, fmt: str, table: KeyTable) -> tuple[d
     ids = check_layer_ids(list(heads.capture_layers), layer_config["num_hidden_layers"], f"{fmt} export")
     check_vocab_maps(state["d2t"], state["t2d"], heads.config.vocab_size, f"{fmt} export")
     sizes = {**layer_sizes(layer_config, 2), "Vd": heads.config.draft_vocab_size}
-    return to_engine(state, table, sizes, f"{fmt} export"), layer_config, ids, heads.config.draft_vocab_size
+    return table.to_engine(state, sizes, f"{fmt} export"), layer_config, ids, heads.config.draft_vocab_size
 
 
-def _layer_ids_record(ids: list[int]) -> dict[str, list[int]]:
-    return {
+def _record(ids: list[int], draft_vocab: int) -> dict[str, Any]:
+    """What both EAGLE-3 formats add to the provenance block."""
+    layer_ids = {
         "hf_hidden_states": ids,
         "sglang_eagle_config": [i - 1 for i in ids],
         "vllm_eagle_aux_hidden_state_layer_ids": ids,
     }
+    return {"draft_vocab_size": draft_vocab, "layer_ids": layer_ids, "norm_before_residual": False}
 
 
 # -- eagle3 ----------------------------------------------------------------------------------------
@@ -184,13 +172,6 @@ def to_eagle3(
             "use_aux_hidden_state": True,
         },
         "eagle_aux_hidden_state_layer_ids": ids,
-        "specheads_provenance": provenance(
-            native_config,
-            "eagle3",
-            draft_vocab_size=draft_vocab,
-            layer_ids=_layer_ids_record(ids),
-            norm_before_residual=False,
-        ),
     }
     notes = []
     if ids[0] != 2:
@@ -199,7 +180,7 @@ def to_eagle3(
             f"start at HF {ids[0]}, so such builds would read {[i - 1 for i in ids]} as HF ids. vLLM reads "
             f"eagle_aux_hidden_state_layer_ids {ids} as written."
         )
-    return Export(config, WEIGHTS_FILE, cast_floats(tensors, dtype), notes)
+    return Export.build("eagle3", native_config, config, tensors, dtype, notes, _record(ids, draft_vocab))
 
 
 def _verifier_architectures(model_type: str, target: FrozenTarget | None) -> list[str]:
@@ -256,13 +237,6 @@ def to_speculators(
                 "architectures": _verifier_architectures(record.get("model_type", ""), target),
             },
         },
-        "specheads_provenance": provenance(
-            native_config,
-            "speculators",
-            draft_vocab_size=draft_vocab,
-            layer_ids=_layer_ids_record(ids),
-            norm_before_residual=False,
-        ),
     }
     notes = []
     if target is not None:
@@ -273,7 +247,9 @@ def to_speculators(
             "embedding, but the speculators library's Eagle3DraftModel.from_pretrained (0.9.0) leaves a "
             "missing one uninitialised"
         )
-    return Export(config, WEIGHTS_FILE, cast_floats(tensors, dtype), notes)
+    return Export.build(
+        "speculators", native_config, config, tensors, dtype, notes, _record(ids, draft_vocab)
+    )
 
 
 def _target_embedding(target: FrozenTarget, layer_config: dict[str, Any]) -> torch.Tensor:
@@ -297,8 +273,6 @@ def _build_eagle3(
     what: str,
 ) -> Eagle3Head:
     """An Eagle3Head from an official draft layer config and its engine-named tensors."""
-    if draft.get("num_hidden_layers", 1) != 1:
-        raise FormatError(f"{what}: {draft['num_hidden_layers']} draft layers; Eagle3Head has one")
     layer_config = import_layer_config(draft, target, what)
     check_shared_weights(tensors, target, what)
     if "lm_head.weight" not in tensors:
@@ -325,7 +299,7 @@ def _build_eagle3(
     tensors["t2d"] = tensors["t2d"].to(torch.bool)
     check_vocab_maps(tensors["d2t"], tensors["t2d"], vocab, what)
     sizes = {**layer_sizes(layer_config, 2), "Vd": draft_vocab}
-    state = to_native(tensors, table, sizes, what)
+    state = table.to_native(tensors, sizes, what)
     head = Eagle3Head(
         Eagle3Config(layer_config, draft_arch="llama", draft_vocab_size=draft_vocab, target_layers=tuple(ids))
     )
@@ -383,7 +357,7 @@ def from_eagle3(path, target: FrozenTarget) -> Eagle3Head:
         )
     ids = from_sglang or vllm or list(default_eagle3_layers(num_layers))
     ids = check_layer_ids(ids, num_layers, what)
-    tensors, _ = read_weights(path, READ_WEIGHTS)
+    tensors, _ = read_weights(path)
     return _build_eagle3(
         config, tensors, target, ids, config.get("draft_vocab_size"), _layer_table(tensors), what
     )
@@ -416,5 +390,5 @@ def from_speculators(path, target: FrozenTarget) -> Eagle3Head:
     _check_flags({**config, "hidden_size": draft.get("hidden_size")}, what)
     ids = config.get("eagle_aux_hidden_state_layer_ids") or list(default_eagle3_layers(target.num_layers))
     ids = check_layer_ids(ids, target.num_layers, what)
-    tensors, _ = read_weights(path, READ_WEIGHTS)
+    tensors, _ = read_weights(path)
     return _build_eagle3(draft, tensors, target, ids, config.get("draft_vocab_size"), SPECULATORS_KEYS, what)

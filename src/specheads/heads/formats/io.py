@@ -1,10 +1,10 @@
 """Plumbing shared by the engine formats: key tables, reading, atomic writing, provenance.
 
-A key table is data: rows of (native key, engine key, shape, dtype). Keys may hold `{h}` (head index),
+A key table is data: rows of (native key, engine key, shape[, dtype]). Keys may hold `{h}` (head index),
 `{l}` (layer index) and `{L}` (the number of layers, where Medusa puts each head's lm_head); shapes are
-names looked up in a `sizes` dict ("H", "2H", "V", ...). `expand` turns a table and its sizes into the
-exact key -> (shape, dtype) map a checkpoint of that format must have, so every exporter and importer
-checks what it writes or reads against the same table.
+names looked up in a `sizes` dict ("H", "2H", "V", ...). `KeyTable.expand` turns a table and its sizes
+into the exact key -> (shape, dtype) map a checkpoint of that format must have, so every exporter and
+importer checks what it writes or reads against the same table.
 """
 
 from __future__ import annotations
@@ -29,19 +29,18 @@ from specheads.heads.checkpoint import CAPTURE_LAYERS_INDEXING
 from specheads.version import __version__
 
 CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"  # the Hugging Face name, which the engines' loaders look for first
+# what Hugging Face style checkpoints hold their weights in, in the order read_weights tries them
+HF_WEIGHTS = (WEIGHTS_FILE, "*.safetensors", "pytorch_model.bin")
 PROVENANCE_KEY = "specheads_provenance"
 
-# (native key, engine key, shape names, dtype or None for "any floating point")
-KeyRow = tuple[str, str, tuple[str, ...], torch.dtype | None]
-KeyTable = tuple[KeyRow, ...]
+# (native key, engine key, shape names), or with a fourth item, the dtype the tensor must have (without
+# one, any floating point dtype passes)
+KeyRow = tuple[str, str, tuple[str, ...]] | tuple[str, str, tuple[str, ...], torch.dtype]
 
 
 class FormatError(ValueError):
     """A head cannot be written in (or read from) an engine format; the message says why."""
-
-
-def row(native: str, engine: str, shape: tuple[str, ...], dtype: torch.dtype | None = None) -> KeyRow:
-    return (native, engine, shape, dtype)
 
 
 # -- key tables ------------------------------------------------------------------------------------
@@ -53,17 +52,6 @@ def _indices(template: str, sizes: dict[str, int]) -> Iterator[dict[str, int]]:
     names = [n for n in ("h", "l") if "{" + n + "}" in template]
     for values in itertools.product(*(ranges[n] for n in names)):
         yield {"L": sizes.get("layers", 0), **dict(zip(names, values))}
-
-
-def expand(
-    table: KeyTable, sizes: dict[str, int]
-) -> dict[str, tuple[str, tuple[int, ...], torch.dtype | None]]:
-    """engine key -> (native key, shape, dtype) for the given sizes."""
-    out = {}
-    for native, engine, shape, dtype in table:
-        for idx in _indices(engine, sizes):
-            out[engine.format(**idx)] = (native.format(**idx), tuple(sizes[s] for s in shape), dtype)
-    return out
 
 
 def check_tensors(
@@ -92,23 +80,40 @@ def check_tensors(
         raise FormatError(f"{what}: " + "; ".join(problems))
 
 
-def to_engine(state: dict[str, torch.Tensor], table: KeyTable, sizes: dict[str, int], what: str) -> dict:
-    """Native state dict -> engine-named tensors, checked against the table (nothing else passes)."""
-    layout = expand(table, sizes)
-    by_native = {native: engine for engine, (native, _, _) in layout.items()}
-    extra = sorted(set(state) - set(by_native))
-    if extra:
-        raise FormatError(f"{what}: the format has no place for {extra}")
-    out = {by_native[k]: v for k, v in state.items()}
-    check_tensors(out, {k: (s, d) for k, (_, s, d) in layout.items()}, what)
-    return out
+class KeyTable:
+    """One format's tensors: the native key, engine key, shape and dtype of each, as rows (`KeyRow`)."""
 
+    def __init__(self, *rows: KeyRow) -> None:
+        self.rows = tuple(r if len(r) == 4 else (*r, None) for r in rows)  # dtype None: any floating point
 
-def to_native(tensors: dict[str, torch.Tensor], table: KeyTable, sizes: dict[str, int], what: str) -> dict:
-    """Engine-named tensors -> native state dict, after checking every key and shape against the table."""
-    layout = expand(table, sizes)
-    check_tensors(tensors, {k: (s, d) for k, (_, s, d) in layout.items()}, what)
-    return {layout[k][0]: v for k, v in tensors.items()}
+    def without(self, native_prefix: str) -> KeyTable:
+        """The table less the rows whose native key starts with `native_prefix` (a part a head may lack)."""
+        return KeyTable(*(r for r in self.rows if not r[0].startswith(native_prefix)))
+
+    def expand(self, sizes: dict[str, int]) -> dict[str, tuple[str, tuple[int, ...], torch.dtype | None]]:
+        """engine key -> (native key, shape, dtype) for the given sizes."""
+        out = {}
+        for native, engine, shape, dtype in self.rows:
+            for idx in _indices(engine, sizes):
+                out[engine.format(**idx)] = (native.format(**idx), tuple(sizes[s] for s in shape), dtype)
+        return out
+
+    def to_engine(self, state: dict[str, torch.Tensor], sizes: dict[str, int], what: str) -> dict:
+        """Native state dict -> engine-named tensors, checked against the table (nothing else passes)."""
+        layout = self.expand(sizes)
+        by_native = {native: engine for engine, (native, _, _) in layout.items()}
+        extra = sorted(set(state) - set(by_native))
+        if extra:
+            raise FormatError(f"{what}: the format has no place for {extra}")
+        out = {by_native[k]: v for k, v in state.items()}
+        check_tensors(out, {k: (s, d) for k, (_, s, d) in layout.items()}, what)
+        return out
+
+    def to_native(self, tensors: dict[str, torch.Tensor], sizes: dict[str, int], what: str) -> dict:
+        """Engine-named tensors -> native state dict, after checking every key and shape against the table."""
+        layout = self.expand(sizes)
+        check_tensors(tensors, {k: (s, d) for k, (_, s, d) in layout.items()}, what)
+        return {layout[k][0]: v for k, v in tensors.items()}
 
 
 def head_state(heads: nn.Module, method: str, fmt: str) -> dict[str, torch.Tensor]:
@@ -132,6 +137,25 @@ class Export:
     tensors: dict[str, torch.Tensor]
     notes: list[str] = field(default_factory=list)  # what a user should know (printed by the CLI)
     torch_copy: str | None = None  # the same tensors also torch.save'd here, for readers of .pt files only
+
+    @classmethod
+    def build(
+        cls,
+        fmt: str,
+        native_config: dict[str, Any],
+        config: dict[str, Any],
+        tensors: dict[str, torch.Tensor],
+        dtype: torch.dtype | None,
+        notes: list[str],
+        record: dict[str, Any] | None = None,
+        weights_file: str = WEIGHTS_FILE,
+        torch_copy: str | None = None,
+    ) -> Export:
+        """Heads with native config `native_config` as a `fmt` checkpoint: the engine's `config` with the
+        provenance block as its last key (`record`: the format's own entries in it), and `tensors` with
+        their floating point ones cast to `dtype`."""
+        config = {**config, PROVENANCE_KEY: provenance(native_config, fmt, **(record or {}))}
+        return cls(config, weights_file, cast_floats(tensors, dtype), notes, torch_copy)
 
 
 def cast_floats(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
@@ -192,7 +216,7 @@ def read_config(path: Path) -> dict[str, Any]:
     return json.loads(file.read_text())
 
 
-def read_weights(path: Path, names: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], Path]:
+def read_weights(path: Path, names: tuple[str, ...] = HF_WEIGHTS) -> tuple[dict[str, torch.Tensor], Path]:
     """The tensors of the first of `names` found in `path` (.safetensors, or a torch .pt / .bin file).
 
     A name "*.safetensors" merges every safetensors file in the directory. Torch files are loaded with

@@ -43,40 +43,21 @@ import torch
 from torch import nn
 
 from specheads.core.target import FrozenTarget
-from specheads.heads.formats.io import (
-    Export,
-    FormatError,
-    KeyTable,
-    cast_floats,
-    head_state,
-    provenance,
-    read_config,
-    read_weights,
-    row,
-    to_engine,
-    to_native,
-)
+from specheads.heads.formats.io import Export, FormatError, KeyTable, head_state, read_config, read_weights
 from specheads.heads.medusa import MedusaConfig, MedusaHeads
 
-MEDUSA_KEYS: KeyTable = (
-    row("blocks.{h}.{l}.linear.weight", "{h}.{l}.linear.weight", ("H", "H")),
-    row("blocks.{h}.{l}.linear.bias", "{h}.{l}.linear.bias", ("H",)),
-    row("lm_heads.{h}.weight", "{h}.{L}.weight", ("V", "H")),
+MEDUSA_KEYS = KeyTable(
+    ("blocks.{h}.{l}.linear.weight", "{h}.{l}.linear.weight", ("H", "H")),
+    ("blocks.{h}.{l}.linear.bias", "{h}.{l}.linear.bias", ("H",)),
+    ("lm_heads.{h}.weight", "{h}.{L}.weight", ("V", "H")),
 )
-VLLM_MEDUSA_KEYS: KeyTable = (
-    row("blocks.{h}.{l}.linear.weight", "blocks.{h}.layers.{l}.weight", ("H", "H")),
-    row("blocks.{h}.{l}.linear.bias", "blocks.{h}.layers.{l}.bias", ("H",)),
-    row("lm_heads.{h}.weight", "lm_heads.{h}.weight", ("V", "H")),
+VLLM_MEDUSA_KEYS = KeyTable(
+    ("blocks.{h}.{l}.linear.weight", "blocks.{h}.layers.{l}.weight", ("H", "H")),
+    ("blocks.{h}.{l}.linear.bias", "blocks.{h}.layers.{l}.bias", ("H",)),
+    ("lm_heads.{h}.weight", "lm_heads.{h}.weight", ("V", "H")),
 )
 MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
 MEDUSA_TORCH_WEIGHTS = "medusa_lm_head.pt"  # medusa_model.py v0.1 from_pretrained: torch.load of this name
-READ_MEDUSA = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
-VLLM_WEIGHTS = "model.safetensors"
-READ_VLLM = ("model.safetensors", "*.safetensors", "pytorch_model.bin")
-
-
-def _without_lm_heads(table: KeyTable) -> KeyTable:
-    return tuple(r for r in table if not r[0].startswith("lm_heads."))
 
 
 def _medusa_state(heads: nn.Module, fmt: str, target: FrozenTarget | None) -> tuple[dict, dict[str, int]]:
@@ -104,7 +85,7 @@ def _medusa_state(heads: nn.Module, fmt: str, target: FrozenTarget | None) -> tu
 def _engine_tensors(heads: nn.Module, fmt: str, keys: KeyTable, target: FrozenTarget | None):
     """The heads' tensors under `fmt`'s names (`keys`), and their config."""
     state, sizes = _medusa_state(heads, fmt, target)
-    return to_engine(state, keys, sizes, f"{fmt} export"), heads.config
+    return keys.to_engine(state, sizes, f"{fmt} export"), heads.config
 
 
 def to_medusa(
@@ -125,9 +106,11 @@ def to_medusa(
         "medusa_num_heads": cfg.num_heads,
         "medusa_num_layers": cfg.num_layers,
         "base_model_name_or_path": (native_config.get("target") or {}).get("name_or_path"),
-        "specheads_provenance": provenance(native_config, "medusa", share_lm_head=cfg.share_lm_head),
     }
-    return Export(config, MEDUSA_WEIGHTS, cast_floats(tensors, dtype), notes, torch_copy=MEDUSA_TORCH_WEIGHTS)
+    record = {"share_lm_head": cfg.share_lm_head}
+    return Export.build(
+        "medusa", native_config, config, tensors, dtype, notes, record, MEDUSA_WEIGHTS, MEDUSA_TORCH_WEIGHTS
+    )
 
 
 def to_vllm_medusa(
@@ -148,13 +131,13 @@ def to_vllm_medusa(
         "medusa_fc_bias": True,
         "truncated_vocab_size": cfg.vocab_size,
         "original_lm_head": cfg.share_lm_head,
-        "specheads_provenance": provenance(native_config, "vllm-medusa", share_lm_head=cfg.share_lm_head),
     }
     notes = [
         "vLLM 0.33.0 ships no MedusaModel (model_executor/models/medusa.py is gone): this layout loads in the "
         "vLLM releases that still have it; for current engines export --format medusa (TGI, TensorRT-LLM)"
     ]
-    return Export(config, VLLM_WEIGHTS, cast_floats(tensors, dtype), notes)
+    record = {"share_lm_head": cfg.share_lm_head}
+    return Export.build("vllm-medusa", native_config, config, tensors, dtype, notes, record)
 
 
 # -- import ----------------------------------------------------------------------------------------
@@ -177,7 +160,7 @@ def _build(heads_cfg: MedusaConfig, state: dict[str, torch.Tensor]) -> MedusaHea
 def from_medusa(path, target: FrozenTarget) -> MedusaHeads:
     """A FasterDecoding Medusa checkpoint (v0.1, or v0 without per-head lm_heads) as MedusaHeads."""
     config = read_config(path)
-    tensors, file = read_weights(path, READ_MEDUSA)
+    tensors, file = read_weights(path, (MEDUSA_WEIGHTS, MEDUSA_TORCH_WEIGHTS))
     what = f"Medusa checkpoint {file} (against target {target.name_or_path})"
     if "medusa_num_heads" not in config:
         raise FormatError(
@@ -196,16 +179,16 @@ def from_medusa(path, target: FrozenTarget) -> MedusaHeads:
         )
     # v0 checkpoints (medusa_model_legacy.py) have no lm_head per head: the target's is used.
     share = not any(f"{h}.{num_layers}.weight" in tensors for h in range(num_heads))
-    table = _without_lm_heads(MEDUSA_KEYS) if share else MEDUSA_KEYS
+    table = MEDUSA_KEYS.without("lm_heads.") if share else MEDUSA_KEYS
     sizes = {"heads": num_heads, "layers": num_layers, "H": target.hidden_size, "V": target.vocab_size}
-    state = to_native(tensors, table, sizes, what)
+    state = table.to_native(tensors, sizes, what)
     return _build(MedusaConfig(target.hidden_size, target.vocab_size, num_heads, num_layers, share), state)
 
 
 def from_vllm_medusa(path, target: FrozenTarget) -> MedusaHeads:
     """A vLLM MedusaModel checkpoint as MedusaHeads (no bias: zero biases; original_lm_head: copies)."""
     config = read_config(path)
-    tensors, file = read_weights(path, READ_VLLM)
+    tensors, file = read_weights(path)
     what = f"vLLM Medusa checkpoint {file} (against target {target.name_or_path})"
     tensors = {k.removeprefix("medusa_heads."): v for k, v in tensors.items()}  # as vLLM's load_weights
     # vLLM's MedusaConfig.from_pretrained: any key with "num" and "heads" / "layers" names the sizes
@@ -227,5 +210,5 @@ def from_vllm_medusa(path, target: FrozenTarget) -> MedusaHeads:
             raise FormatError(f"{what}: original_lm_head is set but lm_heads.0.weight is missing")
         tensors.update({f"lm_heads.{h}.weight": shared.clone() for h in range(num_heads)})
     sizes = {"heads": num_heads, "layers": num_layers, "H": hidden, "V": target.vocab_size}
-    state = to_native(tensors, VLLM_MEDUSA_KEYS, sizes, what)
+    state = VLLM_MEDUSA_KEYS.to_native(tensors, sizes, what)
     return _build(MedusaConfig(hidden, target.vocab_size, num_heads, num_layers, False), state)
