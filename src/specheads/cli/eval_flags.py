@@ -140,6 +140,6 @@ def add_tree_arguments(p: argparse.ArgumentParser, *, per_heads: bool, calibrate
 def add_run_arguments(p: argparse.ArgumentParser, defaults: type, attn_help: str) -> None:
     """How the target loads and where (dtype, device, attention, --device-map), --no-progress, --threads."""
     add_target_loading_arguments(p, defaults, attn_help)
-    add_device_map_argument(p)
+    add_device_map_argument(p, "--device")
     p.add_argument("--no-progress", action="store_true")
     add_threads_argument(p)

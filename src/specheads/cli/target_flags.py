@@ -44,12 +44,13 @@ def add_trust_remote_code_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_device_map_argument(p: argparse.ArgumentParser) -> None:
-    """--device-map auto: a target sharded over the GPUs (eval, compare, cache)."""
+def add_device_map_argument(p: argparse.ArgumentParser, without: str = "one device") -> None:
+    """--device-map auto: a target sharded over the GPUs (eval, compare, cache); `without`: where the whole
+    target goes when the flag is not given."""
     p.add_argument(
         "--device-map",
         default=None,
         choices=["auto"],
         help="auto: spread a target too large for one device over the GPUs (each process's share of them "
-        "when launched as several); default: the whole target on one device",
+        f"when launched as several); default: the whole target on {without}",
     )
