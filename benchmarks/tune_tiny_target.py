@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from specheads.builders.tiny_target import TinyTargetConfig, build
 
@@ -41,17 +40,7 @@ CANDIDATES = {
 
 
 def seconds_per_step(cfg: TinyTargetConfig, n: int = 4) -> float:
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=cfg.vocab_size + 7,
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads,
-            tie_word_embeddings=False,
-        )
-    )
+    model = cfg.fresh_model(cfg.vocab_size + 7, 4 * cfg.seq_len)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randint(0, cfg.vocab_size, (cfg.batch_size, cfg.seq_len))
     for i in range(n + 1):

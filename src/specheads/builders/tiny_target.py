@@ -79,8 +79,9 @@ class TinyLlamaConfig:
     lr: float = 3e-3
     warmup_steps: int = 30
 
-    def fresh_model(self, vocab_size: int, positions: int, tokenizer, tied: bool):
-        """A LlamaForCausalLM of these sizes, initialised from `seed`, with `tokenizer`'s special ids."""
+    def fresh_model(self, vocab_size: int, positions: int, tokenizer=None, tied: bool = False):
+        """A LlamaForCausalLM of these sizes, initialised from `seed`, with `tokenizer`'s special ids (None:
+        none, a model that is only timed)."""
         from transformers import LlamaConfig, LlamaForCausalLM  # lazy: seconds at every command's start
 
         torch.manual_seed(self.seed)
@@ -94,9 +95,9 @@ class TinyLlamaConfig:
                 num_key_value_heads=self.num_kv_heads,
                 max_position_embeddings=positions,
                 tie_word_embeddings=tied,
-                bos_token_id=tokenizer.bos_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
+                bos_token_id=getattr(tokenizer, "bos_token_id", None),
+                eos_token_id=getattr(tokenizer, "eos_token_id", None),
+                pad_token_id=getattr(tokenizer, "pad_token_id", None),
             )
         )
 
