@@ -10,7 +10,8 @@ import torch
 from specheads.core.target import FrozenTarget
 from specheads.data import BadRowsError, load_rows, tokenize_rows
 from specheads.data import distillation as distill_mod
-from specheads.data.distillation import DistillConfig, distill, is_complete
+from specheads.data.distill_folder import chunk_record_path, is_complete
+from specheads.data.distillation import DistillConfig, distill
 
 from data_templates import family_tokenizer
 from helpers import command, tiny_model
@@ -100,7 +101,7 @@ def test_a_resumed_run_writes_what_an_uninterrupted_run_writes(kind, target, tmp
         def commit_then_die(out_dir, k, chunk, result):
             record = real_commit(out_dir, k, chunk, result)
             if k == 1:
-                distill_mod.chunk_record_path(out_dir, k).unlink()
+                chunk_record_path(out_dir, k).unlink()
                 raise KeyboardInterrupt("killed between the part and its record")
             return record
 

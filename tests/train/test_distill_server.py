@@ -17,7 +17,8 @@ import pytest
 
 from specheads.core.target import FrozenTarget
 from specheads.data import load_rows, tokenize_rows
-from specheads.data.distillation import DistillConfig, distill, is_complete
+from specheads.data.distill_folder import is_complete
+from specheads.data.distillation import DistillConfig, distill
 from specheads.data.server_distill import ServerMismatchError, ServerTarget, ServerUnavailable
 
 from helpers import command, save_tiny_target

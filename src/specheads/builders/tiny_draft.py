@@ -60,7 +60,7 @@ from specheads.core.atomic import replace_dir
 from specheads.core.target import vocab_hash
 from specheads.data import collate, load_rows, stdlib_corpus, tokenize_rows
 from specheads.data.checks import SETTINGS_FILE, check_distill_folder
-from specheads.data.distillation import finished_parts, is_complete
+from specheads.data.distill_folder import finished_parts, is_complete
 from specheads.version import __version__
 
 META_FILE = "specheads_tiny_draft.json"

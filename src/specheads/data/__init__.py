@@ -59,14 +59,8 @@ from specheads.data.chat_masks import (
     tokenize_rows,
 )
 from specheads.data.packing import collate, document_attention_mask, pack_rows, shift_loss_mask
-from specheads.data.readers import (
-    ROLE_NAMES,
-    BadRowsError,
-    DataSourceError,
-    RowsReport,
-    load_rows,
-    normalise_row,
-)
+from specheads.data.readers import BadRowsError, DataSourceError, RowsReport, load_rows
+from specheads.data.row_shapes import ROLE_NAMES, normalise_row
 
 __all__ = [
     "ROLE_NAMES",

@@ -20,19 +20,11 @@ What is read, and how (`load_rows`):
     a glob              `data/*.jsonl`.
     a hub name          `org/name` through `datasets.load_dataset` (with `config_name`, `split`).
 
-A JSON object (or dataset row) is recognised by its keys, first match wins:
-
-    "messages"          OpenAI style [{"role", "content"}] (also UltraChat-200k, which adds "prompt")
-    "conversations"     ShareGPT style [{"from", "value"}] (or role/content)
-    "data"              UltraChat style: a list of strings, alternating user / assistant
-    "text"              plain text
-
-Role names are normalised (`ROLE_NAMES`, case-insensitive): human/user -> user; gpt/assistant/bot/
-chatgpt/bing/model -> assistant; system. Content may be a string or a list of OpenAI text parts.
-A turn's `reasoning_content` (a thinking model's reasoning, as vLLM and SGLang return it) is kept in a
-column of its own, `reasoning_content` (one string or None a turn), present only when some row has
-one (streamed: when the first row has one); tokenisation puts it back into the turns, and the recipe
-key `reasoning` keeps or drops it (data/chat_masks.py).
+A JSON object (or dataset row) becomes one row by its keys (data/row_shapes.py: which keys, which
+role names). A turn's `reasoning_content` (a thinking model's reasoning, as vLLM and SGLang return it)
+is kept in a column of its own, `reasoning_content` (one string or None a turn), present only when
+some row has one (streamed: when the first row has one); tokenisation puts it back into the turns, and
+the recipe key `reasoning` keeps or drops it (data/chat_masks.py).
 
 A row that cannot be read (invalid JSON, neither text nor a conversation, an unknown role, a text row
 in a source of conversations, ...) is a *bad row*: it is counted and reported with where it is
@@ -66,20 +58,10 @@ import pyarrow.compute as pc
 from datasets import Features, List, Value
 
 from specheads.data.checks import check_distill_folder
+from specheads.data.row_shapes import RowError, normalise_row
 
 logger = logging.getLogger(__name__)
 
-ROLE_NAMES = {
-    "system": "system",
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "gpt": "assistant",
-    "bot": "assistant",
-    "chatgpt": "assistant",
-    "bing": "assistant",
-    "model": "assistant",
-}
 TEXT_SUFFIXES = (".txt", ".md")
 JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet",)
@@ -92,10 +74,6 @@ _GLOB_CHARS = re.compile(r"[*?\[]")
 
 class DataSourceError(ValueError):
     """A source that cannot be read at all (unknown kind, unreadable file, no readable rows)."""
-
-
-class RowError(ValueError):
-    """One row that cannot be read; the message says why."""
 
 
 @dataclass
@@ -138,83 +116,6 @@ class BadRowsError(DataSourceError):
 def too_many_bad_rows(report: RowsReport, max_bad_rows: float | int) -> bool:
     """Whether `report` has more bad rows than `max_bad_rows` allows (a count, or a fraction of rows)."""
     return report.bad > _limit(max_bad_rows, report.rows)
-
-
-# -- one row -------------------------------------------------------------------------------------
-
-
-def normalise_role(name: Any) -> str:
-    role = ROLE_NAMES.get(name.strip().lower()) if isinstance(name, str) else None
-    if role is None:
-        raise RowError(f"unknown role {name!r}; expected one of {sorted(ROLE_NAMES)}")
-    return role
-
-
-def _content(value: Any) -> str:
-    """A turn's content: a string, or a list of OpenAI content parts of type text."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(p, Mapping) and p.get("type") == "text" for p in value):
-        return "".join(str(p.get("text", "")) for p in value)
-    raise RowError(f"content must be a string or a list of text parts, got {type(value).__name__}")
-
-
-def _reasoning(turns: list[Any]) -> list[str | None] | None:
-    """Each turn's `reasoning_content` (None where it has none), or None when no turn has one."""
-    found = [t.get("reasoning_content") if isinstance(t, Mapping) else None for t in turns]
-    for i, r in enumerate(found):
-        if r is not None and not isinstance(r, str):
-            raise RowError(f"turn {i}: reasoning_content must be a string, got {type(r).__name__}")
-    return found if any(r is not None for r in found) else None
-
-
-def _turns(turns: Any, key: str) -> list[dict[str, str]]:
-    if not isinstance(turns, list) or not turns:
-        raise RowError(f"{key!r} must be a non-empty list of turns, got {turns!r:.80}")
-    out = []
-    for i, turn in enumerate(turns):
-        if not isinstance(turn, Mapping):
-            raise RowError(f"{key}[{i}] is not an object: {turn!r:.80}")
-        role = turn.get("role", turn.get("from"))
-        content = turn.get("content", turn.get("value"))
-        if role is None or content is None:
-            raise RowError(
-                f"{key}[{i}] needs 'role'/'content' (or ShareGPT 'from'/'value'), has {sorted(turn)}"
-            )
-        try:
-            out.append({"role": normalise_role(role), "content": _content(content)})
-        except RowError as e:
-            raise RowError(f"{key}[{i}]: {e}") from None
-    return out
-
-
-def _alternating(strings: Any) -> list[dict[str, str]]:
-    """UltraChat's `data`: user, assistant, user, ... as bare strings."""
-    if not isinstance(strings, list) or not strings or not all(isinstance(s, str) for s in strings):
-        raise RowError(f"'data' must be a non-empty list of strings (UltraChat), got {strings!r:.80}")
-    return [{"role": ("user", "assistant")[i % 2], "content": s} for i, s in enumerate(strings)]
-
-
-def normalise_row(row: Any) -> dict[str, Any]:
-    """One raw row -> {"messages": [...]} or {"text": str}; RowError says why it cannot be read."""
-    if not isinstance(row, Mapping):
-        raise RowError(f"expected a JSON object, got {type(row).__name__}")
-    for key in ("messages", "conversations"):
-        if row.get(key) is not None:
-            messages = _turns(row[key], key)
-            reasoning = _reasoning(row[key])
-            return {"messages": messages, **({"reasoning_content": reasoning} if reasoning else {})}
-    if row.get("data") is not None:
-        return {"messages": _alternating(row["data"])}
-    if row.get("text") is not None:
-        if not isinstance(row["text"], str):
-            raise RowError(f"'text' must be a string, got {type(row['text']).__name__}")
-        if not row["text"]:
-            raise RowError("empty text")
-        return {"text": row["text"]}
-    raise RowError(
-        f"neither 'text' nor a conversation ('messages', 'conversations' or 'data'); keys: {sorted(row)}"
-    )
 
 
 # -- raw rows from each kind of source -------------------------------------------------------------

@@ -49,6 +49,7 @@ from specheads.core.atomic import replace_dir
 from specheads.core.target import FrozenTarget
 from specheads.data import distillation as distill
 from specheads.data import stdlib_corpus
+from specheads.data.distill_folder import is_complete
 from specheads.data.readers import concatenate_rows
 from specheads.data.seed_prompts import touches_evaluation
 from specheads.train.config import TrainConfig
@@ -129,7 +130,7 @@ def stdlib_distilled_rows(target: str, num_rows: int, progress: bool = True) -> 
     out = default_cache_dir() / "stdlib-distilled" / key.hexdigest()[:16]
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out) + ".lock"):  # one process distills, the others (accelerate launch) wait
-        if not distill.is_complete(out):
+        if not is_complete(out):
             model = FrozenTarget.from_pretrained(path, dtype="float32")
             distill.distill(rows, model, out, cfg, source="stdlib (shuffled, seed 0)", progress=progress)
     return data_lib.load_rows(out)
