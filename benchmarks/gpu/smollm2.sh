@@ -64,7 +64,7 @@ echo "distill wall=$(( $(date +%s) - s ))s" >> $R/summary.txt
 # first and the greedy last (its held-out rows are the last ones). One python for every folder.
 DG=$(python3 - <<'PY'
 import glob, os
-from specheads.data.distillation import finished_parts, is_complete
+from specheads.data.distill_folder import finished_parts, is_complete
 new, prev = sorted(glob.glob("/tmp/sm/data/*")), sorted(glob.glob("/tmp/sm/prev/*"))
 finished = {os.path.basename(d) for d in new if is_complete(d)}
 out, draft = [], []
