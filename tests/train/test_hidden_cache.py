@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from specheads.core.target import FrozenTarget, TargetMismatchError
 from specheads.data import collate, load_rows, tokenize_rows
 from specheads.methods import method_named, methods
-from specheads.train import loop
+from specheads.train import prepare
 from specheads.train.config import load_config
 from specheads.train.eagle_losses import eagle3_loss, eagle_loss
 from specheads.train.hidden_cache import (
@@ -129,7 +129,7 @@ def test_offline_loss_equals_online(method, packing, extra, llama_dir, rows, tmp
     )
     online = FrozenTarget.from_pretrained(str(llama_dir), dtype="float32")
     torch.manual_seed(0)
-    heads, _ = loop.build_heads(cfg, method_named(method), online, rows)
+    heads, _ = prepare.build_heads(cfg, method_named(method), online, rows)
     heads.eval()  # EAGLE's input noise is random in training mode
     layers = cache_layers(method_named(cache_of), online.num_layers, cfg.chosen_layers)
     build(online, rows, tmp_path / "cache", layers)

@@ -10,7 +10,8 @@ import torch
 from specheads.core.target import FrozenTarget
 from specheads.methods import methods
 from specheads.train.config import TrainConfig, load_config
-from specheads.train.loop import build_objective, lr_lambda, train_batches
+from specheads.train.loop import build_objective
+from specheads.train.prepare import lr_lambda, train_batches
 
 from helpers import tiny_model
 
