@@ -15,17 +15,16 @@ from specheads.core.target import FrozenTarget, TargetMismatchError
 from specheads.data import collate, load_rows, tokenize_rows
 from specheads.methods import method_named, methods
 from specheads.train import prepare
+from specheads.train.cached_rows import CachedRows, collate_cached
 from specheads.train.config import load_config
 from specheads.train.eagle_losses import eagle3_loss, eagle_loss
 from specheads.train.hidden_cache import (
     CacheCorruptError,
-    CachedRows,
     CacheError,
     OfflineTarget,
     TokenMismatchError,
     build_cache,
     cache_layers,
-    collate_cached,
     read_index,
     target_output,
 )

@@ -17,10 +17,11 @@ from specheads.core.target import FrozenTarget, TargetRecord
 from specheads.data.chat_masks import read_chat_template, set_chat_template
 from specheads.data.checks import check_label_tokens
 from specheads.heads.method import Method
+from specheads.train.cached_rows import CachedRows, collate_cached
 from specheads.train.config import TrainConfig
 from specheads.train.distributed import is_partitioned
 from specheads.train.eagle_losses import count_label_tokens
-from specheads.train.hidden_cache import CachedRows, cache_layers, collate_cached
+from specheads.train.hidden_cache import cache_layers
 from specheads.train.offline_target import OfflineTarget
 from specheads.train.sampler import EpochBatches
 from specheads.train.sources import rows_for
