@@ -23,8 +23,8 @@ from specheads.heads import read_head_config
 from specheads.heads.checkpoint import LABEL_COUNTS_FILE
 from specheads.methods import methods
 from specheads.train import prepare
-from specheads.train.config import config_from_record
 from specheads.train.eagle_losses import count_label_tokens
+from specheads.train.recipe import config_from_record
 
 
 def add_label_counts(heads_dir: str | Path, out: str | Path) -> int:

@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 from benchmarks import bench_held_out, bench_teacher_columns
 from specheads.methods import method_named, methods
 from specheads.train import loop, prepare
-from specheads.train.config import load_config
 from specheads.train.distributed import make_accelerator
 from specheads.train.held_out import HeldOutStates
+from specheads.train.recipe import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 

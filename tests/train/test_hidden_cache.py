@@ -16,7 +16,6 @@ from specheads.data import collate, load_rows, tokenize_rows
 from specheads.methods import method_named, methods
 from specheads.train import prepare
 from specheads.train.cached_rows import CachedRows, collate_cached
-from specheads.train.config import load_config
 from specheads.train.eagle_losses import eagle3_loss, eagle_loss
 from specheads.train.hidden_cache import (
     CacheCorruptError,
@@ -29,6 +28,7 @@ from specheads.train.hidden_cache import (
     target_output,
 )
 from specheads.train.losses import medusa_loss
+from specheads.train.recipe import load_config
 
 from helpers import command, save_tiny_target
 

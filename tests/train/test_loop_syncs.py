@@ -18,9 +18,9 @@ from torch.profiler import ProfilerActivity, profile
 from specheads.data.packing import label_positions, shift_loss_mask
 from specheads.methods import method_named, methods
 from specheads.train import loop, prepare
-from specheads.train.config import load_config
 from specheads.train.distributed import make_accelerator
 from specheads.train.hidden_cache import target_output
+from specheads.train.recipe import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 READS = ("aten::_local_scalar_dense", "aten::nonzero")  # item() / float() / int() / bool(); nonzero

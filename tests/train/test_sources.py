@@ -14,7 +14,7 @@ from specheads.data import distillation as distill
 from specheads.data.distillation import DistillConfig
 from specheads.methods import methods
 from specheads.train import sources
-from specheads.train.config import load_config
+from specheads.train.recipe import load_config
 
 from helpers import tiny_tokenizer
 

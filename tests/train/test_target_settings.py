@@ -16,8 +16,8 @@ from specheads.data import server_distill
 from specheads.data.checks import SETTINGS_FILE
 from specheads.methods import methods
 from specheads.train import prepare
-from specheads.train.config import load_config
 from specheads.train.offline_target import OfflineTarget
+from specheads.train.recipe import load_config
 
 from helpers import command, without_chat_template
 
