@@ -29,7 +29,8 @@ from specheads.builders.tiny_target import ensure_tiny_target
 from specheads.core.target import FrozenTarget
 from specheads.data.chat_masks import tokenize_rows
 from specheads.methods import method_named
-from specheads.train.hidden_cache import CachedRows, build_cache, cache_layers, collate_cached
+from specheads.train.cached_rows import CachedRows, collate_cached
+from specheads.train.hidden_cache import build_cache, cache_layers
 from specheads.train.sources import stdlib_rows
 
 

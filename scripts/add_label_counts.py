@@ -22,9 +22,9 @@ from specheads.core.target import FrozenTarget
 from specheads.heads import read_head_config
 from specheads.heads.checkpoint import LABEL_COUNTS_FILE
 from specheads.methods import methods
-from specheads.train import loop
-from specheads.train.config import config_from_record
+from specheads.train import prepare
 from specheads.train.eagle_losses import count_label_tokens
+from specheads.train.recipe import config_from_record
 
 
 def add_label_counts(heads_dir: str | Path, out: str | Path) -> int:
@@ -36,7 +36,7 @@ def add_label_counts(heads_dir: str | Path, out: str | Path) -> int:
     cfg = config_from_record(record, methods=methods())  # the record's notes, step and eval aside
     cfg = dataclasses.replace(cfg, mode="online")  # the rows come from the data, not from a cache
     target = FrozenTarget.from_pretrained(resolve_target(cfg.target), dtype="float32")
-    rows, _, _ = loop.make_data(cfg, target.tokenizer)
+    rows, _, _ = prepare.make_data(cfg, target.tokenizer)
     counts = count_label_tokens(rows, target.vocab_size)
     shutil.copytree(heads_dir, out)
     write_file(out / LABEL_COUNTS_FILE, lambda f: save_file({"counts": counts}, f, metadata={"format": "pt"}))

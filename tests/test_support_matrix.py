@@ -128,7 +128,8 @@ def metrics(out: Path) -> list[dict]:
 
 
 class Watched:
-    """Wraps train.loop.load_target: keeps the target each run loads and a copy of its state as loaded."""
+    """Wraps load_target (train/prepare.py) where train.loop calls it: keeps the target each run loads and a
+    copy of its state as loaded."""
 
     def __init__(self, real):
         self.real, self.loaded = real, []
@@ -143,14 +144,14 @@ class Watched:
 @pytest.fixture(scope="module")
 def online(target_dir, data, tmp_path_factory):
     """(family, method) -> (run folder, the target the run trained against, its state as loaded)."""
-    from specheads.train import loop
+    from specheads.train import loop, prepare
 
     runs, root = {}, tmp_path_factory.mktemp("online")
 
     def get(family: str, method: str):
         if (family, method) not in runs:
             out = root / f"{family}-{method}"
-            watched = Watched(loop.load_target)
+            watched = Watched(prepare.load_target)
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(loop, "load_target", watched)
                 args = [*recipe_args(method, target_dir(family), data), f"output_dir={out}"]

@@ -553,7 +553,7 @@ def test_ours_first_runs_ours_before_the_peer_at_every_seed_and_method(monkeypat
 
 def test_every_medusa_ablation_is_a_valid_recipe_override():
     """Each name gives keys and values both Medusa recipes take (a typo would stop a bench run late)."""
-    from specheads.train.config import load_config
+    from specheads.train.recipe import load_config
 
     budget = {"steps": 96, "epochs": 3}
     for target in ("tiny", "smollm2"):

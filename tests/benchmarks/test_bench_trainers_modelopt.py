@@ -10,7 +10,7 @@ from benchmarks import bench_trainers as bench
 from benchmarks import bench_trainers_jobs as jobs
 from benchmarks import bench_trainers_modelopt as modelopt
 from specheads.methods import methods
-from specheads.train.config import load_config
+from specheads.train.recipe import load_config
 
 
 def test_eagle3_budget_is_modelopt_trainers_steps_with_its_last_short_batch_dropped():

@@ -29,7 +29,7 @@ from specheads.heads import (
 from specheads.heads.eagle3 import rms_norm_state_like
 from specheads.heads.formats import FormatError, export_heads, import_heads
 from specheads.methods import methods
-from specheads.train.config import load_config
+from specheads.train.recipe import load_config
 
 from helpers import OTHER_FAMILIES, causal_mask, perturbed, tiny_config, tiny_model, tiny_tokenizer
 

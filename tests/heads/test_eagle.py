@@ -19,8 +19,8 @@ from specheads.heads import (
 from specheads.heads.checkpoint import draft_vocab_ids, read_head_config, read_label_counts
 from specheads.methods import methods
 from specheads.methods.eagle3 import build_heads
-from specheads.train.config import load_config
 from specheads.train.eagle_losses import count_label_tokens
+from specheads.train.recipe import load_config
 
 from helpers import causal_mask, tiny_config, tiny_model
 

@@ -34,7 +34,8 @@ from specheads.heads import (
 from specheads.heads.formats import FormatError, export_heads, import_heads
 from specheads.heads.formats.eagle3 import check_layer_ids
 from specheads.methods import methods
-from specheads.train.config import TrainConfig, check_method
+from specheads.train.config import TrainConfig
+from specheads.train.recipe import check_method
 
 from helpers import tiny_config, tiny_model, tiny_tokenizer
 

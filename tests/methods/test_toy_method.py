@@ -103,7 +103,7 @@ def test_toy_method_trains_and_decodes_through_the_cli(install, toy_site, tiny_t
 
 def test_the_table_is_the_only_list_of_methods(install, toy_site):
     """The built-ins and the installed toy, in one table; recipe validation reads it."""
-    from specheads.train.config import load_config
+    from specheads.train.recipe import load_config
 
     assert "bigram" not in methods()  # not installed yet
     install(toy_site)

@@ -16,7 +16,7 @@ from specheads.data import (
     tokenize_rows,
 )
 from specheads.methods import methods
-from specheads.train.config import load_config
+from specheads.train.recipe import load_config
 
 from data_templates import TEMPLATES, family_tokenizer, qwen3_tokenizer
 

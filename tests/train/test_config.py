@@ -11,14 +11,9 @@ import torch
 from specheads.methods import methods
 from specheads.methods.eagle3 import Eagle3Settings
 from specheads.methods.medusa import MedusaSettings
-from specheads.train.config import (
-    RecipeKeyMoved,
-    TrainConfig,
-    config_from_record,
-    load_config,
-    parse_overrides,
-)
+from specheads.train.config import RecipeKeyMoved, TrainConfig
 from specheads.train.objective import HeadsWithLoss
+from specheads.train.recipe import config_from_record, load_config, parse_overrides
 
 
 def quietly(recipe, overrides=()):

@@ -183,7 +183,7 @@ def test_capped_answers_are_marked_counted_and_left_out_of_training_by_default(
     tiny_target_dirs, tmp_path, monkeypatch, capsys
 ):
     from specheads.data import load_rows
-    from specheads.train.config import load_config
+    from specheads.train.recipe import load_config
     from specheads.train.sources import rows_for
 
     real = distill_mod.generate_batch

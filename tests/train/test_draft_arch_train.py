@@ -16,7 +16,7 @@ from specheads.decode.eagle_drafter import EagleDrafter
 from specheads.heads import MedusaConfig, MedusaHeads, load_heads, save_heads
 from specheads.methods import methods
 from specheads.train.checkpointing import check_resumable
-from specheads.train.config import load_config
+from specheads.train.recipe import load_config
 
 from helpers import OTHER_FAMILIES, save_tiny_target, tiny_model, train_with_qwen3_8b_recipe
 

@@ -13,7 +13,7 @@ from specheads.heads import Eagle3Head, EagleHead, draft_vocab_from_counts, load
 from specheads.heads.checkpoint import read_label_counts
 from specheads.methods import methods
 from specheads.train import eagle_losses
-from specheads.train.config import load_config
+from specheads.train.recipe import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 

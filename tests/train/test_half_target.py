@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from specheads.heads.medusa import MedusaConfig, MedusaHeads
 from specheads.methods import method_named, methods
 from specheads.train import loop
-from specheads.train.config import load_config
+from specheads.train.recipe import load_config
 
 from helpers import save_tiny_target
 

@@ -11,10 +11,10 @@ from safetensors.torch import load_file
 
 from benchmarks import bench_held_out, bench_teacher_columns
 from specheads.methods import method_named, methods
-from specheads.train import loop
-from specheads.train.config import load_config
+from specheads.train import loop, prepare
 from specheads.train.distributed import make_accelerator
 from specheads.train.held_out import HeldOutStates
+from specheads.train.recipe import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,7 +88,7 @@ def test_kept_states_give_a_forwards_metrics_without_running_the_decoder(method,
         assert first == second
 
     # the heads train on; the kept states are still the target's
-    batches = loop.train_batches(cfg, run.train_rows, run.collate, accelerator, start=0)
+    batches = prepare.train_batches(cfg, run.train_rows, run.collate, accelerator, start=0)
     window = loop.metric_sums(cfg, run.method, accelerator.device)
     timing = {"target": loop.TargetClock("cpu"), "step": 0.0, "labels": 0}
     for step in (1, 2):

@@ -14,22 +14,21 @@ from torch.utils.data import DataLoader
 from specheads.core.target import FrozenTarget, TargetMismatchError
 from specheads.data import collate, load_rows, tokenize_rows
 from specheads.methods import method_named, methods
-from specheads.train import loop
-from specheads.train.config import load_config
+from specheads.train import prepare
+from specheads.train.cached_rows import CachedRows, collate_cached
 from specheads.train.eagle_losses import eagle3_loss, eagle_loss
 from specheads.train.hidden_cache import (
     CacheCorruptError,
-    CachedRows,
     CacheError,
     OfflineTarget,
     TokenMismatchError,
     build_cache,
     cache_layers,
-    collate_cached,
     read_index,
     target_output,
 )
 from specheads.train.losses import medusa_loss
+from specheads.train.recipe import load_config
 
 from helpers import command, save_tiny_target
 
@@ -129,7 +128,7 @@ def test_offline_loss_equals_online(method, packing, extra, llama_dir, rows, tmp
     )
     online = FrozenTarget.from_pretrained(str(llama_dir), dtype="float32")
     torch.manual_seed(0)
-    heads, _ = loop.build_heads(cfg, method_named(method), online, rows)
+    heads, _ = prepare.build_heads(cfg, method_named(method), online, rows)
     heads.eval()  # EAGLE's input noise is random in training mode
     layers = cache_layers(method_named(cache_of), online.num_layers, cfg.chosen_layers)
     build(online, rows, tmp_path / "cache", layers)

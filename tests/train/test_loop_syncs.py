@@ -17,10 +17,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from specheads.data.packing import label_positions, shift_loss_mask
 from specheads.methods import method_named, methods
-from specheads.train import loop
-from specheads.train.config import load_config
+from specheads.train import loop, prepare
 from specheads.train.distributed import make_accelerator
 from specheads.train.hidden_cache import target_output
+from specheads.train.recipe import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 READS = ("aten::_local_scalar_dense", "aten::nonzero")  # item() / float() / int() / bool(); nonzero
@@ -53,7 +53,7 @@ def test_a_step_between_logs_reads_the_device_once_beyond_the_targets_forward(me
     cfg = load_config(REPO / "recipes" / "tiny" / f"{method}.yaml", overrides, methods=methods())
     accelerator = make_accelerator(cfg)
     run = loop.set_up(cfg, method_named(cfg.method), accelerator)
-    batches = loop.train_batches(cfg, run.train_rows, run.collate, accelerator, start=0)
+    batches = prepare.train_batches(cfg, run.train_rows, run.collate, accelerator, start=0)
     window = loop.metric_sums(cfg, run.method, accelerator.device)
     timing = {"target": loop.TargetClock("cpu"), "step": 0.0, "labels": 0}
     loop.train_step(cfg, accelerator, run, batches, window, timing, 1)  # lazy state made on the first

@@ -9,8 +9,10 @@ import torch
 
 from specheads.core.target import FrozenTarget
 from specheads.methods import methods
-from specheads.train.config import TrainConfig, load_config
-from specheads.train.loop import build_objective, lr_lambda, train_batches
+from specheads.train.config import TrainConfig
+from specheads.train.loop import build_objective
+from specheads.train.prepare import lr_lambda, train_batches
+from specheads.train.recipe import load_config
 
 from helpers import tiny_model
 

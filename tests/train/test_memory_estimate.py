@@ -11,8 +11,8 @@ from torch.profiler import ProfilerActivity, profile
 from specheads.cli import main as cli_main
 from specheads.methods import method_named, methods
 from specheads.train import loop, memory
-from specheads.train.config import load_config
 from specheads.train.memory import MemoryEstimateError, estimate_memory, read_target_config
+from specheads.train.recipe import load_config
 
 from helpers import tiny_model, tiny_tokenizer
 

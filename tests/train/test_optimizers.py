@@ -8,10 +8,11 @@ from accelerate.utils import DistributedType
 
 from specheads.methods import method_named, methods
 from specheads.train import optimizers
-from specheads.train.config import load_config
 from specheads.train.distributed import check_optimizer_layout
-from specheads.train.loop import build_heads, build_objective, load_target, lr_lambda
+from specheads.train.loop import build_objective
 from specheads.train.optimizers import MuonWithAdamW, build_optimizer
+from specheads.train.prepare import build_heads, load_target, lr_lambda
+from specheads.train.recipe import load_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

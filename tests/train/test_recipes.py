@@ -16,7 +16,8 @@ import yaml
 
 from specheads.builders.tiny_target import TinyTargetConfig
 from specheads.methods import methods
-from specheads.train.config import RecipeKeyMoved, common_fields, load_config, settings_class
+from specheads.train.config import RecipeKeyMoved, common_fields, settings_class
+from specheads.train.recipe import load_config
 
 from helpers import REAL_RECIPE_FAMILIES, recipe_header
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from specheads.methods import methods
-from specheads.train.config import load_config
 from specheads.train.memory import estimate_memory, meta_target
+from specheads.train.recipe import load_config
 
 from helpers import REAL_RECIPE_FAMILIES, recipe_header
 

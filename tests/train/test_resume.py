@@ -18,8 +18,8 @@ from specheads.cli import main as cli_main
 from specheads.methods import methods
 from specheads.train import checkpointing
 from specheads.train.checkpointing import check_resumable, checkpoint_steps, latest_checkpoint, read_state
-from specheads.train.config import load_config
 from specheads.train.optimizers import newton_schulz_dtype
+from specheads.train.recipe import load_config
 from specheads.train.sampler import EpochBatches
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from specheads.data import distillation as distill
 from specheads.data.distillation import DistillConfig
 from specheads.methods import methods
 from specheads.train import sources
-from specheads.train.config import load_config
+from specheads.train.recipe import load_config
 
 from helpers import tiny_tokenizer
 
@@ -131,7 +131,7 @@ def test_max_bad_rows_is_a_recipe_key_for_reading_and_for_masking(tmp_path):
     """A row that cannot be read (bad JSON) and one whose mask is empty (no assistant turn) each count
     against the recipe's max_bad_rows: at 0 the run stops naming the row, at 1 it skips it."""
     from specheads.data import BadRowsError
-    from specheads.train.loop import make_data
+    from specheads.train.prepare import make_data
 
     good = json.dumps(
         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hey"}]}

@@ -15,9 +15,9 @@ from specheads.core.target import FrozenTarget
 from specheads.data import server_distill
 from specheads.data.checks import SETTINGS_FILE
 from specheads.methods import methods
-from specheads.train import loop
-from specheads.train.config import load_config
+from specheads.train import prepare
 from specheads.train.offline_target import OfflineTarget
+from specheads.train.recipe import load_config
 
 from helpers import command, without_chat_template
 
@@ -116,14 +116,14 @@ def test_trust_remote_code_reaches_the_loader(tmp_path, monkeypatch, flag):
         train_cli(["recipes/tiny/medusa.yaml", f"output_dir={tmp_path / 'run'}", "trust_remote_code=true"])
     assert [c.trust_remote_code for c in configs] == [flag, flag, True]
     # the recipe's key to the loader, online and offline
-    monkeypatch.setattr(loop.FrozenTarget, "from_pretrained", recording(seen))
-    monkeypatch.setattr(loop.OfflineTarget, "from_pretrained", recording(seen))
+    monkeypatch.setattr(prepare.FrozenTarget, "from_pretrained", recording(seen))
+    monkeypatch.setattr(prepare.OfflineTarget, "from_pretrained", recording(seen))
     for mode in ("online", "offline"):
         cfg = load_config(
             None, [f"trust_remote_code={flag}", f"mode={mode}", f"cache_dir={tmp_path}"], methods=methods()
         )
         with pytest.raises(Loaded):
-            loop.load_target(cfg, str(tmp_path), "cpu")
+            prepare.load_target(cfg, str(tmp_path), "cpu")
         assert seen.pop("trust_remote_code") is flag
 
 

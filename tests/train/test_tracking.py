@@ -17,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from specheads.cli import main as cli_main
 from specheads.methods import methods
 from specheads.train import loop
-from specheads.train.config import load_config
+from specheads.train.recipe import load_config
 from specheads.train.tracking import known_trackers, trackers
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -95,12 +95,12 @@ def test_train_cli_learns_and_writes_a_whole_checkpoint(tiny_target_dirs, text_d
     state = json.loads((out / "checkpoints" / "step-20" / "trainer_state.json").read_text())
     assert state["step"] == 20 and state["global_batches"] == 20 and state["num_processes"] == 1
     # beside the heads: how often each token was a label in the training rows (decoding's --draft-vocab)
-    from specheads.train import loop
-    from specheads.train.config import load_config
+    from specheads.train import prepare
     from specheads.train.eagle_losses import count_label_tokens
+    from specheads.train.recipe import load_config
 
     cfg = load_config(RECIPE, args(target_dir, text_data, out)[1:], methods=methods())
-    train_rows, _, _ = loop.make_data(cfg, target.tokenizer)
+    train_rows, _, _ = prepare.make_data(cfg, target.tokenizer)
     counts = count_label_tokens(train_rows, target.vocab_size)
     assert counts.sum() > 0
     for folder in (out, out / "checkpoints" / "step-20"):

@@ -14,7 +14,7 @@ from specheads.core.processes import launched
 from specheads.core.run_folder import check_writable, hold_folder
 from specheads.methods import method_named, methods
 from specheads.train import host_memory
-from specheads.train.config import load_config
+from specheads.train.recipe import load_config
 from specheads.train.recipe_cache import cache_recipe
 
 

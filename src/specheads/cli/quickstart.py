@@ -27,9 +27,9 @@ from specheads.evaluate.evaluate import REPORT_FILE
 from specheads.evaluate.options import CompareOptions
 from specheads.heads.checkpoint import CONFIG_FILE, read_head_config
 from specheads.methods import method_named, methods
-from specheads.train.config import config_from_record, find_recipe, load_config, recipe_values
 from specheads.train.loop import train
 from specheads.train.optimizers import muon_missing
+from specheads.train.recipe import config_from_record, find_recipe, load_config, recipe_values
 
 METHODS = ("medusa", "eagle", "eagle3")
 # EAGLE heads decode over a fixed tree, not `--tree auto` (their default in eval and compare): a calibrated

@@ -12,9 +12,9 @@ from pathlib import Path
 from specheads.cli.target_flags import add_trust_remote_code_argument
 from specheads.cli.threads import add_threads_argument
 from specheads.methods import method_named, methods
-from specheads.train.config import load_config
 from specheads.train.distributed import end_launched_process
 from specheads.train.loop import train
+from specheads.train.recipe import load_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

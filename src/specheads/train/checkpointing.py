@@ -46,8 +46,9 @@ from specheads.core.target import TargetRecord
 from specheads.heads import read_head_config, save_heads
 from specheads.heads.checkpoint import ADAPTER_DIR, CONFIG_FILE, WEIGHTS_FILE, read_weights, sha256_file
 from specheads.heads.method import Method
-from specheads.train.config import TrainConfig, config_from_record
+from specheads.train.config import TrainConfig
 from specheads.train.distributed import zero_stage
+from specheads.train.recipe import config_from_record
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"

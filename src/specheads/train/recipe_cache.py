@@ -29,7 +29,7 @@ from specheads.builders.named_targets import resolve_target
 from specheads.core.processes import Processes
 from specheads.core.target import FrozenTarget
 from specheads.heads.method import Method
-from specheads.train import loop
+from specheads.train import prepare
 from specheads.train.hidden_cache import build_cache, cache_layers
 
 
@@ -57,11 +57,11 @@ def cache_recipe(
     if getattr(cfg, "mode", "online") != "online":
         cfg = dataclasses.replace(cfg, mode="online")  # the rows come from the data, not from a cache
     if device_map is None:
-        target = loop.load_target(cfg, resolve_target(cfg.target), procs.device())
+        target = prepare.load_target(cfg, resolve_target(cfg.target), procs.device())
     else:
         target = load_spread_target(cfg, resolve_target(cfg.target), device_map, procs)
     layers = cache_layers(method, target.num_layers, [target.layer_id(i) for i in cfg.chosen_layers])
-    train_rows, _, eval_loader = loop.make_data(cfg, target.tokenizer)  # the rows training tokenises
+    train_rows, _, eval_loader = prepare.make_data(cfg, target.tokenizer)  # the rows training tokenises
     splits = {"train": train_rows, "eval": eval_loader.dataset if eval_loader is not None else None}
     summaries = {}
     for split, rows in splits.items():

@@ -17,8 +17,8 @@ from transformers import AutoTokenizer
 
 from specheads.builders.named_targets import resolve_target
 from specheads.methods import methods
-from specheads.train.config import load_config
-from specheads.train.loop import data_seed, make_data
+from specheads.train.prepare import data_seed, make_data
+from specheads.train.recipe import load_config
 from specheads.train.sampler import EpochBatches
 from specheads.train.sources import rows_for
 
