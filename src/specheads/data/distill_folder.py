@@ -92,7 +92,7 @@ def _count_lines(path: Path) -> int:
         return sum(1 for _ in f)
 
 
-def _summarise(out: Path, counts: dict, records: list[dict], seconds: float) -> dict:
+def write_summary(out: Path, counts: dict, records: list[dict], seconds: float) -> dict:
     """The run's counts, checked: every prompt read is written, skipped or failed, and every part
     holds the rows its record says."""
     if counts["read"] != counts["written"] + counts["skipped"] + counts["failed"]:

@@ -62,12 +62,12 @@ from specheads.core.atomic import write_text
 from specheads.data.chat_masks import no_template_error
 from specheads.data.checks import SUMMARY_FILE
 from specheads.data.distill_folder import (
-    _summarise,
     check_settings,
     chunk_record_path,
     content_fingerprint,
     part_path,
     read_chunk_record,
+    write_summary,
 )
 from specheads.data.readers import (
     STREAM_MIN_ROWS,
@@ -557,7 +557,7 @@ def distill(
     bar.close()
     if too_many_bad_rows(report, cfg.max_bad_rows):
         raise BadRowsError(report, cfg.max_bad_rows)
-    summary = _summarise(out, counts, records, time.perf_counter() - started)
+    summary = write_summary(out, counts, records, time.perf_counter() - started)
     summary |= {"too_long": len(too_long), "too_long_prompts": too_long}
     write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))
     return summary
