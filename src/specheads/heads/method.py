@@ -14,7 +14,7 @@ table, where it chooses by a checkpoint's method name) as a parameter, and the c
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -46,7 +46,7 @@ class Method:
         metric_unit: what a metric column is ("head", "draft step"), for the final line.
         settings_class: the dataclass of the recipe keys only this method (or its family) reads, the
             recipe's section named after the method (`cfg.settings`); None: the method has no keys of its
-            own. A recipe for another method that sets one is refused (`recipe_keys`).
+            own. A recipe for another method that sets one is refused (train/recipe.py).
             check_recipe(cfg) -> [(ok, message)] checks their values.
         online_only: why its training cannot read the target's states from a cache ("" = it can).
         objective(cfg, target, heads) -> (module to train, optimizer, target) when it is not the
@@ -103,11 +103,6 @@ class Method:
     def config_class(self) -> type:
         """The dataclass of the head's config (the head class's `config_class`)."""
         return self.head_class.config_class
-
-    @property
-    def recipe_keys(self) -> tuple[str, ...]:
-        """The recipe keys only this method reads: its settings section's fields."""
-        return tuple(f.name for f in fields(self.settings_class)) if self.settings_class else ()
 
 
 def at_least(section: str, settings: Any, key: str, low: float, note: str = "") -> tuple[bool, str]:
