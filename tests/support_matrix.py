@@ -5,32 +5,23 @@ This table is what the tests parametrize over and what docs/support-matrix.md is
 
     python -m tests.support_matrix > docs/support-matrix.md
 
-(`test_the_doc_is_the_table` fails when the two differ.) It imports nothing heavier than the standard library,
-so the doc is written without torch.
+(`test_the_doc_is_the_table` fails when the two differ.) It imports nothing heavier than the standard library
+(and scripts/families.py, which imports no more), so the doc is written without torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scripts.families import MIXED_LAYERS, TINY
+
 MODULE = "tests/test_support_matrix.py"
 WINDOW = 8  # the sliding window of the families that slide: prompts and generations run past it
 
-# Sizes every family shares: 4 layers of 32 (4 heads of 8, 2 KV heads), a byte-level vocabulary.
-COMMON = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    max_position_embeddings=256,
-    tie_word_embeddings=False,
-    bos_token_id=256,
-    eos_token_id=257,
-    pad_token_id=258,
-)
-MIXED = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+# The families' shared tiny sizes (scripts/families.py: 4 layers, 4 heads, 2 KV heads, a byte-level vocabulary)
+# at half their width: 32 wide, heads of 8.
+COMMON = {**TINY, "hidden_size": 32, "intermediate_size": 64, "head_dim": 8, "max_position_embeddings": 256}
+MIXED = list(MIXED_LAYERS)
 EXPERTS = dict(num_experts_per_tok=2)
 
 
