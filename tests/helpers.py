@@ -273,3 +273,20 @@ def without_chat_template(target_dir: Path, path: Path) -> Path:
     config.pop("chat_template", None)
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     return path
+
+
+def tiny_cache_args(target: Path, data: Path, out: Path, max_length: int, *extra: str) -> list[str]:
+    """`specheads cache` arguments: the tiny EAGLE-3 recipe (fused layers 1, 2, 3) over `data`, evaluated on a
+    split of it, into `out`; `extra` flags follow."""
+    return [
+        str(Path(__file__).resolve().parents[1] / "recipes" / "tiny" / "eagle3.yaml"),
+        f"target={target}",
+        f"data={data}",
+        f"max_length={max_length}",
+        "eval_fraction=0.1",
+        "eval_data=[]",  # the recipe evaluates on stdlib; these runs on a split of their data
+        "eagle3.layers=1,2,3",
+        "--out",
+        str(out),
+        *extra,
+    ]

@@ -27,3 +27,9 @@ def small_tiny_target(tmp_path_factory) -> Path:
         SMALL_TINY_TARGET, tmp_path_factory.mktemp("tiny") / "target", progress=False
     )
     return path
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tiny_target_dirs) -> Path:
+    """The tiny random Llama target, saved once per run (tests/conftest.py's `tiny_target_dirs`)."""
+    return tiny_target_dirs["llama"]

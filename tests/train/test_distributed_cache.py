@@ -20,7 +20,7 @@ from specheads.core.run_folder import LOCK_FILE
 from specheads.core.target import FrozenTarget
 from specheads.train.hidden_cache import RANK_GLOB, build_cache, read_index
 
-from helpers import command, save_tiny_target
+from helpers import command, tiny_cache_args
 
 cache_main = command("cache")
 REPO = Path(__file__).resolve().parents[2]
@@ -28,11 +28,6 @@ MAX_LENGTH = 48
 SHARD_TOKENS = "30"  # a shard or two a row: the runs are long enough to be killed part way
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory) -> Path:
-    return save_tiny_target("llama", tmp_path_factory.mktemp("target") / "llama")
 
 
 @pytest.fixture(scope="module")
@@ -46,21 +41,7 @@ def many_rows(tmp_path_factory) -> Path:
 
 
 def cache_args(target: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        str(REPO / "recipes" / "tiny" / "eagle3.yaml"),
-        f"target={target}",
-        f"data={data}",
-        f"max_length={MAX_LENGTH}",
-        "eval_fraction=0.1",
-        "eval_data=[]",  # the recipe evaluates on stdlib; these runs on a split of their data
-        "eagle3.layers=1,2,3",
-        "--out",
-        str(out),
-        "--dtype",
-        "float32",
-        "--no-progress",
-        *extra,
-    ]
+    return tiny_cache_args(target, data, out, MAX_LENGTH, "--dtype", "float32", "--no-progress", *extra)
 
 
 def launch_command(args: list[str], processes: int = 2) -> list[str]:

@@ -15,16 +15,9 @@ from specheads.methods import method_named, methods
 from specheads.train import loop
 from specheads.train.recipe import load_config
 
-from helpers import save_tiny_target
-
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory) -> Path:
-    return save_tiny_target("llama", tmp_path_factory.mktemp("bf16") / "target")
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +38,12 @@ def rows(tmp_path_factory) -> Path:
         ("eagle3.yaml", ("eagle3.draft_vocab_size=64",)),
     ],
 )
-def test_fp32_heads_train_on_a_bf16_target(target, rows, tmp_path, recipe, extra):
+def test_fp32_heads_train_on_a_bf16_target(llama_dir, rows, tmp_path, recipe, extra):
     out = tmp_path / "run"
     cfg = load_config(
         REPO / "recipes" / "tiny" / recipe,
         [
-            f"target={target}",
+            f"target={llama_dir}",
             f"data={rows}",
             "eval_fraction=0",
             "eval_data=[]",

@@ -30,7 +30,7 @@ from specheads.train.hidden_cache import (
 from specheads.train.losses import medusa_loss
 from specheads.train.recipe import load_config
 
-from helpers import command, save_tiny_target
+from helpers import command, save_tiny_target, tiny_cache_args
 
 cache_main = command("cache")
 
@@ -39,11 +39,6 @@ MAX_LENGTH = 48
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory) -> Path:
-    return save_tiny_target("llama", tmp_path_factory.mktemp("target") / "llama")
 
 
 @pytest.fixture(scope="module")
@@ -270,20 +265,9 @@ def test_offline_target_reads_only_three_tensors(tied, tmp_path, monkeypatch):
 
 
 def test_cache_cli(llama_dir, text_data, tmp_path, capsys):
-    args = [
-        str(REPO / "recipes" / "tiny" / "eagle3.yaml"),
-        f"target={llama_dir}",
-        f"data={text_data}",
-        f"max_length={MAX_LENGTH}",
-        "eval_fraction=0.1",
-        "eval_data=[]",  # the recipe evaluates on stdlib; these runs on a split of their data
-        "eagle3.layers=1,2,3",
-        "--out",
-        str(tmp_path / "cache"),
-        "--shard-tokens",
-        "2000",
-        "--no-progress",
-    ]
+    args = tiny_cache_args(
+        llama_dir, text_data, tmp_path / "cache", MAX_LENGTH, "--shard-tokens", "2000", "--no-progress"
+    )
     assert cache_main(args) == 0
     printed = capsys.readouterr().out
     assert "train:" in printed and "eval:" in printed
